@@ -1,0 +1,84 @@
+"""Per-partition counts checked against the dataset documentation (or expected_counts.json)."""
+
+
+import dagster as dg
+import pandas as pd
+
+from ...sources import SplitTables, parse_partition_key
+from ...sources.base import DatasetSource
+from ...sources.counts import CountComparison, compare_counts
+from ..partitions import dataset_split_partitions
+from ..resources import DatasetsResource
+
+
+@dg.asset_check(
+    asset="labels",
+    partitions_def=dataset_split_partitions,
+    additional_ins={"raw_index": dg.AssetIn("raw_index")},
+    blocking=True,
+    description=(
+        "Images, patients, studies, negatives, segmentation entries, annotations and per-class "
+        "image counts of the partition equal the dataset documentation's figures (a root's "
+        "expected_counts.json replaces them). A short count blocks downstream stages."
+    ),
+)
+def counts_match_documentation(
+    context: dg.AssetCheckExecutionContext,
+    labels: pd.DataFrame,
+    raw_index: pd.DataFrame,
+    datasets: DatasetsResource,
+) -> dg.AssetCheckResult:
+    dataset, split = parse_partition_key(context.partition_key)
+    source = datasets.source(dataset)
+    expected = source.expected_counts()
+    found = source.count_metrics(SplitTables(index=raw_index, labels=labels))
+    comparisons = compare_counts(expected.for_split(split), found)
+    mismatches = [c for c in comparisons if not c.matches]
+    metadata = {
+        "expected_from": expected.origin,
+        "found": dg.MetadataValue.json(found),
+        "comparison": dg.MetadataValue.md(_comparison_table(comparisons)),
+    }
+    if not comparisons:
+        metadata["note"] = (
+            f"the documentation gives no per-split counts for {dataset} {split}; "
+            "its dataset totals are checked once every split is in the manifest"
+        )
+    if mismatches:
+        metadata["mismatches"] = dg.MetadataValue.json(
+            {c.metric: {"expected": c.expected, "found": c.found} for c in mismatches}
+        )
+        metadata["probably_missing"] = dg.MetadataValue.md(
+            "\n".join(f"- {_hint(source, split, c)}" for c in mismatches)
+        )
+    return dg.AssetCheckResult(
+        passed=not mismatches,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata=metadata,
+        description=(
+            "; ".join(f"{c.metric}: expected {c.expected}, found {c.found}" for c in mismatches)
+            or f"{len(comparisons)} documented counts match"
+        ),
+    )
+
+
+def _comparison_table(comparisons: list[CountComparison]) -> str:
+    rows = ["| metric | expected | found | |", "|---|---:|---:|---|"]
+    rows += [
+        f"| {c.metric} | {c.expected} | {'—' if c.found is None else c.found} "
+        f"| {'ok' if c.matches else 'MISMATCH'} |"
+        for c in comparisons
+    ]
+    return "\n".join(rows)
+
+
+def _hint(source: DatasetSource, split: str, comparison: CountComparison) -> str:
+    files = ", ".join(str(p) for p in source.annotation_files(split))
+    where = source.count_hints.get(comparison.metric.split(".")[0], "the dataset's files")
+    direction = "fewer" if (comparison.found or 0) < comparison.expected else "more"
+    return (
+        f"{comparison.metric}: {direction} than documented "
+        f"({comparison.found} vs {comparison.expected}); check "
+        + where.format(split=split, file=files)
+        + f" — the download may be incomplete or a different release (files: {files})"
+    )

@@ -1,0 +1,53 @@
+"""Parquet tables at `<output>/tables/<asset>/<partition>.parquet`, local or on object storage."""
+
+
+import os
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import Field
+from upath import UPath
+
+from ..processing.atomic import write_atomically
+from .metadata import table_metadata
+
+
+class ParquetTableIOManager(dg.UPathIOManager):
+    """Writes each partition's DataFrame as one Parquet file, atomically on local disks."""
+
+    extension = ".parquet"
+
+    def dump_to_path(self, context: dg.OutputContext, obj: pd.DataFrame, path: UPath) -> None:
+        table = pa.Table.from_pandas(obj, preserve_index=False)
+        if _is_local(path):
+            write_atomically(Path(path.path), lambda temp: pq.write_table(table, temp))
+        else:
+            # Object stores publish an object only once its upload completes.
+            with path.open("wb") as handle:
+                pq.write_table(table, handle)
+
+    def load_from_path(self, context: dg.InputContext, path: UPath) -> pd.DataFrame:
+        with path.open("rb") as handle:
+            return pq.read_table(handle).to_pandas()
+
+    def get_metadata(self, context: dg.OutputContext, obj: pd.DataFrame) -> dict:
+        return table_metadata(obj)
+
+
+def _is_local(path: UPath) -> bool:
+    return path.protocol in ("", "file", "local")
+
+
+class ParquetIOManager(dg.ConfigurableIOManagerFactory):
+    """Tables under `<output_root>/tables`; `output_root` may be a local folder or `s3://...`."""
+
+    output_root: str = Field(
+        default_factory=lambda: os.environ.get("RADHARMONY_OUTPUT_ROOT") or "data/output",
+        description="Folder or URL of all outputs; default RADHARMONY_OUTPUT_ROOT.",
+    )
+
+    def create_io_manager(self, context: dg.InitResourceContext) -> ParquetTableIOManager:
+        return ParquetTableIOManager(base_path=UPath(self.output_root) / "tables")

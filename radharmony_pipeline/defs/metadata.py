@@ -1,0 +1,25 @@
+"""Materialization metadata shared by every table asset: column schema and row count."""
+
+
+import dagster as dg
+import pandas as pd
+
+
+def column_type(series: pd.Series) -> str:
+    """A readable type: pandas dtype, or `list<...>` for list-valued object columns."""
+    if series.dtype == object:
+        sample = series.dropna()
+        if len(sample) and isinstance(sample.iloc[0], list):
+            return "list"
+        return "string" if len(sample) and isinstance(sample.iloc[0], str) else "object"
+    return str(series.dtype)
+
+
+def table_schema(frame: pd.DataFrame) -> dg.TableSchema:
+    return dg.TableSchema(
+        columns=[dg.TableColumn(name=str(name), type=column_type(frame[name])) for name in frame]
+    )
+
+
+def table_metadata(frame: pd.DataFrame) -> dict:
+    return dict(dg.TableMetadataSet(column_schema=table_schema(frame), row_count=len(frame)))

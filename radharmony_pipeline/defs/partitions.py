@@ -1,0 +1,7 @@
+"""The ten `<dataset>.<split>` partitions (static: the splits that exist, not a grid)."""
+
+import dagster as dg
+
+from ..sources import partition_keys
+
+dataset_split_partitions = dg.StaticPartitionsDefinition(partition_keys())

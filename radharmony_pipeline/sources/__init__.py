@@ -1,0 +1,63 @@
+"""Dataset readers: one module per dataset, each a DatasetSource; no Dagster here."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from .base import DatasetSource, SplitTables
+from .chestx_det import ChestXDetSource
+from .chexlocalize import CheXlocalizeSource
+from .counts import ExpectedCounts
+from .errors import DatasetLayoutError, MetadataError, SourceError
+from .location import SourceLocation, data_root
+from .ms_cxr import MsCxrSource
+from .rexgradient import ReXGradientSource
+
+SOURCE_TYPES: dict[str, type[DatasetSource]] = {
+    source.key: source
+    for source in (CheXlocalizeSource, MsCxrSource, ChestXDetSource, ReXGradientSource)
+}
+
+
+def partition_keys() -> list[str]:
+    """`<dataset>.<split>` for every split that exists; there is no dataset × split grid."""
+    return [f"{key}.{split}" for key, source in SOURCE_TYPES.items() for split in source.splits]
+
+
+def parse_partition_key(partition_key: str) -> tuple[str, str]:
+    dataset, _, split = partition_key.partition(".")
+    if dataset not in SOURCE_TYPES or split not in SOURCE_TYPES[dataset].splits:
+        raise ValueError(f"unknown partition {partition_key!r}; known: {partition_keys()}")
+    return dataset, split
+
+
+def open_source(
+    dataset: str,
+    location: SourceLocation | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> DatasetSource:
+    """The reader for `dataset`: explicit location first, then env overrides, then data root."""
+    environ = os.environ if environ is None else environ
+    source_type = SOURCE_TYPES[dataset]
+    resolved = (location or SourceLocation()).with_environment(source_type.env_vars, environ)
+    return source_type(resolved, data_root(environ))
+
+
+__all__ = [
+    "SOURCE_TYPES",
+    "CheXlocalizeSource",
+    "ChestXDetSource",
+    "DatasetLayoutError",
+    "DatasetSource",
+    "ExpectedCounts",
+    "MetadataError",
+    "MsCxrSource",
+    "ReXGradientSource",
+    "SourceError",
+    "SourceLocation",
+    "SplitTables",
+    "open_source",
+    "parse_partition_key",
+    "partition_keys",
+]

@@ -1,0 +1,185 @@
+"""ChestX-Det: per-split JSON of polygons and boxes over 1024×1024 NIH ChestX-ray14 PNGs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+from ..processing.vocabulary import unified_class
+from .base import (
+    DatasetSource,
+    SplitTables,
+    confine_paths,
+    empty_phrase_lists,
+    index_frame,
+    label_frame,
+    read_json,
+)
+from .counts import ExpectedCounts
+from .errors import MetadataError
+from .location import SourceLocation
+from .views import normalize_view_positions
+
+CLASSES: tuple[str, ...] = (
+    "Atelectasis", "Calcification", "Cardiomegaly", "Consolidation", "Diffuse Nodule",
+    "Effusion", "Emphysema", "Fibrosis", "Fracture", "Mass", "Nodule", "Pleural Thickening",
+    "Pneumothorax",
+)
+FRAME_SIZE = 1024
+
+_CLASS_IMAGES = {
+    "consolidation": 1642, "pleural_effusion": 1441, "fibrosis": 500, "pleural_thickening": 499,
+    "nodule": 392, "fracture": 389, "atelectasis": 297, "cardiomegaly": 293,
+    "calcification": 202, "pneumothorax": 189, "emphysema": 176, "diffuse_nodule": 169,
+    "mass": 148,
+}
+_CLASS_INSTANCES = {
+    "consolidation": 2563, "pleural_effusion": 2112, "fibrosis": 739, "pleural_thickening": 631,
+    "nodule": 986, "fracture": 661, "atelectasis": 340, "cardiomegaly": 293,
+    "calcification": 348, "pneumothorax": 211, "emphysema": 298, "diffuse_nodule": 290,
+    "mass": 167,
+}
+
+
+class ChestXDetSource(DatasetSource):
+    key = "chestx_det"
+    splits = ("train", "test")
+    env_vars = {"root": "RADHARMONY_CHESTX_DET_ROOT"}
+    layout = """\
+chestx-det/
+  ChestX_Det_train.json, ChestX_Det_test.json
+  train/<file_name>.png
+  test/<file_name>.png"""
+    documented_counts = ExpectedCounts(
+        origin="ChestX-Det dataset card (counts re-derived from the released JSONs)",
+        splits={
+            "train": {"images": 3025, "annotations": 7905, "negatives": 547},
+            "test": {"images": 553, "annotations": 1734, "negatives": 64},
+        },
+        total={
+            "images": 3578, "annotations": 9639, "negatives": 611,
+            **{f"class_images.{k}": v for k, v in _CLASS_IMAGES.items()},
+            **{f"class_annotations.{k}": v for k, v in _CLASS_INSTANCES.items()},
+        },
+    )
+    count_hints = {
+        "images": "entries of ChestX_Det_{split}.json",
+        "annotations": "instances in ChestX_Det_{split}.json (ChestX-Det10 has fewer classes)",
+        "negatives": "entries with empty syms in ChestX_Det_{split}.json",
+    }
+
+    def __init__(self, location: SourceLocation, data_root: Path):
+        self._root = location.root or data_root / "chestx-det"
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    def annotation_json(self, split: str) -> Path:
+        return self._root / f"ChestX_Det_{split}.json"
+
+    def image_dir(self, split: str) -> Path:
+        self.check_split(split)
+        return self._root / split
+
+    def annotation_files(self, split: str) -> list[Path]:
+        return [self.annotation_json(split)]
+
+    def read_entries(self, split: str) -> list[dict]:
+        """The split's JSON entries, each validated (parallel lists, known classes)."""
+        self.check_split(split)
+        path = self.require(self.annotation_json(split), f"ChestX-Det {split} annotation JSON")
+        self.require(self.image_dir(split), f"ChestX-Det {split} image folder")
+        entries = read_json(path)
+        if not isinstance(entries, list):
+            raise MetadataError(path, "top level", "expected a JSON list of image entries",
+                                "Use ChestX_Det_<split>.json from the ChestX-Det download")
+        for position, entry in enumerate(entries):
+            _validate_entry(entry, position, path)
+        return entries
+
+    def read_split(self, split: str) -> SplitTables:
+        entries = self.read_entries(split)
+        file_names = pd.Series([e["file_name"] for e in entries], dtype="string")
+        confine_paths(file_names, self.image_dir(split), self.annotation_json(split),
+                      rows=[f"entry {i}" for i in range(len(entries))])
+        no_view = pd.Series(pd.NA, index=file_names.index, dtype="string")
+        index = index_frame(
+            self.key,
+            split,
+            {
+                "native_id": file_names.str.replace(r"\.png$", "", regex=True),
+                # NIH file names were replaced by opaque integers: no patient or study is known.
+                "patient_id": no_view,
+                "study_id": no_view,
+                "image_path": file_names,
+                "view_position": normalize_view_positions(no_view),
+                "view_position_raw": no_view,
+                "source_height": [FRAME_SIZE] * len(entries),
+                "source_width": [FRAME_SIZE] * len(entries),
+            },
+        )
+        syms = [list(entry["syms"]) for entry in entries]
+        # Every class was annotated on every image, so an absent class is a true 0.
+        native = {
+            name.lower().replace(" ", "_"): [int(name in s) for s in syms] for name in CLASSES
+        }
+        unified = {
+            f"label_{unified_class(name)}": native[name.lower().replace(" ", "_")]
+            for name in CLASSES
+        }
+        labels = label_frame(
+            index["image_id"],
+            {
+                **{k: pd.array(v, dtype="Int8") for k, v in native.items()},
+                "syms": syms,
+                "num_instances": pd.array([len(s) for s in syms], dtype="int32"),
+                "num_classes_present": pd.array([len(set(s)) for s in syms], dtype="int32"),
+                "is_negative": [not s for s in syms],
+                "report": pd.array([None] * len(entries), dtype="string"),
+                "label_text": empty_phrase_lists(len(entries)),
+                **unified,
+            },
+        )
+        return SplitTables(index=index, labels=labels)
+
+    def count_metrics(self, tables: SplitTables) -> dict[str, int]:
+        labels = tables.labels
+        images_per_class: Counter[str] = Counter()
+        instances_per_class: Counter[str] = Counter()
+        for syms in labels["syms"]:
+            instances_per_class.update(unified_class(s) for s in syms)
+            images_per_class.update({unified_class(s) for s in syms})
+        return {
+            "images": len(labels),
+            "annotations": int(labels["num_instances"].sum()),
+            "negatives": int(labels["is_negative"].sum()),
+            **{f"class_images.{k}": v for k, v in sorted(images_per_class.items())},
+            **{f"class_annotations.{k}": v for k, v in sorted(instances_per_class.items())},
+        }
+
+
+def _validate_entry(entry: object, position: int, path: Path) -> None:
+    where = f"entry {position}"
+    if not isinstance(entry, dict) or not isinstance(entry.get("file_name"), str):
+        raise MetadataError(path, where, "expected an object with a string 'file_name'",
+                            "Re-download the ChestX-Det annotations")
+    where = f"entry {position} ({entry['file_name']})"
+    if "polygons" not in entry:
+        raise MetadataError(
+            path, where, "has no 'polygons' key: this is ChestX-Det10 (boxes only)",
+            "Download ChestX-Det (13 classes, with polygons) from the official Deepwise repository",
+        )
+    lists = [entry.get(key) for key in ("syms", "boxes", "polygons")]
+    if not all(isinstance(value, list) for value in lists) or len({len(v) for v in lists}) != 1:
+        raise MetadataError(
+            path, where,
+            "'syms', 'boxes' and 'polygons' must be lists of equal length (one item per instance)",
+            "Re-download the ChestX-Det annotations",
+        )
+    for sym in entry["syms"]:
+        if sym not in CLASSES:
+            raise MetadataError(path, where, f"unknown class {sym!r}",
+                                f"Classes are {', '.join(CLASSES)}")

@@ -1,0 +1,63 @@
+"""Expected counts for a dataset: the documented numbers, or a root's expected_counts.json."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import MetadataError
+
+EXPECTED_COUNTS_FILE = "expected_counts.json"
+
+
+@dataclass(frozen=True)
+class ExpectedCounts:
+    """Per-split and dataset-total figures, keyed by metric name (`images`, `patients`, ...)."""
+
+    origin: str
+    splits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    total: Mapping[str, int] = field(default_factory=dict)
+
+    def for_split(self, split: str) -> Mapping[str, int]:
+        return self.splits.get(split, {})
+
+
+def load_expected_counts(root: Path, documented: ExpectedCounts) -> ExpectedCounts:
+    """The root's expected_counts.json when present (it replaces the documented numbers)."""
+    path = root / EXPECTED_COUNTS_FILE
+    if not path.is_file():
+        return documented
+    try:
+        data = json.loads(path.read_text())
+        splits = {
+            split: {metric: int(value) for metric, value in metrics.items()}
+            for split, metrics in data.get("splits", {}).items()
+        }
+        total = {metric: int(value) for metric, value in data.get("total", {}).items()}
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise MetadataError(
+            path,
+            "whole file",
+            f"not a valid expected-counts file ({exc})",
+            'Expected {"splits": {split: {metric: int}}, "total": {metric: int}}, '
+            "or delete the file to check against the documented counts",
+        ) from exc
+    return ExpectedCounts(origin=str(path), splits=splits, total=total)
+
+
+@dataclass(frozen=True)
+class CountComparison:
+    metric: str
+    expected: int
+    found: int | None
+
+    @property
+    def matches(self) -> bool:
+        return self.found == self.expected
+
+
+def compare_counts(expected: Mapping[str, int], found: Mapping[str, int]) -> list[CountComparison]:
+    """One comparison per expected metric; a metric the data cannot yield is found=None."""
+    return [CountComparison(metric, value, found.get(metric)) for metric, value in expected.items()]

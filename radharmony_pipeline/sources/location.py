@@ -1,0 +1,38 @@
+"""Where a dataset lives: resource config, environment overrides, then the data-root default."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+DATA_ROOT_ENV = "RADHARMONY_DATA_ROOT"
+DEFAULT_DATA_ROOT = "data/demo"
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    """User-given paths for one dataset; the names are the seed pages' argument names."""
+
+    root: Path | None = None
+    base_image_dir: Path | None = None
+    csv_path: Path | None = None
+    mask_json_path: Path | None = None
+
+    def with_environment(self, env_vars: Mapping[str, str], environ: Mapping[str, str]) -> SourceLocation:
+        """Fill fields not set explicitly from their environment variables."""
+        updates = {
+            name: Path(environ[var])
+            for name, var in env_vars.items()
+            if getattr(self, name) is None and environ.get(var)
+        }
+        return replace(self, **updates)
+
+    @classmethod
+    def from_strings(cls, values: Mapping[str, str | None]) -> SourceLocation:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: Path(v) for k, v in values.items() if k in known and v})
+
+
+def data_root(environ: Mapping[str, str]) -> Path:
+    return Path(environ.get(DATA_ROOT_ENV) or DEFAULT_DATA_ROOT)

@@ -1,0 +1,225 @@
+"""MS-CXR v1.1.0: the phrase-grounding CSV over a MIMIC-CXR JPG or DICOM `files/` tree."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..processing.vocabulary import unified_class
+from .base import (
+    DatasetSource,
+    SplitTables,
+    confine_paths,
+    index_frame,
+    label_frame,
+    read_csv,
+    require_columns,
+)
+from .counts import ExpectedCounts
+from .errors import DatasetLayoutError, MetadataError
+from .location import SourceLocation
+from .views import normalize_view_positions
+
+CSV_NAME = "MS_CXR_Local_Alignment_v1.1.0.csv"
+CSV_COLUMNS = (
+    "dicom_id", "category_name", "label_text", "path",
+    "x", "y", "w", "h", "image_width", "image_height", "split",
+)
+CATEGORIES: tuple[str, ...] = (
+    "Atelectasis", "Cardiomegaly", "Consolidation", "Edema",
+    "Lung Opacity", "Pleural Effusion", "Pneumonia", "Pneumothorax",
+)
+_PATH = r"^files/(p\d{2}/p(\d+)/s(\d+)/([0-9a-f]{8}(?:-[0-9a-f]{8}){4}))\.(?:jpg|dcm)$"
+_SPLITS = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
+
+
+class MsCxrSource(DatasetSource):
+    key = "ms_cxr"
+    splits = ("train", "val", "test")
+    env_vars = {"csv_path": "RADHARMONY_MS_CXR_CSV", "base_image_dir": "RADHARMONY_MIMIC_FILES_DIR"}
+    layout = f"""\
+ms-cxr/{CSV_NAME}              (RADHARMONY_MS_CXR_CSV)
+mimic-cxr/files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg or .dcm   (RADHARMONY_MIMIC_FILES_DIR)"""
+    documented_counts = ExpectedCounts(
+        origin="MS-CXR dataset page",
+        total={"images": 1047, "annotations": 1448},
+    )
+    count_hints = {
+        "images": "rows of the MS-CXR CSV for split {split}",
+        "annotations": "box rows of the MS-CXR CSV for split {split}",
+        "patients": "rows of the MS-CXR CSV for split {split}",
+        "studies": "rows of the MS-CXR CSV for split {split}",
+    }
+
+    def __init__(self, location: SourceLocation, data_root: Path):
+        self._csv_given = location.csv_path
+        self._csv_folder = location.root or data_root / "ms-cxr"
+        self._files = location.base_image_dir or data_root / "mimic-cxr" / "files"
+
+    @property
+    def root(self) -> Path:
+        return self.csv_path().parent
+
+    def csv_path(self) -> Path:
+        """The given CSV, else the v1.1.0 CSV (or another MS-CXR release) in the folder."""
+        if self._csv_given is not None:
+            return self._csv_given
+        preferred = self._csv_folder / CSV_NAME
+        if preferred.exists() or not self._csv_folder.is_dir():
+            return preferred
+        releases = sorted(self._csv_folder.glob("MS_CXR_Local_Alignment_v*.csv"))
+        return releases[-1] if releases else preferred
+
+    def image_dir(self, split: str) -> Path:
+        self.check_split(split)
+        return self._files
+
+    def annotation_files(self, split: str) -> list[Path]:
+        return [self.csv_path()]
+
+    def image_files(self, split: str) -> Iterator[Path]:
+        # The files/ tree is all of MIMIC-CXR; only the images the CSV names belong to the split.
+        index = self.read_split(split).index
+        for relative in index["image_path"]:
+            path = self._files / relative
+            if path.exists():
+                yield path
+
+    def read_split(self, split: str) -> SplitTables:
+        self.check_split(split)
+        csv_path = self.require(self.csv_path(), "MS-CXR annotation CSV")
+        if not self._files.is_dir():
+            raise DatasetLayoutError(self.key, self._files, self.env_vars["base_image_dir"],
+                                     self.layout, "MIMIC-CXR files/ folder not found")
+        boxes = read_csv(csv_path, dtype={"dicom_id": "string", "path": "string"})
+        require_columns(boxes, CSV_COLUMNS, csv_path)
+        boxes["csv_row"] = np.arange(len(boxes)) + 2
+        boxes["split"] = _normalized_splits(boxes, csv_path)
+        _check_categories(boxes, csv_path)
+        boxes = boxes[boxes["split"] == split]
+        images = _images_of(boxes, csv_path)
+        relative = self._resolve_extensions(images["stem"])
+        confine_paths(relative, self._files, csv_path, rows=images["csv_row"].tolist())
+        view_raw = pd.Series(pd.NA, index=images.index, dtype="string")
+        index = index_frame(
+            self.key,
+            split,
+            {
+                "native_id": images["dicom_id"],
+                "patient_id": images["patient"],
+                "study_id": images["study"],
+                "image_path": relative,
+                "view_position": normalize_view_positions(view_raw),
+                "view_position_raw": view_raw,
+                "source_height": images["image_height"],
+                "source_width": images["image_width"],
+            },
+        )
+        labels = label_frame(index["image_id"], _label_columns(boxes, images["dicom_id"]))
+        return SplitTables(index=index, labels=labels)
+
+    def _resolve_extensions(self, stems: pd.Series) -> pd.Series:
+        """Per file: `.jpg` if present, else `.dcm` if present, else the CSV's `.jpg`.
+
+        Trees that mix JPG and DICOM exist, so the extension is never inferred from one row.
+        """
+        def resolve(stem: str) -> str:
+            for suffix in (".jpg", ".dcm"):
+                if (self._files / (stem + suffix)).is_file():
+                    return stem + suffix
+            return stem + ".jpg"
+
+        return pd.Series([resolve(stem) for stem in stems], index=stems.index, dtype="string")
+
+    def count_metrics(self, tables: SplitTables) -> dict[str, int]:
+        index = tables.index
+        return {
+            "images": len(index),
+            "patients": int(index["patient_id"].nunique()),
+            "studies": int(index["study_id"].nunique()),
+            "annotations": int(tables.labels["num_boxes"].sum()),
+        }
+
+
+def _normalized_splits(boxes: pd.DataFrame, csv_path: Path) -> pd.Series:
+    raw = boxes["split"].astype("string").str.strip().str.lower()
+    split = raw.map(_SPLITS)
+    bad = split.isna().to_numpy()
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise MetadataError(csv_path, f"row {row + 2}",
+                            f"split {boxes['split'].iloc[row]!r} is not train, val or test",
+                            "Use the MS-CXR CSV as downloaded")
+    return split
+
+
+def _check_categories(boxes: pd.DataFrame, csv_path: Path) -> None:
+    unknown = ~boxes["category_name"].isin(CATEGORIES)
+    if unknown.any():
+        row = int(np.flatnonzero(unknown.to_numpy())[0])
+        raise MetadataError(
+            csv_path, f"row {row + 2}",
+            f"category_name {boxes['category_name'].iloc[row]!r} is not one of {', '.join(CATEGORIES)}",
+            "Use the MS-CXR v1.1.0 CSV as downloaded",
+        )
+
+
+def _images_of(boxes: pd.DataFrame, csv_path: Path) -> pd.DataFrame:
+    """One row per dicom_id, with ids parsed from `path` and the image size, checked consistent."""
+    parts = boxes["path"].str.strip().str.extract(_PATH)
+    parts.columns = ["stem", "patient", "study", "path_dicom_id"]
+    bad = (parts["stem"].isna() | (parts["path_dicom_id"] != boxes["dicom_id"])).to_numpy()
+    if bad.any():
+        row = boxes["csv_row"].iloc[int(np.flatnonzero(bad)[0])]
+        raise MetadataError(
+            csv_path, f"row {row}",
+            f"path {boxes['path'].iloc[int(np.flatnonzero(bad)[0])]!r} is not "
+            "files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg with this row's dicom_id",
+            "Use the MS-CXR CSV as downloaded",
+        )
+    table = pd.concat([boxes[["dicom_id", "image_width", "image_height", "csv_row"]], parts], axis=1)
+    per_image = table.groupby("dicom_id", sort=False)
+    inconsistent = per_image[["stem", "image_width", "image_height"]].nunique().gt(1).any(axis=1)
+    if inconsistent.any():
+        dicom_id = inconsistent[inconsistent].index[0]
+        rows = table.loc[table["dicom_id"] == dicom_id, "csv_row"].tolist()
+        raise MetadataError(csv_path, f"rows {rows}",
+                            f"dicom_id {dicom_id} has differing path or image size across rows",
+                            "Every box row of one image must agree on path and size")
+    images = per_image.first().reset_index()
+    for column in ("image_width", "image_height"):
+        images[column] = pd.to_numeric(images[column], errors="coerce").astype("Int64")
+    return images
+
+
+def _label_columns(boxes: pd.DataFrame, dicom_ids: pd.Series) -> dict[str, object]:
+    """Native 0/1 flags per category, phrases, and positives-only unified labels.
+
+    A category without a box is unknown, not absent: MS-CXR only grounds phrases that a
+    report mentions, so it never says a finding is missing.
+    """
+    order = pd.Index(dicom_ids)
+    present = pd.crosstab(boxes["dicom_id"], boxes["category_name"]).reindex(
+        index=order, columns=list(CATEGORIES), fill_value=0
+    )
+    flags = {name.lower().replace(" ", "_"): (present[name] > 0).astype("Int8").to_numpy()
+             for name in CATEGORIES}
+    unified = {
+        f"label_{unified_class(name)}": pd.array(
+            np.where(present[name] > 0, 1, pd.NA), dtype="Int8")
+        for name in CATEGORIES
+    }
+    phrases = boxes.groupby("dicom_id", sort=False)["label_text"].agg(
+        lambda texts: list(dict.fromkeys(texts.dropna().astype(str)))
+    ).reindex(order)
+    num_boxes = boxes.groupby("dicom_id", sort=False).size().reindex(order)
+    return {
+        **flags,
+        "num_boxes": num_boxes.astype("int32").to_numpy(),
+        "report": pd.array([None] * len(order), dtype="string"),
+        "label_text": phrases.tolist(),
+        **unified,
+    }

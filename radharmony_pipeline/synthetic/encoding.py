@@ -1,0 +1,47 @@
+"""Byte encodings of synthetic images: baseline grayscale JPEG and 8/16-bit or RGBA PNG."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+JPEG_QUALITY = 85
+# Maximum zlib effort: smooth synthetic anatomy then costs little disk.
+PNG_COMPRESS_LEVEL = 9
+
+
+def jpeg_bytes(gray: np.ndarray) -> bytes:
+    """Baseline 8-bit single-channel JFIF JPEG of a uint8 image."""
+    buffer = io.BytesIO()
+    Image.fromarray(_require(gray, np.uint8)).save(
+        buffer, "JPEG", quality=JPEG_QUALITY, optimize=False, progressive=False)
+    return buffer.getvalue()
+
+
+def png_bytes(gray: np.ndarray) -> bytes:
+    """Single-channel PNG: 8-bit for uint8 input, 16-bit for uint16 input."""
+    if gray.dtype not in (np.uint8, np.uint16):
+        raise TypeError(f"PNG pixels must be uint8 or uint16, got {gray.dtype}")
+    return _png(Image.fromarray(gray))
+
+
+def rgba_png_bytes(gray: np.ndarray) -> bytes:
+    """RGBA PNG with R = G = B = `gray` and opaque alpha, as some NIH images are stored."""
+    gray = _require(gray, np.uint8)
+    alpha = np.full_like(gray, 255)
+    return _png(Image.fromarray(np.dstack([gray, gray, gray, alpha])))
+
+
+def _png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG", compress_level=PNG_COMPRESS_LEVEL)
+    return buffer.getvalue()
+
+
+def _require(pixels: np.ndarray, dtype: type) -> np.ndarray:
+    if pixels.ndim != 2 or pixels.dtype != dtype:
+        raise TypeError(f"expected a 2-D {np.dtype(dtype)} array, got {pixels.dtype} "
+                        f"with shape {pixels.shape}")
+    return pixels
