@@ -22,4 +22,8 @@ def table_schema(frame: pd.DataFrame) -> dg.TableSchema:
 
 
 def table_metadata(frame: pd.DataFrame) -> dict:
-    return dict(dg.TableMetadataSet(column_schema=table_schema(frame), row_count=len(frame)))
+    """The standard keys the UI shows as a table's columns and row count."""
+    return {
+        "dagster/column_schema": dg.MetadataValue.table_schema(table_schema(frame)),
+        "dagster/row_count": dg.MetadataValue.int(len(frame)),
+    }

@@ -390,7 +390,7 @@ def _prepare_frame(df: pd.DataFrame, expectations: Iterable[Expectation]) -> pd.
             wanted.update(expectation.kwargs.get("column_set") or ())
         frame = df[[c for c in df.columns if c in wanted]]
     pair_columns = {
-        expectation.kwargs[key]
+        expectation.kwargs.get(key)
         for expectation in expectations
         if expectation.kind.startswith("ExpectColumnPair")
         for key in ("column_A", "column_B")

@@ -19,6 +19,8 @@ _VIEW_SYNONYMS = {
     "RL": "LATERAL",
     "LL": "LL",
     "LEFT_LATERAL": "LL",
+    # CheXpert file names say frontal or lateral; a frontal film's projection is then unknown.
+    "FRONTAL": "UNKNOWN",
     "UNKNOWN": "UNKNOWN",
     "N/A": "UNKNOWN",
     "NA": "UNKNOWN",

@@ -1,0 +1,88 @@
+"""Deterministic miniature versions of the four datasets, in their real layouts and formats.
+
+Used by tests, the demo and benchmarks; see `generate_datasets`.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from radharmony_pipeline.synthetic import chestx_det, chexlocalize, ms_cxr, rexgradient
+from radharmony_pipeline.synthetic.files import staged_roots
+
+DATASET_NAMES = ("chexlocalize", "ms_cxr", "chestx_det", "rexgradient")
+SCALES = ("tiny", "small")
+MIMIC_FORMATS = ms_cxr.MIMIC_FORMATS
+
+__all__ = ["DATASET_NAMES", "MIMIC_FORMATS", "SCALES", "generate_datasets",
+           "write_full_scale_rexgradient_metadata"]
+
+
+def generate_datasets(out: Path, scale: str = "tiny", seed: int = 0,
+                      datasets: Sequence[str] | None = None,
+                      mimic_format: str = "mixed") -> dict[str, Path]:
+    """Write the chosen datasets (default all) under `out`; return {dataset_key: dataset_root}.
+
+    `scale` is tiny (tests: a few seconds for all four) or small (the demo); `mimic_format`
+    picks jpg, dcm or mixed (per-file) for the MIMIC-CXR images under MS-CXR. The same seed
+    gives byte-identical files. Each dataset is built in a hidden staging folder and swapped
+    into place whole, so a crash never leaves half a dataset.
+    """
+    chosen = _validated(scale, seed, datasets, mimic_format)
+    out = Path(out)
+    writers: dict[str, tuple[tuple[str, ...], Callable[[Path], Path]]] = {
+        "chexlocalize": (chexlocalize.ROOTS,
+                         lambda stage: chexlocalize.generate(stage, scale, seed)),
+        "ms_cxr": (ms_cxr.ROOTS,
+                   lambda stage: ms_cxr.generate(stage, scale, seed, mimic_format)),
+        "chestx_det": (chestx_det.ROOTS, lambda stage: chestx_det.generate(stage, scale, seed)),
+        "rexgradient": (rexgradient.ROOTS,
+                        lambda stage: rexgradient.generate(stage, scale, seed)),
+    }
+    roots = {}
+    for name in chosen:
+        root_names, write = writers[name]
+        with staged_roots(out, name, root_names) as stage:
+            staged_root = write(stage)
+        roots[name] = out / staged_root.relative_to(stage)
+    return roots
+
+
+def write_full_scale_rexgradient_metadata(out: Path, seed: int = 0) -> Path:
+    """Real-size ReXGradient metadata JSONs without images; return the rexgradient root.
+
+    Train 140,000 studies / 238,968 images / 95,716 patients, valid 10,000 / 17,007 / 6,964,
+    test 10,000 / 17,029 / 6,807, with report text of realistic length.
+    """
+    _check_seed(seed)
+    out = Path(out)
+    with staged_roots(out, "rexgradient", rexgradient.ROOTS) as stage:
+        staged_root = rexgradient.write_full_scale(stage, seed)
+    return out / staged_root.relative_to(stage)
+
+
+def _validated(scale: str, seed: int, datasets: Sequence[str] | None,
+               mimic_format: str) -> list[str]:
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {', '.join(SCALES)}, got {scale!r}")
+    if mimic_format not in MIMIC_FORMATS:
+        raise ValueError(f"mimic_format must be one of {', '.join(MIMIC_FORMATS)}, "
+                         f"got {mimic_format!r}")
+    _check_seed(seed)
+    if isinstance(datasets, str):
+        datasets = [datasets]
+    chosen = list(DATASET_NAMES if datasets is None else datasets)
+    unknown = [name for name in chosen if name not in DATASET_NAMES]
+    if unknown:
+        raise ValueError(f"unknown dataset(s) {', '.join(map(repr, unknown))}; "
+                         f"choose from {', '.join(DATASET_NAMES)}")
+    # Keep the caller's order but write each dataset once.
+    return list(dict.fromkeys(chosen))
+
+
+def _check_seed(seed: int) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")

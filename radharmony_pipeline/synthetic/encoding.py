@@ -8,8 +8,8 @@ import numpy as np
 from PIL import Image
 
 JPEG_QUALITY = 85
-# Maximum zlib effort: smooth synthetic anatomy then costs little disk.
-PNG_COMPRESS_LEVEL = 9
+# zlib's default effort: level 9 is ten times slower on 1024 px images for 10 % less disk.
+PNG_COMPRESS_LEVEL = 6
 
 
 def jpeg_bytes(gray: np.ndarray) -> bytes:

@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny synthetic datasets (generated once per session) and Dagster resources."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+
+from radharmony_pipeline.sources import SourceLocation, open_source
+from radharmony_pipeline.synthetic import generate_datasets
+
+warnings.filterwarnings("ignore", message=".*preview.*", category=Warning)
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """All four datasets at tiny scale, with a mixed JPG/DICOM MIMIC tree. Do not modify."""
+    root = tmp_path_factory.mktemp("tiny") / "data"
+    generate_datasets(root, scale="tiny", seed=7, mimic_format="mixed")
+    return root
+
+
+@pytest.fixture
+def tiny_copy(tiny_root: Path, tmp_path: Path) -> Path:
+    """A private copy of the tiny datasets that a test may break."""
+    copy = tmp_path / "data"
+    shutil.copytree(tiny_root, copy)
+    return copy
+
+
+@pytest.fixture
+def open_tiny(tiny_root: Path):
+    """Open a dataset's reader on the tiny data, ignoring the caller's environment."""
+
+    def opener(dataset: str, root: Path | None = None, **location):
+        environ = {"RADHARMONY_DATA_ROOT": str(root or tiny_root)}
+        return open_source(dataset, SourceLocation(**location), environ)
+
+    return opener

@@ -1,0 +1,71 @@
+"""The project loads as Dagster would load it, and the layers stay apart."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+
+from radharmony_pipeline.definitions import defs
+from radharmony_pipeline.sources import partition_keys
+
+PACKAGE = Path(__file__).resolve().parents[1] / "radharmony_pipeline"
+
+
+def test_definitions_load_with_every_asset_check_and_job():
+    dg.Definitions.validate_loadable(defs)
+    keys = {key.to_user_string() for key in defs.resolve_all_asset_keys()}
+    assert {"source_files", "raw_index", "labels"} <= keys
+    check_names = {key.name for key in defs.resolve_asset_graph().asset_check_keys}
+    assert {"counts_match_documentation", "raw_index_suite", "labels_suite"} <= check_names
+    assert defs.resolve_job_def("observe_source_files") is not None
+
+
+def test_partitions_are_the_ten_dataset_splits():
+    assert partition_keys() == [
+        "chexlocalize.val", "chexlocalize.test",
+        "ms_cxr.train", "ms_cxr.val", "ms_cxr.test",
+        "chestx_det.train", "chestx_det.test",
+        "rexgradient.train", "rexgradient.val", "rexgradient.test",
+    ]
+    graph = defs.resolve_asset_graph()
+    for key in ("raw_index", "labels"):
+        partitions = graph.get(dg.AssetKey(key)).partitions_def
+        assert partitions.get_partition_keys() == partition_keys()
+
+
+def test_every_asset_has_a_description_and_a_stage_group():
+    graph = defs.resolve_asset_graph()
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        assert node.description, key
+        assert node.group_name != "default", key
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_sources_and_processing_never_import_dagster():
+    for layer in ("sources", "processing", "synthetic"):
+        for path in (PACKAGE / layer).rglob("*.py"):
+            assert "dagster" not in _imported_modules(path), path
+
+
+def test_importing_the_readers_does_not_load_dagster():
+    code = (
+        "import sys, radharmony_pipeline.sources, radharmony_pipeline.processing.vocabulary;"
+        "print('dagster' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,140 @@
+"""raw_index + labels + checks materialized for every partition in an ephemeral instance."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+import pytest
+
+from radharmony_pipeline.defs.assets.index_and_labels import raw_index_and_labels
+from radharmony_pipeline.defs.checks.counts import counts_match_documentation
+from radharmony_pipeline.defs.checks.expectations import labels_suite, raw_index_suite
+from radharmony_pipeline.defs.io_managers import ParquetIOManager
+from radharmony_pipeline.defs.resources import DatasetsResource
+from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
+from radharmony_pipeline.sources import partition_keys
+
+ASSETS = [raw_index_and_labels, counts_match_documentation, raw_index_suite, labels_suite]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def materialize(data_root: Path, output: Path, partition: str) -> dg.ExecuteInProcessResult:
+    resources = {
+        "datasets": DatasetsResource(data_root=str(data_root)),
+        "io_manager": ParquetIOManager(output_root=str(output)),
+    }
+    return dg.materialize(ASSETS, partition_key=partition, resources=resources,
+                          raise_on_error=False)
+
+
+@pytest.fixture(scope="module")
+def materialized(tiny_root, tmp_path_factory):
+    output = tmp_path_factory.mktemp("output")
+    return output, {key: materialize(tiny_root, output, key) for key in partition_keys()}
+
+
+@pytest.mark.parametrize("partition", partition_keys())
+def test_every_partition_materializes_with_every_check_passing(materialized, partition):
+    output, results = materialized
+    result = results[partition]
+    assert result.success
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert set(evaluations) == {"counts_match_documentation", "raw_index_suite", "labels_suite"}
+    for name, evaluation in evaluations.items():
+        assert evaluation.passed, (name, evaluation.metadata)
+    for asset in ("raw_index", "labels"):
+        path = output / "tables" / asset / f"{partition}.parquet"
+        table = pd.read_parquet(path)
+        assert len(table) > 0
+    assert not list((output / "tables").rglob(".partial-*"))
+
+
+def test_tables_round_trip_with_contract_types(materialized):
+    output, _ = materialized
+    labels = pd.read_parquet(output / "tables" / "labels" / "chestx_det.train.parquet")
+    assert list(labels.columns[-21:]) == list(LABEL_COLUMNS)
+    assert all(str(labels[c].dtype) == "Int8" for c in LABEL_COLUMNS)
+    index = pd.read_parquet(output / "tables" / "raw_index" / "rexgradient.val.parquet")
+    assert list(index.columns[:12]) == [
+        "image_id", "image_key", "dataset", "split", "patient_id", "study_id", "image_path",
+        "image_format", "view_position", "view_position_raw", "source_height", "source_width",
+    ]
+    assert {"accession_number", "patient_sex", "patient_age", "study_date"} <= set(index.columns)
+
+
+def test_materializations_publish_schema_and_row_count(materialized):
+    _, results = materialized
+    for event in results["ms_cxr.test"].get_asset_materialization_events():
+        metadata = event.materialization.metadata
+        schema = metadata["dagster/column_schema"].value
+        assert "image_id" in [column.name for column in schema.columns]
+        assert metadata["dagster/row_count"].value > 0
+    labels_event = next(
+        e for e in results["chestx_det.test"].get_asset_materialization_events()
+        if e.materialization.asset_key == dg.AssetKey("labels")
+    )
+    assert labels_event.materialization.metadata["counts"].value["images"] > 0
+
+
+def test_incomplete_download_fails_the_count_check_with_a_helpful_message(tiny_copy, tmp_path):
+    path = tiny_copy / "chestx-det" / "ChestX_Det_train.json"
+    entries = json.loads(path.read_text())
+    path.write_text(json.dumps(entries[:-2]))
+    result = materialize(tiny_copy, tmp_path / "out", "chestx_det.train")
+    assert not result.success
+    counts = next(e for e in result.get_asset_check_evaluations()
+                  if e.check_name == "counts_match_documentation")
+    assert not counts.passed
+    mismatches = counts.metadata["mismatches"].value
+    assert mismatches["images"] == {"expected": len(entries), "found": len(entries) - 2}
+    hint = counts.metadata["probably_missing"].value
+    assert "fewer than documented" in hint and "ChestX_Det_train.json" in hint
+
+
+def test_missing_root_fails_only_that_partition_and_writes_nothing(tiny_copy, tmp_path):
+    import shutil
+
+    shutil.rmtree(tiny_copy / "rexgradient")
+    output = tmp_path / "out"
+    failed = materialize(tiny_copy, output, "rexgradient.test")
+    assert not failed.success
+    failure = next(e for e in failed.all_events if e.is_step_failure)
+    message = failure.step_failure_data.user_failure_data.description
+    assert "RADHARMONY_REXGRADIENT_ROOT" in message and "deid_png" in message
+    assert not (output / "tables" / "raw_index").exists()
+    assert materialize(tiny_copy, output, "chestx_det.test").success
+
+
+def test_documented_counts_apply_without_expected_counts_file(tiny_copy, tmp_path):
+    (tiny_copy / "chestx-det" / "expected_counts.json").unlink()
+    result = materialize(tiny_copy, tmp_path / "out", "chestx_det.test")
+    counts = next(e for e in result.get_asset_check_evaluations()
+                  if e.check_name == "counts_match_documentation")
+    assert not counts.passed
+    assert counts.metadata["mismatches"].value["images"]["expected"] == 553
+
+
+def test_cli_materializes_with_only_the_chestx_det_root_set(tiny_root, tmp_path):
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RADHARMONY_")}
+    environ.update(
+        RADHARMONY_CHESTX_DET_ROOT=str(tiny_root / "chestx-det"),
+        RADHARMONY_OUTPUT_ROOT=str(tmp_path / "out"),
+        DAGSTER_HOME=str(tmp_path / "home"),
+    )
+    (tmp_path / "home").mkdir()
+    dagster = Path(sys.executable).with_name("dagster")
+    completed = subprocess.run(
+        [str(dagster), "asset", "materialize", "-m", "radharmony_pipeline.definitions",
+         "--select", "raw_index", "--partition", "chestx_det.train"],
+        cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    table = pd.read_parquet(tmp_path / "out" / "tables" / "raw_index" / "chestx_det.train.parquet")
+    expected = json.loads((tiny_root / "chestx-det" / "expected_counts.json").read_text())
+    assert len(table) == expected["splits"]["train"]["images"]
