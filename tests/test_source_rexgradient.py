@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
-from radharmony_pipeline.sources.rexgradient import age_in_years, format_reports
+from radharmony_pipeline.sources.rexgradient import age_in_years, format_report
 
 
 def _studies(tiny_root, file_split):
@@ -68,17 +68,11 @@ def test_reports_skip_empty_sections_and_are_null_not_none(open_tiny, tiny_root)
     assert labels[list(LABEL_COLUMNS)].isna().all().all()
 
 
-def test_format_reports_orders_sections_with_headers():
-    sections = {
-        "indication": pd.Series(["Cough", None, None], dtype="string"),
-        "comparison": pd.Series([None, None, None], dtype="string"),
-        "findings": pd.Series(["Clear lungs.", "Small effusion.", None], dtype="string"),
-        "impression": pd.Series(["Normal.", None, None], dtype="string"),
-    }
-    reports = format_reports(sections)
-    assert reports.iloc[0] == "INDICATION:\nCough\n\nFINDINGS:\nClear lungs.\n\nIMPRESSION:\nNormal."
-    assert reports.iloc[1] == "FINDINGS:\nSmall effusion."
-    assert pd.isna(reports.iloc[2])
+def test_format_report_orders_sections_with_headers():
+    assert format_report(["Cough", None, "Clear lungs.", "Normal."]) == (
+        "INDICATION:\nCough\n\nFINDINGS:\nClear lungs.\n\nIMPRESSION:\nNormal.")
+    assert format_report([None, None, "Small effusion.", None]) == "FINDINGS:\nSmall effusion."
+    assert format_report([None, None, None, None]) is None
 
 
 def test_ages_in_years_for_every_dicom_unit():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from itertools import chain
+import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,9 @@ from .base import (
     SplitTables,
     confine_paths,
     empty_phrase_lists,
+    garbage_collection_paused,
     index_frame,
+    text_column,
     label_frame,
     read_json,
     split_named_in,
@@ -25,8 +29,9 @@ from .location import SourceLocation
 from .views import normalize_view_positions
 
 REPORT_SECTIONS = ("Indication", "Comparison", "Findings", "Impression")
+_HEADERS = tuple(name.upper() for name in REPORT_SECTIONS)
 _FILE_SPLIT = {"train": "train", "val": "valid", "test": "test"}
-_IMAGE_PREFIX = r"^(?:\.\./)?(?:deid_png/)?"
+_IMAGE_PREFIX = re.compile(r"^(?:\.\./)?(?:deid_png/)?")
 _AGE_UNIT_YEARS = {"Y": 1.0, "M": 1 / 12, "W": 7 / 365.25, "D": 1 / 365.25}
 _EMPTY_SECTIONS = {"", "none", "nan", "null"}
 
@@ -118,43 +123,37 @@ rexgradient/
             raise DatasetLayoutError(self.key, path, self.env_vars["root"], self.layout,
                                      f"{detail} {path.name} not found")
         self.require(self._images, "deid_png image folder")
-        studies = read_json(path)
-        if not isinstance(studies, dict):
-            raise MetadataError(path, "top level", "expected an object keyed by study",
-                                f"Use {metadata_json_name(split)} from the ReXGradient download")
-        columns = _explode_studies(studies, path)
-        relative = columns["image_path"].str.replace(_IMAGE_PREFIX, "", regex=True)
-        confine_paths(relative, self._images, path, rows=columns["entry"].tolist())
-        view_raw = columns["view_position_raw"]
+        # The parsed JSON is the largest object of the step; nothing keeps it past this call.
+        with garbage_collection_paused():
+            studies, images = _study_and_image_tables(read_json(path), path, split)
+        confine_paths(images["image_path"], self._images, path, rows=images["entry"].tolist())
+        study_rows = studies.iloc[images["study"].to_numpy()].reset_index(drop=True)
+        view_raw = images["view_position_raw"]
+        no_size = _all_null_int(len(images))
         index = index_frame(
             self.key,
             split,
             {
-                "native_id": relative.str.extract(r"([^/]+)\.png$", expand=False).fillna(relative),
-                "patient_id": columns["PatientID"],
-                "study_id": columns["StudyInstanceUid"],
-                "image_path": relative,
+                "native_id": images["native_id"],
+                "patient_id": study_rows["PatientID"],
+                "study_id": study_rows["StudyInstanceUid"],
+                "image_path": images["image_path"],
                 "view_position": normalize_view_positions(view_raw),
                 "view_position_raw": view_raw,
                 # ImageShape may describe the original, not the 25 % PNG: not a source size.
-                "source_height": pd.array([pd.NA] * len(relative), dtype="Int64"),
-                "source_width": pd.array([pd.NA] * len(relative), dtype="Int64"),
-                "accession_number": columns["AccessionNumber"],
-                "patient_sex": _sex(columns["PatientSex"]),
-                "patient_age": columns["PatientAge"],
-                "patient_age_years": age_in_years(columns["PatientAge"]),
-                "study_date": _study_dates(columns["StudyDate"]),
-                "metadata_image_shape": columns["ImageShape"],
+                "source_height": no_size,
+                "source_width": no_size.copy(),
+                "accession_number": study_rows["AccessionNumber"],
+                "patient_sex": study_rows["patient_sex"],
+                "patient_age": study_rows["PatientAge"],
+                "patient_age_years": study_rows["patient_age_years"],
+                "study_date": study_rows["study_date"],
             },
         )
-        sections = {
-            name.lower(): _clean_sections(columns[name]) for name in REPORT_SECTIONS
-        }
         labels = label_frame(
             index["image_id"],
             {
-                **sections,
-                "report": format_reports(sections),
+                "report": study_rows["report"],
                 "label_text": empty_phrase_lists(len(index)),
             },
         )
@@ -173,43 +172,82 @@ _STUDY_FIELDS = ("PatientID", "AccessionNumber", "StudyInstanceUid", "PatientSex
                  "StudyDate", *REPORT_SECTIONS)
 
 
-def _explode_studies(studies: dict, path: Path) -> dict[str, pd.Series]:
-    """One row per ImagePath; study fields repeated, per-image lists padded with nulls."""
-    image_paths: list[str] = []
-    views: list[object] = []
-    shapes: list[object] = []
-    per_study: dict[str, list[object]] = {name: [] for name in _STUDY_FIELDS}
-    counts: list[int] = []
-    keys: list[str] = []
+def _study_and_image_tables(
+    studies: object, path: Path, split: str
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A table per study (with derived report, sex, age, date) and one row per ImagePath.
+
+    Study-level work is done once per study, not once per image; images point at their
+    study by position. Per-image lists shorter than ImagePath are padded with nulls.
+    """
+    if not isinstance(studies, dict):
+        raise MetadataError(path, "top level", "expected an object keyed by study",
+                            f"Use {metadata_json_name(split)} from the ReXGradient download")
+    keys = list(studies)
+    # One pass over the studies, transposed in C afterwards: each study dict is visited once.
+    try:
+        rows = [
+            (study["ImagePath"], study.get("ImageViewPosition"),
+             *[study.get(name) for name in _STUDY_FIELDS])
+            for study in studies.values()
+        ]
+    except (KeyError, TypeError):
+        rows = []
+    if len(rows) != len(keys) or not all(isinstance(row[0], list) for row in rows):
+        _raise_for_bad_entry(studies, path)
+    columns = list(zip(*rows, strict=True)) or [()] * (2 + len(_STUDY_FIELDS))
+    path_lists, view_lists = columns[0], columns[1]
+    fields = dict(zip(_STUDY_FIELDS, columns[2:], strict=True))
+    counts = [len(paths) for paths in path_lists]
+    image_paths = list(chain.from_iterable(path_lists))
+    views = list(chain.from_iterable(
+        _padded(views, n) for views, n in zip(view_lists, counts, strict=True)
+    ))
+    study_table = _derived_study_columns(fields)
+    if not all(isinstance(p, str) for p in image_paths):
+        _raise_for_bad_entry(studies, path)
+    relative = [_IMAGE_PREFIX.sub("", p, count=1) for p in image_paths]
+    positions = np.repeat(np.arange(len(counts)), counts)
+    images = pd.DataFrame({
+        "study": positions,
+        "entry": np.asarray(keys, dtype=object)[positions] if len(keys) else [],
+        "image_path": text_column(relative),
+        "native_id": text_column([p.rsplit("/", 1)[-1].rsplit(".", 1)[0] for p in relative]),
+        "view_position_raw": text_column([v if isinstance(v, str) else None for v in views]),
+    })
+    return study_table, images
+
+
+def _raise_for_bad_entry(studies: dict, path: Path) -> None:
+    """Find the first study without an ImagePath list of strings and name it."""
     for key, study in studies.items():
         paths = study.get("ImagePath") if isinstance(study, dict) else None
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
             raise MetadataError(path, f"entry {key!r}", "has no 'ImagePath' list of strings",
                                 "Re-download the metadata JSON")
-        n = len(paths)
-        image_paths.extend(paths)
-        views.extend(_padded(study.get("ImageViewPosition"), n))
-        shapes.extend(_padded(study.get("ImageShape"), n))
-        for name in _STUDY_FIELDS:
-            per_study[name].append(study.get(name))
-        counts.append(n)
-        keys.append(key)
-    repeats = np.asarray(counts, dtype=np.int64)
-    columns = {
-        name: pd.Series(np.repeat(np.asarray(values, dtype=object), repeats))
-        for name, values in per_study.items()
-    }
-    for name in ("PatientID", "AccessionNumber", "StudyInstanceUid", "PatientSex", "PatientAge"):
-        columns[name] = columns[name].astype("string")
-    columns["entry"] = pd.Series(np.repeat(np.asarray(keys, dtype=object), repeats))
-    columns["image_path"] = pd.Series(image_paths, dtype="string")
-    columns["view_position_raw"] = pd.Series(
-        [v if isinstance(v, str) else None for v in views], dtype="string"
-    )
-    columns["ImageShape"] = pd.Series(
-        [_shape_or_none(s) for s in shapes], dtype=object
-    )
-    return columns
+
+
+def _derived_study_columns(fields: dict[str, Sequence[object]]) -> pd.DataFrame:
+    table = pd.DataFrame({
+        name: text_column(fields[name])
+        for name in ("PatientID", "AccessionNumber", "StudyInstanceUid", "PatientAge")
+    })
+    # Sections are kept only inside the report (with their headers): separate columns would
+    # double the text stored and cost more time than the rest of the labels together.
+    sections = [_clean_sections(fields[name]) for name in REPORT_SECTIONS]
+    table["report"] = text_column([format_report(parts) for parts in zip(*sections, strict=True)])
+    table["patient_sex"] = _sex(fields["PatientSex"])
+    table["patient_age_years"] = _per_unique(table["PatientAge"], age_in_years)
+    table["study_date"] = _per_unique(pd.Series(fields["StudyDate"], dtype=object), _study_dates)
+    return table
+
+
+def _per_unique(values: pd.Series, convert) -> pd.Series:
+    """Apply a vectorized conversion to the distinct values only (ages and dates repeat)."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    converted = convert(pd.Series(uniques)).to_numpy()
+    result = pd.Series(converted[codes], index=values.index)
+    return result.mask(codes < 0)
 
 
 def _padded(values: object, n: int) -> list[object]:
@@ -218,25 +256,22 @@ def _padded(values: object, n: int) -> list[object]:
     return (values + [None] * n)[:n]
 
 
-def _shape_or_none(shape: object) -> list[int] | None:
-    if isinstance(shape, list) and all(isinstance(v, (int, float)) for v in shape):
-        return [int(v) for v in shape]
-    return None
+def _clean_sections(values: list[object]) -> list[str | None]:
+    """Report sections as stripped text; empty, "None" and NaN sections become None."""
+    cleaned = [value.strip() if isinstance(value, str) else None for value in values]
+    return [
+        None if text is None or (len(text) < 5 and text.lower() in _EMPTY_SECTIONS) else text
+        for text in cleaned
+    ]
 
 
-def _clean_sections(values: pd.Series) -> pd.Series:
-    """Report sections as text, with empty, "None" and NaN sections as null."""
-    text = pd.Series(
-        [v.strip() if isinstance(v, str) else None for v in values], dtype="string"
-    )
-    return text.mask(text.str.lower().isin(_EMPTY_SECTIONS))
-
-
-def format_reports(sections: dict[str, pd.Series]) -> pd.Series:
-    """`INDICATION:\n...\n\nFINDINGS:\n...` from the present sections; null when none is."""
-    chunks = [(name.upper() + ":\n" + text + "\n\n").fillna("") for name, text in sections.items()]
-    joined = sum(chunks[1:], chunks[0]).str.removesuffix("\n\n")
-    return joined.mask(joined == "").astype("string")
+def format_report(sections: Sequence[str | None]) -> str | None:
+    """`INDICATION:\n...\n\nFINDINGS:\n...` from the present sections, in REPORT_SECTIONS
+    order; None when every section is empty."""
+    present = [
+        f"{header}:\n{text}" for header, text in zip(_HEADERS, sections, strict=True) if text
+    ]
+    return "\n\n".join(present) if present else None
 
 
 def age_in_years(ages: pd.Series) -> pd.Series:
@@ -246,12 +281,17 @@ def age_in_years(ages: pd.Series) -> pd.Series:
     return (number * parts[1].map(_AGE_UNIT_YEARS)).astype("float64")
 
 
-def _sex(values: pd.Series) -> pd.Series:
-    sex = values.str.strip().str.upper()
-    return sex.where(sex.isin(["M", "F"])).astype("string")
+def _sex(values: list[object]) -> pd.Series:
+    sex = pd.Series([v.strip().upper() if isinstance(v, str) else None for v in values],
+                    dtype="string")
+    return sex.where(sex.isin(["M", "F"]))
 
 
-def _study_dates(values: pd.Series) -> pd.Series:
+def _all_null_int(n: int) -> pd.arrays.IntegerArray:
+    return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+
+
+def _study_dates(values: list[object]) -> pd.Series:
     text = pd.Series(
         [str(int(v)) if isinstance(v, (int, float)) and not _is_nan(v) else v for v in values],
         dtype="string",

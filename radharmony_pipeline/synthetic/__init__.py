@@ -6,7 +6,6 @@ Used by tests, the demo and benchmarks; see `generate_datasets`.
 from __future__ import annotations
 
 import numbers
-
 from collections.abc import Callable, Sequence
 from pathlib import Path
 

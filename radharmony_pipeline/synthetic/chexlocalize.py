@@ -81,6 +81,27 @@ class CxrImage:
         return f"patient{self.patient}_study{self.study}_view{self.view_number}_{self.view}"
 
 
+# The first patients of each split are fixed so every scale and seed shows the variety:
+# two positive studies with laterals, then a normal patient; the rest are random.
+_ROLES = ("showcase", "normal")
+
+
+@dataclass(frozen=True)
+class _Role:
+    studies: int | None  # None: 1 or 2 at random
+    findings: str  # "positive", "negative" or "random"
+    lateral: bool | None  # None: at random
+    segmented: bool
+
+
+_ROLE_RULES = {
+    "showcase": _Role(2, "positive", True, True),
+    "normal": _Role(None, "negative", None, True),
+    "random": _Role(None, "random", None, True),
+    "unsegmented": _Role(1, "positive", False, False),
+}
+
+
 def generate(out: Path, scale: str, seed: int) -> Path:
     """Write the CheXlocalize layout under `out/chexlocalize`; return that root."""
     root = out / "chexlocalize"
@@ -104,31 +125,27 @@ def plan_images(rng: np.random.Generator, sizing: Sizing) -> list[CxrImage]:
     """Patients, studies, views and labels of both splits, before any pixel is drawn."""
     images: list[CxrImage] = []
     for split in ("val", "test"):
-        first = FIRST_PATIENT[split]
         for index in range(sizing.patients[split]):
-            images += _patient_images(rng, sizing, split, first + index, index)
-    images += _patient_images(rng, sizing, "test", UNSEGMENTED_PATIENT, index=-1)
+            role = _ROLES[index] if index < len(_ROLES) else "random"
+            images += _patient_images(rng, sizing, split, FIRST_PATIENT[split] + index, role)
+    images += _patient_images(rng, sizing, "test", UNSEGMENTED_PATIENT, "unsegmented")
     return images
 
 
 def _patient_images(rng: np.random.Generator, sizing: Sizing, split: str, patient: int,
-                    index: int) -> list[CxrImage]:
-    # The first patient of a split always has two studies with a lateral, the second is
-    # normal, and the unsegmented quirk (index -1) has a single positive frontal.
-    quirk = index == -1
-    studies = 2 if index == 0 else 1 if quirk else int(rng.integers(1, 3))
+                    role_name: str) -> list[CxrImage]:
+    role = _ROLE_RULES[role_name]
+    studies = role.studies or int(rng.integers(1, 3))
     sex, age = str(rng.choice(["Male", "Female"])), int(rng.integers(18, 91))
     images = []
     for study in range(1, studies + 1):
-        kind = "positive" if index in (0, -1) else "negative" if index == 1 else "random"
-        positives = _study_findings(rng, kind)
-        views = ["frontal"] if quirk else ["frontal", "lateral"] if (
-            index == 0 or rng.random() < 0.45) else ["frontal"]
-        for number, view in enumerate(views, start=1):
+        positives = _study_findings(rng, role.findings)
+        lateral = rng.random() < 0.45 if role.lateral is None else role.lateral
+        localizable = bool(positives & set(LOCALIZABLE))
+        for number, view in enumerate(("frontal", "lateral") if lateral else ("frontal",), 1):
             height, width = _image_size(rng, sizing.side)
             ap_pa = str(rng.choice(["AP", "PA"], p=[0.7, 0.3])) if view == "frontal" else ""
-            localizable = bool(positives & set(LOCALIZABLE))
-            segmented = view == "frontal" and localizable and not quirk
+            segmented = role.segmented and view == "frontal" and localizable
             images.append(CxrImage(split, patient, study, number, view, height, width, sex,
                                    age, ap_pa, positives, segmented))
     return images

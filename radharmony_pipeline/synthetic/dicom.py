@@ -58,7 +58,8 @@ def dicom_bytes(pixels: np.ndarray, variant: DicomVariant, identity: DicomIdenti
     _describe_pixels(ds, stored, variant)
     ds.PixelData = stored.astype("<u2").tobytes()
     if variant.transfer_syntax != ExplicitVRLittleEndian:
-        ds.compress(variant.transfer_syntax)
+        # pydicom would otherwise mint a fresh, time-based SOP Instance UID.
+        ds.compress(variant.transfer_syntax, generate_instance_uid=False)
     buffer = io.BytesIO()
     ds.save_as(buffer, enforce_file_format=True)
     return buffer.getvalue()

@@ -45,14 +45,17 @@ _ONE_SIDED = {
     "Pneumonia": ("{side} lower lobe pneumonia", "Pneumonia in the {side} lung base"),
     "Pneumothorax": ("Small {side} apical pneumothorax", "{side} pneumothorax"),
 }
+# A single finding: never split over several boxes.
+_SINGLE_BOX = {"Cardiomegaly"}
+# Phrases of several boxes carry a comma, so every file exercises CSV quoting.
 _SEVERAL_BOXES = {
-    "Atelectasis": "Bibasilar atelectasis",
-    "Consolidation": "Bilateral consolidations",
-    "Edema": "Moderate pulmonary edema",
-    "Lung Opacity": "Bilateral patchy opacities",
-    "Pleural Effusion": "Small bilateral pleural effusions",
-    "Pneumonia": "Multifocal pneumonia",
-    "Pneumothorax": "Bilateral pneumothoraces",
+    "Atelectasis": "Bibasilar atelectasis, left greater than right",
+    "Consolidation": "Bilateral consolidations, worse on the right",
+    "Edema": "Moderate pulmonary edema, slightly improved",
+    "Lung Opacity": "Bilateral patchy opacities, likely infectious",
+    "Pleural Effusion": "Small bilateral pleural effusions, unchanged",
+    "Pneumonia": "Multifocal pneumonia, both lower lobes",
+    "Pneumothorax": "Bilateral pneumothoraces, small",
 }
 
 
@@ -88,6 +91,7 @@ class MimicImage:
     width: int
     phrases: tuple[Phrase, ...]
     variant: DicomVariant | None  # None: written as JPEG
+    view_position: str
 
     def folder(self) -> str:
         return f"files/p{str(self.subject)[:2]}/p{self.subject}/s{self.study}"
@@ -112,7 +116,8 @@ def generate(out: Path, scale: str, seed: int, mimic_format: str = "mixed") -> P
     rows = []
     for image, image_rng in zip(images, image_rngs(seed, DATASET, len(images)), strict=True):
         pixels, boxes = _render(image, image_rng)
-        identity = DicomIdentity(str(image.subject), next(uids), next(uids), next(uids), "PA")
+        identity = DicomIdentity(str(image.subject), next(uids), next(uids), next(uids),
+                                 image.view_position)
         write_bytes(out / "mimic-cxr" / image.disk_path, _encode(pixels, image, identity))
         rows += _csv_rows(image, boxes, image_rng)
     root = out / "ms-cxr"
@@ -124,8 +129,7 @@ def generate(out: Path, scale: str, seed: int, mimic_format: str = "mixed") -> P
 def plan_images(rng: np.random.Generator, sizing: Sizing, mimic_format: str) -> list[MimicImage]:
     """Patients (the first with two studies), splits by patient, phrases and file formats."""
     subjects = distinct_integers(rng, sizing.patients, 10_000_000, 20_000_000)
-    studies_per_subject = [2] + [int(rng.integers(1, 3)) if rng.random() < 0.15 else 1
-                                 for _ in subjects[1:]]
+    studies_per_subject = [2] + [2 if rng.random() < 0.1 else 1 for _ in subjects[1:]]
     count = sum(studies_per_subject)
     study_ids = iter(distinct_integers(rng, count, 50_000_000, 60_000_000))
     dicom_ids = iter(mimic_dicom_ids(rng, count))
@@ -137,8 +141,9 @@ def plan_images(rng: np.random.Generator, sizing: Sizing, mimic_format: str) -> 
         for _ in range(studies):
             height, width = (int(v) for v in rng.integers(sizing.side[0], sizing.side[1] + 1, 2))
             width += int(width == height)
+            view = str(rng.choice(["PA", "AP"]))
             images.append(MimicImage(next(dicom_ids), subject, next(study_ids), split, height,
-                                     width, next(phrase_sets), next(variants)))
+                                     width, next(phrase_sets), next(variants), view))
     return images
 
 
@@ -157,25 +162,20 @@ def _phrase_sets(rng: np.random.Generator, count: int) -> list[tuple[Phrase, ...
         phrases = 2 if index == 0 else 1 if index == 1 else 1 + int(rng.random() < 0.3)
         chosen: list[Phrase] = []
         for number in range(phrases):
-            category = next(c for c in cycle if c not in {p.category for p in chosen})
+            # The first image has a two-box phrase, the second a three-box one.
+            forced = {(0, 0): 2, (1, 0): 3}.get((index, number))
+            category = next(c for c in cycle if c not in {p.category for p in chosen}
+                            and not (forced and c in _SINGLE_BOX))
             cycle.remove(category)
             cycle.append(category)
-            boxes = _box_count(rng, category, index, number)
-            sides = (0, 1, int(rng.integers(0, 2)))[:boxes] if boxes > 1 else (
-                int(rng.integers(0, 2)),)
+            boxes = forced or (1 if category in _SINGLE_BOX else 1 + int(rng.random() < 0.2))
+            # Several boxes of one phrase start with one per lung.
+            sides = (0, 1, int(rng.integers(0, 2)))[:boxes]
+            if boxes == 1:
+                sides = (int(rng.integers(0, 2)),)
             chosen.append(Phrase(category, sides))
         sets.append(tuple(chosen))
     return sets
-
-
-def _box_count(rng: np.random.Generator, category: str, index: int, number: int) -> int:
-    if category == "Cardiomegaly":
-        return 1
-    if (index, number) == (0, 0):
-        return 2
-    if index == 1:
-        return 3
-    return 1 + int(rng.random() < 0.2)
 
 
 def _file_variants(rng: np.random.Generator, count: int,

@@ -160,6 +160,12 @@ def _image_columns(rng: np.random.Generator, count: int,
                    sides: tuple[int, int]) -> dict[str, list]:
     views = rng.choice(len(VIEW_POSITIONS), size=count, p=VIEW_WEIGHTS).tolist()
     view_positions = [VIEW_POSITIONS[v] for v in views]
+    # Rare spellings would seldom be drawn in a small split: place each once where room allows
+    # (rarest first), so every split exercises the reader's normalization.
+    rare_first = sorted(VIEW_POSITIONS[:-1], key=lambda v: VIEW_WEIGHTS[VIEW_POSITIONS.index(v)])
+    slots = rng.permutation(count - 1)[: len(rare_first)].tolist()
+    for slot, view in zip(slots, rare_first, strict=False):
+        view_positions[slot] = view
     view_positions[-1] = None  # every split shows the ~2 % null views at least once
     shapes = rng.integers(sides[0], sides[1] + 1, size=(count, 2)).tolist()
     modality = np.where(rng.random(count) < 0.7, "DX", "CR").tolist()
@@ -171,10 +177,10 @@ def _image_columns(rng: np.random.Generator, count: int,
 
 def _patient_columns(rng: np.random.Generator, count: int) -> dict[str, list]:
     sexes = np.where(rng.random(count) < 0.5, "M", "F").tolist()
-    ethnic = [str(ETHNIC_GROUPS[g]) if present else None for g, present in zip(
-        rng.integers(0, len(ETHNIC_GROUPS), count).tolist(), (rng.random(count) < 0.3).tolist(),
-        strict=True)]
-    ethnic[0] = ETHNIC_GROUPS[0]
+    groups = rng.integers(0, len(ETHNIC_GROUPS), count).tolist()
+    recorded = (rng.random(count) < 0.3).tolist()
+    recorded[0] = True  # the tag is optional: make sure a tiny split shows it
+    ethnic = [ETHNIC_GROUPS[g] if r else None for g, r in zip(groups, recorded, strict=True)]
     return {"PatientSex": sexes, "PatientAge": _ages(rng, count), "EthnicGroup": ethnic}
 
 
@@ -223,11 +229,11 @@ def _study_dates(rng: np.random.Generator, count: int) -> list[int | str]:
 
 
 def _shorten_one_body_part_list(studies: list[tuple[str, Study]]) -> None:
-    """The release's lists are occasionally shorter than ImagePath; make the first one so."""
-    for _, study in studies:
-        if len(study["ImagePath"]) > 1:
-            study["ImageBodyPart"] = study["ImageBodyPart"][:-1]
-            return
+    """The release's lists are occasionally shorter than ImagePath: the first multi-image
+    study loses its last body part, the second its last view position."""
+    multi_image = [study for _, study in studies if len(study["ImagePath"]) > 1]
+    for study, key in zip(multi_image, ("ImageBodyPart", "ImageViewPosition"), strict=False):
+        study[key] = study[key][:-1]
 
 
 def _json_chunks(studies: list[tuple[str, Study]]) -> Iterator[str]:
@@ -263,8 +269,10 @@ def _write_images(root: Path, seed: int, split_index: int,
     """One PNG per ImagePath, of its ImageShape; 8-bit or 16-bit (first two: one of each)."""
     index = 0
     for _, study in studies:
-        for path, view, (height, width) in zip(study["ImagePath"], study["ImageViewPosition"],
-                                              study["ImageShape"], strict=True):
+        # ImageViewPosition may be one short: the missing view renders as a frontal film.
+        views = study["ImageViewPosition"] + [None] * len(study["ImagePath"])
+        for path, view, (height, width) in zip(study["ImagePath"], views,
+                                              study["ImageShape"], strict=False):
             rng = dataset_rng(seed, DATASET, 1, split_index, index)
             view_kind = "lateral" if view in LATERAL_VIEWS else "frontal"
             pixels = render_radiograph(rng, height, width, view_kind).pixels
