@@ -72,8 +72,14 @@ def _demo(args: argparse.Namespace) -> int:
     from .sources import partition_keys
 
     with dg.DagsterInstance.get() as instance:
+        print("observing source files ...", flush=True)
         observe_sources(defs, instance)
-        outcomes = materialize_partitions(defs, instance, partition_keys())
+        print("materializing every asset of every partition ...", flush=True)
+        outcomes = materialize_partitions(
+            defs, instance, partition_keys(),
+            on_done=lambda o: print(f"  {o.partition:<20} {'ok' if o.success else 'FAILED'}",
+                                    flush=True),
+        )
     print()
     print(format_summary(outcomes))
     print()

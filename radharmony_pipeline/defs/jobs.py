@@ -3,6 +3,7 @@
 import dagster as dg
 
 from .assets.source_files import source_files
+from .partitions import dataset_split_partitions
 
 OBSERVE_JOB = "observe_source_files"
 
@@ -12,8 +13,19 @@ observe_source_files_job = dg.define_asset_job(
     description="Fingerprint every partition's downloaded files (annotations + image tree).",
 )
 
+ALL_STAGES_JOB = "all_stages"
+
+# Observing the downloads is its own job: a partition's run should not re-fingerprint all ten.
+all_stages_job = dg.define_asset_job(
+    ALL_STAGES_JOB,
+    selection=dg.AssetSelection.all() - dg.AssetSelection.assets(source_files.key),
+    partitions_def=dataset_split_partitions,
+    description="Every stage of one `<dataset>.<split>` partition, with its checks.",
+)
+
 index_and_labels_job = dg.define_asset_job(
     "index_and_labels",
     selection=dg.AssetSelection.groups("index", "labels"),
+    partitions_def=dataset_split_partitions,
     description="Read the native metadata of a partition into raw_index and labels.",
 )

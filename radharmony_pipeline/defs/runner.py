@@ -3,12 +3,12 @@
 Used by `radharmony demo`: the runs land in DAGSTER_HOME, so `make ui` shows them.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import dagster as dg
 
-from .jobs import OBSERVE_JOB
+from .jobs import ALL_STAGES_JOB, OBSERVE_JOB
 
 
 @dataclass
@@ -20,22 +20,33 @@ class PartitionOutcome:
     error: str | None = None
 
 
+# The per-event debug log drowns the summary; warnings and errors still print.
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
 def observe_sources(defs: dg.Definitions, instance: dg.DagsterInstance) -> None:
     """Record a data version for every partition of `source_files` (what rebuilds compare)."""
-    result = defs.resolve_job_def(OBSERVE_JOB).execute_in_process(instance=instance)
+    job = defs.resolve_job_def(OBSERVE_JOB)
+    result = job.execute_in_process(instance=instance, run_config=QUIET)
     if not result.success:
         raise RuntimeError("observing source_files failed; see the log above")
 
 
 def materialize_partitions(
-    defs: dg.Definitions, instance: dg.DagsterInstance, partition_keys: Sequence[str]
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    partition_keys: Sequence[str],
+    on_done: Callable[[PartitionOutcome], None] = lambda outcome: None,
 ) -> list[PartitionOutcome]:
     """Run the whole asset graph once per partition; one failing partition does not stop others."""
-    job = defs.resolve_implicit_global_asset_job_def()
+    job = defs.resolve_job_def(ALL_STAGES_JOB)
     outcomes = []
     for key in partition_keys:
-        result = job.execute_in_process(partition_key=key, instance=instance, raise_on_error=False)
+        result = job.execute_in_process(
+            partition_key=key, instance=instance, raise_on_error=False, run_config=QUIET
+        )
         outcomes.append(_outcome(key, result))
+        on_done(outcomes[-1])
     return outcomes
 
 

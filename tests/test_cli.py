@@ -1,0 +1,56 @@
+"""The `radharmony` command: synth writes the datasets; demo materializes and summarizes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from radharmony_pipeline.cli import main
+
+RADHARMONY = Path(sys.executable).with_name("radharmony")
+
+
+def test_synth_writes_the_chosen_datasets(tmp_path, capsys):
+    assert main(["synth", "--out", str(tmp_path), "--dataset", "chestx_det",
+                 "--dataset", "ms_cxr", "--mimic-format", "dcm"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        "chestx-det", "mimic-cxr", "ms-cxr"]
+    assert list((tmp_path / "mimic-cxr").rglob("*.dcm"))
+    assert not list((tmp_path / "mimic-cxr").rglob("*.jpg"))
+    assert "chestx_det" in capsys.readouterr().out
+
+
+def test_metadata_only_needs_full_scale(tmp_path, capsys):
+    assert main(["synth", "--out", str(tmp_path), "--rexgradient-metadata-only"]) == 2
+    assert "--full-scale" in capsys.readouterr().err
+
+
+def test_unknown_scale_is_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        main(["synth", "--out", str(tmp_path), "--scale", "huge"])
+
+
+def test_demo_materializes_every_partition_and_prints_the_summary(tiny_root, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RADHARMONY_")}
+    environ.update(DAGSTER_HOME=str(home), RADHARMONY_OUTPUT_ROOT=str(tmp_path / "out"))
+    completed = subprocess.run(
+        [str(RADHARMONY), "demo", "--data-root", str(tiny_root)],
+        cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=600,
+    )
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+    summary = completed.stdout.split("partition ", 1)[1]
+    for partition in ("chexlocalize.val", "ms_cxr.test", "chestx_det.train", "rexgradient.val"):
+        line = next(row for row in summary.splitlines() if row.startswith(partition))
+        assert " ok " in line and "3/3" in line
+    assert "make ui" in completed.stdout
+    # The runs are in the instance the UI reads: one observation, then one run per partition.
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        runs = instance.get_runs()
+    assert len(runs) == 11 and all(run.is_success for run in runs)
