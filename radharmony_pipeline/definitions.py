@@ -2,20 +2,41 @@
 
 import dagster as dg
 
+from .defs.assets.bboxes import bboxes
 from .defs.assets.index_and_labels import raw_index_and_labels
+from .defs.assets.masks import masks
 from .defs.assets.source_files import source_files
 from .defs.checks.counts import counts_match_documentation
 from .defs.checks.expectations import labels_suite, raw_index_suite
+from .defs.checks.masks_and_boxes import (
+    bboxes_match_documentation,
+    bboxes_suite,
+    masks_match_documentation,
+    masks_suite,
+    positives_without_masks,
+)
 from .defs.io_managers import ParquetIOManager
 from .defs.jobs import all_stages_job, index_and_labels_job, observe_source_files_job
-from .defs.resources import DatasetsResource
+from .defs.resources import DatasetsResource, OutputsResource
+
+outputs = OutputsResource()
 
 defs = dg.Definitions(
-    assets=[source_files, raw_index_and_labels],
-    asset_checks=[counts_match_documentation, raw_index_suite, labels_suite],
+    assets=[source_files, raw_index_and_labels, masks, bboxes],
+    asset_checks=[
+        counts_match_documentation,
+        raw_index_suite,
+        labels_suite,
+        masks_match_documentation,
+        masks_suite,
+        positives_without_masks,
+        bboxes_match_documentation,
+        bboxes_suite,
+    ],
     jobs=[observe_source_files_job, all_stages_job, index_and_labels_job],
     resources={
         "datasets": DatasetsResource(),
-        "io_manager": ParquetIOManager(),
+        "outputs": outputs,
+        "io_manager": ParquetIOManager(output_root=outputs.output_root),
     },
 )

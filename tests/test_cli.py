@@ -48,7 +48,9 @@ def test_demo_materializes_every_partition_and_prints_the_summary(tiny_root, tmp
     summary = completed.stdout.split("partition ", 1)[1]
     for partition in ("chexlocalize.val", "ms_cxr.test", "chestx_det.train", "rexgradient.val"):
         line = next(row for row in summary.splitlines() if row.startswith(partition))
-        assert " ok " in line and "3/3" in line
+        assert " ok " in line and "FAILED" not in line
+        passed, total = line.split()[3].split("/")
+        assert passed == total and int(total) >= 3
     assert "make ui" in completed.stdout
     # The runs are in the instance the UI reads: one observation, then one run per partition.
     with dg.DagsterInstance.from_config(str(home)) as instance:

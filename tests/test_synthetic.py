@@ -239,6 +239,9 @@ def test_chexlocalize_expected_counts_match_disk(out: Path) -> None:
             "patients": len({p.split("/")[1] for p in paths}),
             "studies": len({tuple(p.split("/")[1:3]) for p in paths}),
             "images_with_segmentation": len(entries),
+            "images_with_masks": sum(
+                any(mask_utils.area(rle) > 0 for rle in entry.values())
+                for entry in entries.values()),
         }
 
 
@@ -400,16 +403,17 @@ def test_chestx_det_expected_counts_match_disk(out: Path) -> None:
     total = Counter()
     for split in ("train", "test"):
         entries = chestx_det_entries(out, split)
-        split_counts = {"images": len(entries),
-                        "annotations": sum(len(e["syms"]) for e in entries),
-                        "negatives": sum(not e["syms"] for e in entries)}
-        assert counts["splits"][split] == split_counts
-        total.update(split_counts)
+        split_counts = Counter({"images": len(entries),
+                                "annotations": sum(len(e["syms"]) for e in entries),
+                                "negatives": sum(not e["syms"] for e in entries),
+                                "images_with_masks": sum(bool(e["syms"]) for e in entries)})
         for entry in entries:
             unified = [{"Effusion": "pleural_effusion"}.get(s, s.lower().replace(" ", "_"))
                        for s in entry["syms"]]
-            total.update(f"class_annotations.{u}" for u in unified)
-            total.update(f"class_images.{u}" for u in set(unified))
+            split_counts.update(f"class_annotations.{u}" for u in unified)
+            split_counts.update(f"class_images.{u}" for u in set(unified))
+        assert counts["splits"][split] == dict(split_counts)
+        total.update(split_counts)
     assert counts["total"] == dict(total)
 
 

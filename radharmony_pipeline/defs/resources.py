@@ -2,6 +2,7 @@
 
 
 import os
+from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
@@ -36,3 +37,25 @@ class DatasetsResource(dg.ConfigurableResource):
             environ[DATA_ROOT_ENV] = self.data_root
         config: SourceLocationConfig = getattr(self, dataset)
         return open_source(dataset, SourceLocation.from_strings(config.model_dump()), environ)
+
+
+class OutputsResource(dg.ConfigurableResource):
+    """Where everything the pipeline writes goes: tables, masks, images, previews."""
+
+    output_root: str = Field(
+        default_factory=lambda: os.environ.get("RADHARMONY_OUTPUT_ROOT") or "data/output",
+        description="Folder (or URL, for tables) of all outputs; default RADHARMONY_OUTPUT_ROOT.",
+    )
+
+    def local_root(self) -> Path:
+        """The output root as a local folder, for files written by worker processes.
+
+        PNGs are written by a process pool with plain file APIs; an object-store root is
+        supported for tables only so far, and is refused here with a clear message.
+        """
+        if "://" in self.output_root and not self.output_root.startswith("file://"):
+            raise dg.Failure(
+                description=f"output_root {self.output_root!r} is not a local folder; masks "
+                "and images are written to local disk (set RADHARMONY_OUTPUT_ROOT to a path)"
+            )
+        return Path(self.output_root.removeprefix("file://"))

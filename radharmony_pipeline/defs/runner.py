@@ -17,6 +17,7 @@ class PartitionOutcome:
     success: bool
     rows: dict[str, int] = field(default_factory=dict)
     checks: dict[str, bool] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
     error: str | None = None
 
 
@@ -59,7 +60,10 @@ def _outcome(key: str, result: dg.ExecuteInProcessResult) -> PartitionOutcome:
             outcome.rows[materialization.asset_key.to_user_string()] = int(row_count.value)
     for evaluation in result.get_asset_check_evaluations():
         name = f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name}"
-        outcome.checks[name] = evaluation.passed
+        if evaluation.severity == dg.AssetCheckSeverity.WARN and not evaluation.passed:
+            outcome.warnings.append(f"{name} ({evaluation.description})")
+        else:
+            outcome.checks[name] = evaluation.passed
     failures = [e for e in result.all_events if e.is_step_failure]
     if failures:
         error = failures[0].step_failure_data.error
@@ -68,11 +72,13 @@ def _outcome(key: str, result: dg.ExecuteInProcessResult) -> PartitionOutcome:
 
 
 def format_summary(outcomes: Sequence[PartitionOutcome]) -> str:
-    lines = [f"{'partition':<20} {'status':<7} {'images':>7} {'checks':>9}  failed checks / error"]
+    lines = [f"{'partition':<20} {'status':<7} {'images':>7} {'checks':>9}  failed checks, "
+             "warnings / error"]
     for o in outcomes:
         passed = sum(o.checks.values())
-        failed = [name for name, ok in o.checks.items() if not ok]
-        detail = ", ".join(failed) or (o.error.splitlines()[0] if o.error else "")
+        failed = [f"FAILED {name}" for name, ok in o.checks.items() if not ok]
+        warned = [f"warning {text}" for text in o.warnings]
+        detail = "; ".join(failed + warned) or (o.error.splitlines()[0] if o.error else "")
         lines.append(
             f"{o.partition:<20} {'ok' if o.success else 'FAILED':<7} "
             f"{o.rows.get('raw_index', 0):>7} {passed:>4}/{len(o.checks):<4}  {detail}"

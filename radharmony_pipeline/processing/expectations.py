@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .vocabulary import UNIFIED_LABELS
+
 SAMPLE_SIZE = 5
 """Maximum number of offending values kept per outcome."""
 
@@ -278,6 +280,43 @@ def labels_expectations(label_columns: Sequence[str]) -> list[Expectation]:
         *(in_set(column, (0, 1)) for column in label_columns),
         # A missing report must be a real null, not a stringified one.
         not_in_set("report", NULL_LIKE_STRINGS),
+    ]
+
+
+def mask_expectations() -> list[Expectation]:
+    """Suite for the masks table plus derived columns `mask_file_exists` (bool, null for
+    error rows), `class_area_fraction` (null on `any` rows) and `image_class`."""
+    return [
+        columns_exist(("image_id", "mask_class", "mask_path", "height", "width",
+                       "area_fraction", "source", "mask_file_exists", "class_area_fraction",
+                       "image_class")),
+        in_set("mask_class", (*UNIFIED_LABELS, "any")),
+        in_set("source", ("rle", "polygon", "empty")),
+        in_set("status", ("ok", "error")),
+        between("area_fraction", 0, 1),
+        in_set("mask_file_exists", (True,)),
+        between("height", 1, MAX_IMAGE_SIDE),
+        between("width", 1, MAX_IMAGE_SIDE),
+        # Derived by the caller: class rows exist only where the class is present (never an
+        # empty class mask), and one row per (image, class).
+        between("class_area_fraction", 0, 1, strict_min=True),
+        unique("image_class"),
+    ]
+
+
+def bbox_expectations() -> list[Expectation]:
+    """Suite for valid rows of the bboxes table."""
+    return [
+        columns_exist(("image_id", "box_index", "label", "label_text", "y_min", "y_max",
+                       "x_min", "x_max", "x_px", "y_px", "w_px", "h_px")),
+        not_null("image_id"),
+        in_set("label", UNIFIED_LABELS),
+        *(between(column, 0, 1) for column in ("y_min", "y_max", "x_min", "x_max")),
+        *(not_null(column) for column in ("y_min", "y_max", "x_min", "x_max")),
+        pair_a_less_than_b("y_min", "y_max"),
+        pair_a_less_than_b("x_min", "x_max"),
+        between("w_px", 1, MAX_IMAGE_SIDE),
+        between("h_px", 1, MAX_IMAGE_SIDE),
     ]
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
+from ..processing.mask_jobs import MaskTarget, PolygonMaskJob
 from ..processing.vocabulary import unified_class
 from .base import (
     DatasetSource,
@@ -55,15 +57,19 @@ chestx-det/
     documented_counts = ExpectedCounts(
         origin="ChestX-Det dataset card (counts re-derived from the released JSONs)",
         splits={
-            "train": {"images": 3025, "annotations": 7905, "negatives": 547},
-            "test": {"images": 553, "annotations": 1734, "negatives": 64},
+            "train": {"images": 3025, "annotations": 7905, "negatives": 547,
+                      "images_with_masks": 3025 - 547},
+            "test": {"images": 553, "annotations": 1734, "negatives": 64,
+                     "images_with_masks": 553 - 64},
         },
         total={
-            "images": 3578, "annotations": 9639, "negatives": 611,
+            "images": 3578, "annotations": 9639, "negatives": 611, "images_with_masks": 2967,
             **{f"class_images.{k}": v for k, v in _CLASS_IMAGES.items()},
             **{f"class_annotations.{k}": v for k, v in _CLASS_INSTANCES.items()},
         },
     )
+    mask_classes = tuple(sorted(_CLASS_IMAGES))
+    has_boxes = True
     count_hints = {
         "images": "entries of ChestX_Det_{split}.json",
         "annotations": "instances in ChestX_Det_{split}.json (ChestX-Det10 has fewer classes)",
@@ -110,7 +116,7 @@ chestx-det/
             self.key,
             split,
             {
-                "native_id": file_names.str.replace(r"\.png$", "", regex=True),
+                "native_id": file_names.map(_native_id),
                 # NIH file names were replaced by opaque integers: no patient or study is known.
                 "patient_id": no_view,
                 "study_id": no_view,
@@ -145,6 +151,38 @@ chestx-det/
         )
         return SplitTables(index=index, labels=labels)
 
+    def mask_jobs(
+        self, split: str, index: pd.DataFrame, target_for: Callable[[str], MaskTarget]
+    ) -> list[PolygonMaskJob]:
+        """One job per image: its instances' polygons grouped by unified class."""
+        entries = {_native_id(e["file_name"]): e for e in self.read_entries(split)}
+        base = self.image_dir(split)
+        jobs = []
+        for image_id, image_key, relative in index[["image_id", "image_key", "image_path"]].itertuples(
+            index=False
+        ):
+            entry = entries[image_id.removeprefix(f"{self.key}/")]
+            polygons: dict[str, list] = {}
+            for sym, polygon in zip(entry["syms"], entry["polygons"], strict=True):
+                polygons.setdefault(unified_class(sym), []).append(polygon)
+            jobs.append(PolygonMaskJob(image_id, base / relative, target_for(image_key),
+                                       (FRAME_SIZE, FRAME_SIZE), polygons))
+        return jobs
+
+    def read_boxes(self, split: str) -> pd.DataFrame:
+        """One row per instance box; `[x1, y1, x2, y2]` corners become top-left + size."""
+        rows = [
+            (f"{self.key}/{_native_id(entry['file_name'])}", position, unified_class(sym),
+             *box[:2], box[2] - box[0], box[3] - box[1])
+            for entry in self.read_entries(split)
+            for position, (sym, box) in enumerate(zip(entry["syms"], entry["boxes"], strict=True))
+        ]
+        boxes = pd.DataFrame(rows, columns=["image_id", "box_index", "label", "x", "y", "w", "h"])
+        boxes.insert(3, "label_text", pd.Series(pd.NA, index=boxes.index, dtype="string"))
+        boxes["frame_height"] = FRAME_SIZE
+        boxes["frame_width"] = FRAME_SIZE
+        return boxes
+
     def count_metrics(self, tables: SplitTables) -> dict[str, int]:
         labels = tables.labels
         images_per_class: Counter[str] = Counter()
@@ -159,6 +197,10 @@ chestx-det/
             **{f"class_images.{k}": v for k, v in sorted(images_per_class.items())},
             **{f"class_annotations.{k}": v for k, v in sorted(instances_per_class.items())},
         }
+
+
+def _native_id(file_name: str) -> str:
+    return file_name.removesuffix(".png")
 
 
 def _validate_entry(entry: object, position: int, path: Path) -> None:

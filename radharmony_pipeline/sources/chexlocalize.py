@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from ..processing.mask_jobs import MaskTarget, RleMaskJob
 from ..processing.vocabulary import unified_class
 from .base import (
     DatasetSource,
@@ -64,8 +66,14 @@ chexlocalize/
         origin="CheXlocalize dataset page and dataset record",
         splits={
             "val": {"images": 234, "patients": 200},
-            "test": {"images": 668, "patients": 500, "images_with_segmentation": 499},
+            "test": {"images": 668, "patients": 500, "images_with_segmentation": 499,
+                     "images_with_masks": 499},
         },
+    )
+    # The 10 pathologies of gt_segmentations_<split>.json, in the unified vocabulary.
+    mask_classes = (
+        "enlarged_cardiomediastinum", "cardiomegaly", "lung_lesion", "lung_opacity", "edema",
+        "consolidation", "atelectasis", "pneumothorax", "pleural_effusion", "support_devices",
     )
     count_hints = {
         "images": "rows of CheXpert/{split}_labels.csv (re-download the CheXpert {split} labels)",
@@ -116,7 +124,7 @@ chexlocalize/
         table = read_csv(csv_path)
         require_columns(table, ("Path", *CHEXPERT_LABELS), csv_path)
         parts = _parse_paths(table["Path"], csv_path)
-        segmentation_sizes = _segmentation_sizes(read_json(json_path), json_path)
+        segmentation_sizes = _segmentation_sizes(self.read_segmentations(split), json_path)
         native_id = parts["patient"] + "_" + parts["study"] + "_" + parts["view"] + "_" + parts["side"]
         sizes = segmentation_sizes.reindex(native_id.to_numpy())
         view_raw = parts["side"]
@@ -155,6 +163,34 @@ chexlocalize/
             },
         )
         return SplitTables(index=index, labels=labels)
+
+    def read_segmentations(self, split: str) -> dict:
+        """`{cxr_id: {pathology: RLE}}` as in gt_segmentations_<split>.json."""
+        path = self.require(self.segmentation_json(split), "CheXlocalize segmentation JSON")
+        data = read_json(path)
+        if not isinstance(data, dict):
+            raise MetadataError(path, "top level", "expected an object keyed by cxr_id",
+                                "Use gt_segmentations_<split>.json from the CheXlocalize download")
+        return data
+
+    def mask_jobs(
+        self, split: str, index: pd.DataFrame, target_for: Callable[[str], MaskTarget]
+    ) -> list[RleMaskJob]:
+        """One job per image: its pathologies' RLEs under unified names ({} without entry)."""
+        segmentations = self.read_segmentations(split)
+        base = self.image_dir(split)
+        jobs = []
+        for image_id, image_key, relative in index[["image_id", "image_key", "image_path"]].itertuples(
+            index=False
+        ):
+            entry = segmentations.get(image_id.removeprefix(f"{self.key}/"), {})
+            rles = {unified_class(name): rle for name, rle in entry.items()}
+            jobs.append(RleMaskJob(image_id, base / relative, target_for(image_key), rles))
+        return jobs
+
+    def localizable_images(self, index: pd.DataFrame) -> pd.Series:
+        # Segmentations are keyed `..._frontal`: lateral views are never segmented.
+        return index["image_path"].str.endswith("_frontal.jpg")
 
     def count_metrics(self, tables: SplitTables) -> dict[str, int]:
         index = tables.index
@@ -208,11 +244,8 @@ def _label_values(values: pd.Series, csv_path: Path, column: str) -> pd.Series:
     return numeric.astype("Int8")
 
 
-def _segmentation_sizes(data: object, json_path: Path) -> pd.DataFrame:
+def _segmentation_sizes(data: dict, json_path: Path) -> pd.DataFrame:
     """Height and width per cxr_id, validating each entry's shape on the way."""
-    if not isinstance(data, dict):
-        raise MetadataError(json_path, "top level", "expected an object keyed by cxr_id",
-                            "Use gt_segmentations_<split>.json from the CheXlocalize download")
     heights, widths = [], []
     for cxr_id, entry in data.items():
         try:

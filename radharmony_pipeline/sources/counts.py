@@ -10,6 +10,8 @@ from pathlib import Path
 from .errors import MetadataError
 
 EXPECTED_COUNTS_FILE = "expected_counts.json"
+# Figures only the masks stage can measure; the labels check leaves them to it.
+MASK_METRICS = ("images_with_masks",)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ mimic-cxr/files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg or .dcm   (RADHARMONY_MIM
         origin="MS-CXR dataset page",
         total={"images": 1047, "annotations": 1448},
     )
+    has_boxes = True
     count_hints = {
         "images": "rows of the MS-CXR CSV for split {split}",
         "annotations": "box rows of the MS-CXR CSV for split {split}",
@@ -73,6 +74,17 @@ mimic-cxr/files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg or .dcm   (RADHARMONY_MIM
         releases = sorted(self._csv_folder.glob("MS_CXR_Local_Alignment_v*.csv"))
         return releases[-1] if releases else preferred
 
+    def _split_rows(self, split: str) -> pd.DataFrame:
+        """The CSV's rows of one split, validated, with their line numbers as `csv_row`."""
+        self.check_split(split)
+        csv_path = self.require(self.csv_path(), "MS-CXR annotation CSV")
+        boxes = read_csv(csv_path, dtype={"dicom_id": "string", "path": "string"})
+        require_columns(boxes, CSV_COLUMNS, csv_path)
+        boxes["csv_row"] = np.arange(len(boxes)) + 2
+        boxes["split"] = _normalized_splits(boxes, csv_path)
+        _check_categories(boxes, csv_path)
+        return boxes[boxes["split"] == split]
+
     def image_dir(self, split: str) -> Path:
         self.check_split(split)
         return self._files
@@ -90,16 +102,11 @@ mimic-cxr/files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg or .dcm   (RADHARMONY_MIM
 
     def read_split(self, split: str) -> SplitTables:
         self.check_split(split)
-        csv_path = self.require(self.csv_path(), "MS-CXR annotation CSV")
         if not self._files.is_dir():
             raise DatasetLayoutError(self.key, self._files, self.env_vars["base_image_dir"],
                                      self.layout, "MIMIC-CXR files/ folder not found")
-        boxes = read_csv(csv_path, dtype={"dicom_id": "string", "path": "string"})
-        require_columns(boxes, CSV_COLUMNS, csv_path)
-        boxes["csv_row"] = np.arange(len(boxes)) + 2
-        boxes["split"] = _normalized_splits(boxes, csv_path)
-        _check_categories(boxes, csv_path)
-        boxes = boxes[boxes["split"] == split]
+        csv_path = self.csv_path()
+        boxes = self._split_rows(split)
         images = _images_of(boxes, csv_path)
         relative = self._resolve_extensions(images["stem"])
         confine_paths(relative, self._files, csv_path, rows=images["csv_row"].tolist())
@@ -120,6 +127,20 @@ mimic-cxr/files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg or .dcm   (RADHARMONY_MIM
         )
         labels = label_frame(index["image_id"], _label_columns(boxes, images["dicom_id"]))
         return SplitTables(index=index, labels=labels)
+
+    def read_boxes(self, split: str) -> pd.DataFrame:
+        """One row per CSV row of the split: top-left + size in image_width × image_height."""
+        boxes = self._split_rows(split)
+        frame = pd.DataFrame({
+            "image_id": self.key + "/" + boxes["dicom_id"],
+            "box_index": boxes.groupby("dicom_id", sort=False).cumcount(),
+            "label": boxes["category_name"].map(unified_class),
+            "label_text": boxes["label_text"].astype("string"),
+            **{axis: pd.to_numeric(boxes[axis], errors="coerce") for axis in ("x", "y", "w", "h")},
+            "frame_height": pd.to_numeric(boxes["image_height"], errors="coerce"),
+            "frame_width": pd.to_numeric(boxes["image_width"], errors="coerce"),
+        })
+        return frame.reset_index(drop=True)
 
     def _resolve_extensions(self, stems: pd.Series) -> pd.Series:
         """Per file: `.jpg` if present, else `.dcm` if present, else the CSV's `.jpg`.

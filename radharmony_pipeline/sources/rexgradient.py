@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from itertools import chain
-import re
 from collections.abc import Iterator, Sequence
+from itertools import chain, repeat
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -14,14 +14,15 @@ import pandas as pd
 from .base import (
     DatasetSource,
     SplitTables,
+    arrow_system_allocator,
     confine_paths,
     empty_phrase_lists,
     garbage_collection_paused,
     index_frame,
-    text_column,
     label_frame,
     read_json,
     split_named_in,
+    text_column,
 )
 from .counts import ExpectedCounts
 from .errors import DatasetLayoutError, MetadataError
@@ -31,7 +32,6 @@ from .views import normalize_view_positions
 REPORT_SECTIONS = ("Indication", "Comparison", "Findings", "Impression")
 _HEADERS = tuple(name.upper() for name in REPORT_SECTIONS)
 _FILE_SPLIT = {"train": "train", "val": "valid", "test": "test"}
-_IMAGE_PREFIX = re.compile(r"^(?:\.\./)?(?:deid_png/)?")
 _AGE_UNIT_YEARS = {"Y": 1.0, "M": 1 / 12, "W": 7 / 365.25, "D": 1 / 365.25}
 _EMPTY_SECTIONS = {"", "none", "nan", "null"}
 
@@ -123,37 +123,44 @@ rexgradient/
             raise DatasetLayoutError(self.key, path, self.env_vars["root"], self.layout,
                                      f"{detail} {path.name} not found")
         self.require(self._images, "deid_png image folder")
+        # Millions of objects, none of them garbage: the parsed JSON, then one empty
+        # label_text list per image (239k for train, ~0.2 s of collections if not paused).
+        with garbage_collection_paused(), arrow_system_allocator():
+            return self._read_tables(path, split)
+
+    def _read_tables(self, path: Path, split: str) -> SplitTables:
         # The parsed JSON is the largest object of the step; nothing keeps it past this call.
-        with garbage_collection_paused():
-            studies, images = _study_and_image_tables(read_json(path), path, split)
-        confine_paths(images["image_path"], self._images, path, rows=images["entry"].tolist())
-        study_rows = studies.iloc[images["study"].to_numpy()].reset_index(drop=True)
-        view_raw = images["view_position_raw"]
-        no_size = _all_null_int(len(images))
+        studies, images = _study_and_image_tables(read_json(path), path, split)
+        image_path = pd.Series(images["image_path"])
+        confine_paths(image_path, self._images, path, rows=images["entry"])
+        # Study-level columns are spread over the images of each study only now, once final.
+        per_image = {name: column.take(images["study"]) for name, column in studies.items()}
+        view_raw = pd.Series(images["view_position_raw"])
+        no_size = _all_null_int(len(image_path))
         index = index_frame(
             self.key,
             split,
             {
                 "native_id": images["native_id"],
-                "patient_id": study_rows["PatientID"],
-                "study_id": study_rows["StudyInstanceUid"],
-                "image_path": images["image_path"],
+                "patient_id": per_image["PatientID"],
+                "study_id": per_image["StudyInstanceUid"],
+                "image_path": image_path,
                 "view_position": normalize_view_positions(view_raw),
                 "view_position_raw": view_raw,
                 # ImageShape may describe the original, not the 25 % PNG: not a source size.
                 "source_height": no_size,
                 "source_width": no_size.copy(),
-                "accession_number": study_rows["AccessionNumber"],
-                "patient_sex": study_rows["patient_sex"],
-                "patient_age": study_rows["PatientAge"],
-                "patient_age_years": study_rows["patient_age_years"],
-                "study_date": study_rows["study_date"],
+                "accession_number": per_image["AccessionNumber"],
+                "patient_sex": per_image["patient_sex"],
+                "patient_age": per_image["PatientAge"],
+                "patient_age_years": per_image["patient_age_years"],
+                "study_date": per_image["study_date"],
             },
         )
         labels = label_frame(
             index["image_id"],
             {
-                "report": study_rows["report"],
+                "report": per_image["report"],
                 "label_text": empty_phrase_lists(len(index)),
             },
         )
@@ -170,75 +177,106 @@ rexgradient/
 
 _STUDY_FIELDS = ("PatientID", "AccessionNumber", "StudyInstanceUid", "PatientSex", "PatientAge",
                  "StudyDate", *REPORT_SECTIONS)
+_ENTRY_FIELDS = ("ImagePath", "ImageViewPosition", *_STUDY_FIELDS)
+_ALL_ENTRY_FIELDS = itemgetter(*_ENTRY_FIELDS)
 
 
 def _study_and_image_tables(
     studies: object, path: Path, split: str
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """A table per study (with derived report, sex, age, date) and one row per ImagePath.
+) -> tuple[dict[str, object], dict[str, object]]:
+    """Per-study columns (with derived report, sex, age, date) and per-ImagePath columns.
 
-    Study-level work is done once per study, not once per image; images point at their
-    study by position. Per-image lists shorter than ImagePath are padded with nulls.
+    Study-level work is done once per study, not once per image; `images["study"]` gives
+    each image's study position. Per-image lists shorter than ImagePath are padded with nulls.
     """
     if not isinstance(studies, dict):
         raise MetadataError(path, "top level", "expected an object keyed by study",
                             f"Use {metadata_json_name(split)} from the ReXGradient download")
-    keys = list(studies)
-    # One pass over the studies, transposed in C afterwards: each study dict is visited once.
-    try:
-        rows = [
-            (study["ImagePath"], study.get("ImageViewPosition"),
-             *[study.get(name) for name in _STUDY_FIELDS])
-            for study in studies.values()
-        ]
-    except (KeyError, TypeError):
-        rows = []
-    if len(rows) != len(keys) or not all(isinstance(row[0], list) for row in rows):
-        _raise_for_bad_entry(studies, path)
-    columns = list(zip(*rows, strict=True)) or [()] * (2 + len(_STUDY_FIELDS))
-    path_lists, view_lists = columns[0], columns[1]
-    fields = dict(zip(_STUDY_FIELDS, columns[2:], strict=True))
-    counts = [len(paths) for paths in path_lists]
+    fields = _entry_fields(studies, path)
+    path_lists = fields["ImagePath"]
+    counts = list(map(len, path_lists))
     image_paths = list(chain.from_iterable(path_lists))
-    views = list(chain.from_iterable(
-        _padded(views, n) for views, n in zip(view_lists, counts, strict=True)
-    ))
-    study_table = _derived_study_columns(fields)
-    if not all(isinstance(p, str) for p in image_paths):
-        _raise_for_bad_entry(studies, path)
-    relative = [_IMAGE_PREFIX.sub("", p, count=1) for p in image_paths]
+    if not all(map(isinstance, image_paths, repeat(str))):
+        raise _bad_entry(studies, path)
+    # Same as stripping the regex ^(?:\.\./)?(?:deid_png/)? but without a regex call per image.
+    relative = [p.removeprefix("../").removeprefix("deid_png/") for p in image_paths]
+    views = _flattened_padded(fields["ImageViewPosition"], counts)
     positions = np.repeat(np.arange(len(counts)), counts)
-    images = pd.DataFrame({
+    images = {
         "study": positions,
-        "entry": np.asarray(keys, dtype=object)[positions] if len(keys) else [],
+        # Only read to name the study of a rejected path.
+        "entry": np.asarray(list(studies), dtype=object)[positions],
         "image_path": text_column(relative),
         "native_id": text_column([p.rsplit("/", 1)[-1].rsplit(".", 1)[0] for p in relative]),
         "view_position_raw": text_column([v if isinstance(v, str) else None for v in views]),
-    })
-    return study_table, images
+    }
+    return _derived_study_columns(fields), images
 
 
-def _raise_for_bad_entry(studies: dict, path: Path) -> None:
-    """Find the first study without an ImagePath list of strings and name it."""
+def _entry_fields(studies: dict, path: Path) -> dict[str, tuple[object, ...]]:
+    """Each field of _ENTRY_FIELDS across all studies, in study order (None where absent).
+
+    One pass over the studies, transposed in C afterwards: each study dict is visited once.
+    """
+    try:
+        # Usually every study has every field: one C-level itemgetter call per study then
+        # takes half the time of eleven dict.get calls.
+        rows = list(map(_ALL_ENTRY_FIELDS, studies.values()))
+    except KeyError:
+        rows = None
+    except TypeError as exc:
+        raise _bad_entry(studies, path) from exc
+    if rows is None:
+        try:
+            rows = [(study["ImagePath"], *map(study.get, _ENTRY_FIELDS[1:]))
+                    for study in studies.values()]
+        except KeyError as exc:
+            raise _bad_entry(studies, path) from exc
+    columns = list(zip(*rows, strict=True)) or [()] * len(_ENTRY_FIELDS)
+    fields = dict(zip(_ENTRY_FIELDS, columns, strict=True))
+    if not all(map(isinstance, fields["ImagePath"], repeat(list))):
+        raise _bad_entry(studies, path)
+    return fields
+
+
+def _bad_entry(studies: dict, path: Path) -> MetadataError:
+    """The error naming the first study without an ImagePath list of strings."""
     for key, study in studies.items():
         paths = study.get("ImagePath") if isinstance(study, dict) else None
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-            raise MetadataError(path, f"entry {key!r}", "has no 'ImagePath' list of strings",
-                                "Re-download the metadata JSON")
+            return MetadataError(path, f"entry {key!r}", "has no 'ImagePath' list of strings",
+                                 "Re-download the metadata JSON")
+    return MetadataError(path, "top level", "an entry could not be read",
+                         "Re-download the metadata JSON")
 
 
-def _derived_study_columns(fields: dict[str, Sequence[object]]) -> pd.DataFrame:
-    table = pd.DataFrame({
+def _flattened_padded(lists: Sequence[object], counts: list[int]) -> list[object]:
+    """One value per image from per-study lists; a study whose list is missing or shorter
+    than its ImagePath gets nulls for the unknown tail."""
+    if all(map(isinstance, lists, repeat(list))) and list(map(len, lists)) == counts:
+        # The usual case, flattened in C.
+        return list(chain.from_iterable(lists))
+    return list(chain.from_iterable(
+        values if isinstance(values, list) and len(values) == n else _padded(values, n)
+        for values, n in zip(lists, counts, strict=True)
+    ))
+
+
+def _derived_study_columns(fields: dict[str, Sequence[object]]) -> dict[str, object]:
+    """Per-study columns, each an array with `.take` so it can be spread over images."""
+    table: dict[str, object] = {
         name: text_column(fields[name])
         for name in ("PatientID", "AccessionNumber", "StudyInstanceUid", "PatientAge")
-    })
+    }
     # Sections are kept only inside the report (with their headers): separate columns would
     # double the text stored and cost more time than the rest of the labels together.
     sections = [_clean_sections(fields[name]) for name in REPORT_SECTIONS]
     table["report"] = text_column([format_report(parts) for parts in zip(*sections, strict=True)])
-    table["patient_sex"] = _sex(fields["PatientSex"])
-    table["patient_age_years"] = _per_unique(table["PatientAge"], age_in_years)
-    table["study_date"] = _per_unique(pd.Series(fields["StudyDate"], dtype=object), _study_dates)
+    table["patient_sex"] = _sex(fields["PatientSex"]).array
+    table["patient_age_years"] = _per_unique(
+        pd.Series(table["PatientAge"]), age_in_years).to_numpy()
+    table["study_date"] = _per_unique(
+        pd.Series(fields["StudyDate"], dtype=object), _study_dates).to_numpy()
     return table
 
 
@@ -256,12 +294,13 @@ def _padded(values: object, n: int) -> list[object]:
     return (values + [None] * n)[:n]
 
 
-def _clean_sections(values: list[object]) -> list[str | None]:
+def _clean_sections(values: Sequence[object]) -> list[str | None]:
     """Report sections as stripped text; empty, "None" and NaN sections become None."""
-    cleaned = [value.strip() if isinstance(value, str) else None for value in values]
+    # One pass that strips and tests together: a third faster than two on 560k sections.
     return [
-        None if text is None or (len(text) < 5 and text.lower() in _EMPTY_SECTIONS) else text
-        for text in cleaned
+        text if isinstance(value, str) and (text := value.strip())
+        and (len(text) > 4 or text.lower() not in _EMPTY_SECTIONS) else None
+        for value in values
     ]
 
 

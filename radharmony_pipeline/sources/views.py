@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 VIEW_POSITIONS: tuple[str, ...] = ("PA", "AP", "LATERAL", "LL", "OTHER", "UNKNOWN")
 
@@ -34,7 +36,20 @@ def normalize_view_positions(raw: pd.Series) -> pd.Series:
     `AP (KUB)`, `LAO` and `RAO` land in OTHER: they are not standard chest projections, and a
     user filtering for AP/PA chest films must not receive them.
     """
-    cleaned = raw.astype("string").str.strip().str.upper().str.replace(" ", "_", regex=False)
+    text = raw.astype("string")
+    # A split has a handful of distinct spellings but up to 239k images (ReXGradient train):
+    # normalize each spelling once, then spread the results in C.
+    codes, spellings = pd.factorize(text, use_na_sentinel=True)
+    normalized = _normalized(pd.Series(spellings, dtype="string")).tolist()
+    # Nulls (code -1) take the entry after the spellings: UNKNOWN.
+    positions = np.where(codes < 0, len(normalized), codes)
+    lookup = pa.array([*normalized, "UNKNOWN"], type=pa.large_string())
+    result = pd.arrays.ArrowStringArray(lookup.take(positions))
+    return pd.Series(result, index=raw.index, copy=False).astype("string")
+
+
+def _normalized(spellings: pd.Series) -> pd.Series:
+    cleaned = spellings.str.strip().str.upper().str.replace(" ", "_", regex=False)
     mapped = cleaned.map(_VIEW_SYNONYMS, na_action="ignore")
     result = mapped.where(mapped.notna(), "OTHER")
     return result.where(cleaned.notna(), "UNKNOWN").astype("string")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from radharmony_pipeline.processing.vocabulary import unified_class
 from radharmony_pipeline.synthetic.encoding import png_bytes, rgba_png_bytes
 from radharmony_pipeline.synthetic.expected import write_expected_counts
 from radharmony_pipeline.synthetic.files import write_bytes, write_text
@@ -30,13 +31,9 @@ CLASS_IMAGES = {
     "Pneumothorax": 189,
 }
 CLASSES = tuple(sorted(CLASS_IMAGES))
-_UNIFIED_SYNONYMS = {"Effusion": "pleural_effusion"}
 _SINGLE_INSTANCE = {"Cardiomegaly"}
 
 
-def unified_name(class_name: str) -> str:
-    """ChestX-Det class name in the pipeline's vocabulary (`Effusion` -> `pleural_effusion`)."""
-    return _UNIFIED_SYNONYMS.get(class_name, class_name.lower().replace(" ", "_"))
 
 
 @dataclass(frozen=True)
@@ -128,7 +125,7 @@ def _render(image: DetImage, rng: np.random.Generator) -> tuple[np.ndarray, dict
     pixels = radiograph.pixels
     entry: dict = {"file_name": image.file_name, "syms": [], "boxes": [], "polygons": []}
     for instance in image.instances:
-        polygon = finding_polygon(unified_name(instance.class_name), radiograph.anatomy, rng,
+        polygon = finding_polygon(unified_class(instance.class_name), radiograph.anatomy, rng,
                                   instance.side, instance.site)
         pixels = paint_findings(pixels, polygon_mask([polygon], SIDE, SIDE), rng)
         entry["syms"].append(instance.class_name)
@@ -145,14 +142,23 @@ def _write_counts(root: Path, images: list[DetImage]) -> None:
             "images": len(chosen),
             "annotations": sum(len(image.instances) for image in chosen),
             "negatives": sum(not image.instances for image in chosen),
+            "images_with_masks": sum(bool(image.instances) for image in chosen),
+            **_class_counts(chosen),
         }
     total = {metric: sum(c[metric] for c in splits.values())
-             for metric in ("images", "annotations", "negatives")}
-    class_images = Counter(unified_name(name) for image in images
-                           for name in {i.class_name for i in image.instances})
-    class_annotations = Counter(unified_name(i.class_name) for image in images
-                                for i in image.instances)
-    for name in sorted(class_images):
-        total[f"class_images.{name}"] = class_images[name]
-        total[f"class_annotations.{name}"] = class_annotations[name]
+             for metric in ("images", "annotations", "negatives", "images_with_masks")}
+    total.update(_class_counts(images))
     write_expected_counts(root, DATASET, splits, total)
+
+
+def _class_counts(images: list[DetImage]) -> dict[str, int]:
+    """Images on which each class appears, and its instances."""
+    class_images = Counter(unified_class(name) for image in images
+                           for name in {i.class_name for i in image.instances})
+    class_annotations = Counter(unified_class(i.class_name) for image in images
+                                for i in image.instances)
+    counts = {}
+    for name in sorted(class_images):
+        counts[f"class_images.{name}"] = class_images[name]
+        counts[f"class_annotations.{name}"] = class_annotations[name]
+    return counts

@@ -231,6 +231,9 @@ def _write_counts(root: Path, images: list[CxrImage]) -> None:
             "patients": len({image.patient for image in rows}),
             "studies": len({(image.patient, image.study) for image in rows}),
             "images_with_segmentation": sum(image.segmented for image in rows),
+            # Entries exist only for images with a positive localizable finding.
+            "images_with_masks": sum(image.segmented for image in rows),
         }
-    total = summed(splits, ("images", "patients", "studies", "images_with_segmentation"))
+    total = summed(splits, ("images", "patients", "studies", "images_with_segmentation",
+                            "images_with_masks"))
     write_expected_counts(root, DATASET, splits, total)

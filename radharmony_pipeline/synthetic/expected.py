@@ -9,8 +9,8 @@ from pathlib import Path
 from radharmony_pipeline.synthetic.files import write_text
 
 EXPECTED_COUNTS_NAME = "expected_counts.json"
-METRICS = ("images", "patients", "studies", "images_with_segmentation", "annotations",
-           "negatives")
+METRICS = ("images", "patients", "studies", "images_with_segmentation", "images_with_masks",
+           "annotations", "negatives")
 CLASS_METRIC_PREFIXES = ("class_images.", "class_annotations.")
 SPLITS = ("train", "val", "test")
 

@@ -1,0 +1,67 @@
+"""`bboxes`: one row per box, normalized `[y_min, y_max, x_min, x_max]` in the source frame."""
+
+import dagster as dg
+import pandas as pd
+
+from ...processing.boxes import normalize_xywh
+from ...sources import parse_partition_key
+from ..partitions import dataset_split_partitions
+from ..resources import DatasetsResource, OutputsResource
+from .previews import box_preview, status_counts
+
+CODE_VERSION = "1"
+BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")
+
+
+@dg.asset(
+    partitions_def=dataset_split_partitions,
+    group_name="bboxes",
+    description=(
+        "One row per box: unified class `label`, phrase `label_text` (MS-CXR), the box "
+        "normalized to the source image as `y_min, y_max, x_min, x_max` in [0, 1], and in "
+        "source pixels as `x_px, y_px, w_px, h_px` (top-left + size). Boxes reaching outside "
+        "the image are clipped and counted; a box with no area after clipping is kept as a "
+        "row with status `error`, never dropped. Datasets without boxes give an empty table."
+    ),
+    code_version=CODE_VERSION,
+    kinds={"parquet", "png"},
+)
+def bboxes(
+    context: dg.AssetExecutionContext,
+    raw_index: pd.DataFrame,
+    datasets: DatasetsResource,
+    outputs: OutputsResource,
+) -> dg.Output[pd.DataFrame]:
+    dataset, split = parse_partition_key(context.partition_key)
+    source = datasets.source(dataset)
+    native = source.read_boxes(split)
+    converted = normalize_xywh(native["x"], native["y"], native["w"], native["h"],
+                               native["frame_width"], native["frame_height"])
+    table = pd.concat(
+        [native[list(BOX_COLUMNS)].reset_index(drop=True),
+         converted.table.reset_index(drop=True)],
+        axis=1,
+    )
+    degenerate = pd.Series(converted.degenerate, index=table.index)
+    table["status"] = pd.Series("ok", index=table.index, dtype="string").mask(degenerate, "error")
+    table["error"] = _degenerate_messages(native.reset_index(drop=True)).where(degenerate)
+    metadata = {
+        "boxes": len(table),
+        "clipped": int(converted.clipped.sum()),
+        "degenerate": int(degenerate.sum()),
+        "status": dg.MetadataValue.json(status_counts(table)),
+    }
+    if len(table):
+        metadata.update(box_preview(source, split, raw_index, table, outputs.local_root(),
+                                    context.partition_key))
+    return dg.Output(table, metadata=metadata)
+
+
+def _degenerate_messages(native: pd.DataFrame) -> pd.Series:
+    return (
+        "box " + native["box_index"].astype(str) + " of " + native["image_id"].astype(str)
+        + ": no area inside the " + native["frame_width"].astype(str) + "x"
+        + native["frame_height"].astype(str) + " image after clipping (x="
+        + native["x"].astype(str) + ", y=" + native["y"].astype(str) + ", w="
+        + native["w"].astype(str) + ", h=" + native["h"].astype(str) + ")"
+    ).astype("string")

@@ -1,0 +1,108 @@
+"""Contact sheets of a partition's masks and boxes, written beside the tables and linked in
+materialization metadata so they open from the Dagster UI."""
+
+import base64
+import io
+from collections.abc import Mapping
+from pathlib import Path
+
+import cv2
+import dagster as dg
+import numpy as np
+import pandas as pd
+from PIL import Image
+
+from ...processing.display import display_pixels
+from ...processing.masks import read_mask_png
+from ...processing.previews import PreviewSample, choose_samples, contact_sheet, save_png
+from ...sources.base import DatasetSource
+
+SAMPLES = 16
+INLINE_WIDTH = 640
+
+
+def mask_preview(
+    source: DatasetSource, split: str, index: pd.DataFrame, table: pd.DataFrame, root: Path,
+    partition: str,
+) -> dict:
+    """Sheet of ~16 images with their class masks blended in (the union is not drawn)."""
+    ok = table[(table["status"] == "ok") & table["mask_path"].notna()]
+    classes = ok[ok["mask_class"] != "any"]
+    masks_by_image = classes.groupby("image_id")["mask_path"].apply(list).to_dict()
+    class_by_path = dict(zip(classes["mask_path"], classes["mask_class"], strict=True))
+
+    def masks_of(image_id: str, shape: tuple[int, int]) -> dict[str, np.ndarray]:
+        return {
+            class_by_path[path]: _resized(read_mask_png(root / path), shape)
+            for path in masks_by_image.get(image_id, [])
+        }
+
+    return _write_sheet(source, split, index, root, f"previews/masks/{partition}.png",
+                        prefer=index["image_id"].isin(masks_by_image), masks_of=masks_of,
+                        boxes_of=lambda image_id: [])
+
+
+def box_preview(
+    source: DatasetSource, split: str, index: pd.DataFrame, table: pd.DataFrame, root: Path,
+    partition: str,
+) -> dict:
+    """Sheet of ~16 images with their boxes and labels drawn."""
+    ok = table[table["status"] == "ok"]
+    boxes = {
+        image_id: list(group[["y_min", "y_max", "x_min", "x_max", "label"]].itertuples(
+            index=False, name=None))
+        for image_id, group in ok.groupby("image_id")
+    }
+    return _write_sheet(source, split, index, root, f"previews/bboxes/{partition}.png",
+                        prefer=index["image_id"].isin(boxes),
+                        masks_of=lambda image_id, shape: {},
+                        boxes_of=lambda image_id: boxes.get(image_id, []))
+
+
+def _write_sheet(source, split, index, root, relative, prefer, masks_of, boxes_of) -> dict:
+    positions = choose_samples(index["image_id"].tolist(), SAMPLES, prefer.tolist())
+    samples = []
+    for position in positions:
+        row = index.iloc[position]
+        image_file = source.image_dir(split) / row["image_path"]
+        try:
+            pixels = display_pixels(image_file)
+        except (OSError, ValueError):
+            continue  # the images stage reports unreadable files; a preview just skips them
+        samples.append(PreviewSample(
+            title=row["image_id"], image=pixels, masks=masks_of(row["image_id"], pixels.shape),
+            boxes=boxes_of(row["image_id"]),
+        ))
+    if not samples:
+        return {}
+    sheet = contact_sheet(samples)
+    save_png(sheet, root / relative)
+    return {
+        "preview": dg.MetadataValue.path(str(root / relative)),
+        "preview_inline": dg.MetadataValue.md(_inline_markdown(sheet)),
+    }
+
+
+def _resized(mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    if mask.shape == shape:
+        return mask
+    return cv2.resize(mask, (shape[1], shape[0]), interpolation=cv2.INTER_NEAREST)
+
+
+def _inline_markdown(sheet: Image.Image) -> str:
+    """A small JPEG of the sheet inside the metadata, so the UI shows it without file access."""
+    scale = INLINE_WIDTH / sheet.width
+    small = sheet.convert("RGB").resize((INLINE_WIDTH, max(1, round(sheet.height * scale))))
+    buffer = io.BytesIO()
+    small.save(buffer, format="JPEG", quality=80)
+    encoded = base64.b64encode(buffer.getvalue()).decode()
+    return f"![contact sheet](data:image/jpeg;base64,{encoded})"
+
+
+def status_counts(table: pd.DataFrame) -> Mapping[str, int]:
+    """Rows by status, and errors by reason (the message after the file name, numbers masked)."""
+    counts = {str(k): int(v) for k, v in table["status"].value_counts().items()}
+    messages = table.loc[table["status"] == "error", "error"]
+    errors = messages.str.split(": ", n=1).str[-1].str.replace(r"\d+", "N", regex=True)
+    counts.update({f"error: {k}": int(v) for k, v in errors.value_counts().items()})
+    return counts

@@ -1,0 +1,123 @@
+"""Checks on `masks` and `bboxes`: documented counts, GX suites, and the unsegmented positives."""
+
+import dagster as dg
+import pandas as pd
+
+from ...processing.expectations import bbox_expectations, mask_expectations, validate_table
+from ...sources import parse_partition_key
+from ...sources.counts import MASK_METRICS, compare_counts
+from ..partitions import dataset_split_partitions
+from ..resources import DatasetsResource, OutputsResource
+from .counts import comparison_result
+from .expectations import suite_result
+
+
+@dg.asset_check(
+    asset="masks",
+    partitions_def=dataset_split_partitions,
+    blocking=True,
+    description="Images with at least one class mask and per-class image counts equal the "
+    "documented figures (CheXlocalize test: 499 of 668), and no image failed.",
+)
+def masks_match_documentation(
+    context: dg.AssetCheckExecutionContext, masks: pd.DataFrame, datasets: DatasetsResource
+) -> dg.AssetCheckResult:
+    dataset, split = parse_partition_key(context.partition_key)
+    source = datasets.source(dataset)
+    ok = masks[masks["status"] == "ok"]
+    classes = ok[ok["mask_class"] != "any"]
+    found = {
+        "images_with_masks": int(classes["image_id"].nunique()),
+        **{f"class_images.{name}": int(n)
+           for name, n in classes.groupby("mask_class")["image_id"].nunique().items()},
+        "mask_errors": int((masks["status"] == "error").sum()),
+    }
+    expected = source.expected_counts()
+    wanted = {
+        metric: value for metric, value in expected.for_split(split).items()
+        if metric in MASK_METRICS or metric.startswith("class_images.")
+    }
+    if len(masks):
+        wanted["mask_errors"] = 0
+    return comparison_result(source, split, expected.origin, compare_counts(wanted, found), found)
+
+
+@dg.asset_check(
+    asset="bboxes",
+    partitions_def=dataset_split_partitions,
+    blocking=True,
+    description="Box rows equal the documented annotations of the split, and none is degenerate.",
+)
+def bboxes_match_documentation(
+    context: dg.AssetCheckExecutionContext, bboxes: pd.DataFrame, datasets: DatasetsResource
+) -> dg.AssetCheckResult:
+    dataset, split = parse_partition_key(context.partition_key)
+    source = datasets.source(dataset)
+    expected = source.expected_counts()
+    found = {"boxes": len(bboxes), "degenerate_boxes": int((bboxes["status"] == "error").sum())}
+    wanted = {"degenerate_boxes": 0}
+    if source.has_boxes and "annotations" in expected.for_split(split):
+        wanted["boxes"] = expected.for_split(split)["annotations"]
+    return comparison_result(source, split, expected.origin, compare_counts(wanted, found), found)
+
+
+@dg.asset_check(
+    asset="masks",
+    partitions_def=dataset_split_partitions,
+    description="Warns about images with a positive localizable label but no mask (CheXlocalize "
+    "documents one: patient65086_study1_view1_frontal), listing their ids.",
+    additional_ins={"labels": dg.AssetIn("labels"), "raw_index": dg.AssetIn("raw_index")},
+)
+def positives_without_masks(
+    context: dg.AssetCheckExecutionContext,
+    masks: pd.DataFrame,
+    labels: pd.DataFrame,
+    raw_index: pd.DataFrame,
+    datasets: DatasetsResource,
+) -> dg.AssetCheckResult:
+    dataset, _ = parse_partition_key(context.partition_key)
+    source = datasets.source(dataset)
+    localizable = [f"label_{name}" for name in source.mask_classes]
+    if not localizable or masks.empty:
+        return dg.AssetCheckResult(passed=True, metadata={"note": "dataset has no masks"})
+    masked = set(masks.loc[masks["mask_class"] != "any", "image_id"])
+    eligible = raw_index.loc[source.localizable_images(raw_index).to_numpy(), "image_id"]
+    positive = labels[labels[localizable].eq(1).any(axis=1) & labels["image_id"].isin(eligible)]
+    missing = sorted(set(positive["image_id"]) - masked)
+    return dg.AssetCheckResult(
+        passed=not missing,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"count": len(missing), "image_ids": dg.MetadataValue.json(missing[:200])},
+        description=f"{len(missing)} image(s) with a positive localizable label have no mask",
+    )
+
+
+@dg.asset_check(
+    asset="masks",
+    partitions_def=dataset_split_partitions,
+    blocking=True,
+    description="GX suite: class-mask area fractions in (0, 1], union fractions in [0, 1], "
+    "every mask file exists, classes in the vocabulary.",
+)
+def masks_suite(masks: pd.DataFrame, outputs: OutputsResource) -> dg.AssetCheckResult:
+    root = outputs.local_root()
+    exists = masks["mask_path"].map(lambda path: (root / path).is_file(), na_action="ignore")
+    table = masks.assign(
+        mask_file_exists=exists,
+        class_area_fraction=masks["area_fraction"].where(masks["mask_class"] != "any"),
+        image_class=masks["image_id"] + "/" + masks["mask_class"],
+    )
+    return suite_result(validate_table(table, "masks", mask_expectations()))
+
+
+@dg.asset_check(
+    asset="bboxes",
+    partitions_def=dataset_split_partitions,
+    blocking=True,
+    description="GX suite: coordinates in [0, 1], y_min < y_max and x_min < x_max for valid "
+    "boxes, labels in the unified vocabulary.",
+)
+def bboxes_suite(bboxes: pd.DataFrame) -> dg.AssetCheckResult:
+    valid = bboxes[bboxes["status"] == "ok"]
+    return suite_result(validate_table(valid, "bboxes", bbox_expectations()))
+

@@ -1,0 +1,188 @@
+"""Image sizes come from headers and grayscale PNGs are accepted only when lossless."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.uid import (
+    UID,
+    ExplicitVRLittleEndian,
+    JPEG2000Lossless,
+    RLELossless,
+    generate_uid,
+)
+
+from radharmony_pipeline.processing.image_files import (
+    ImageFileError,
+    image_size,
+    read_grayscale_png,
+)
+
+HEIGHT, WIDTH = 37, 53  # unequal, so a swapped (width, height) shows
+DX_FOR_PRESENTATION = UID("1.2.840.10008.5.1.4.1.1.1.1")
+
+
+def gradient(dtype: type = np.uint8, top: int = 255) -> np.ndarray:
+    values = np.linspace(0, top, HEIGHT * WIDTH).reshape(HEIGHT, WIDTH)
+    return values.astype(dtype)
+
+
+def write_dicom(path: Path, pixels: np.ndarray, transfer_syntax: UID) -> None:
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = DX_FOR_PRESENTATION
+    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds = Dataset()
+    ds.file_meta = meta
+    ds.SOPClassUID = DX_FOR_PRESENTATION
+    ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
+    ds.Modality = "DX"
+    ds.SamplesPerPixel = 1
+    ds.PhotometricInterpretation = "MONOCHROME2"
+    ds.Rows, ds.Columns = pixels.shape
+    ds.BitsAllocated = 16
+    ds.BitsStored = 12
+    ds.HighBit = 11
+    ds.PixelRepresentation = 0
+    ds.PixelData = pixels.astype("<u2").tobytes()
+    if transfer_syntax != ExplicitVRLittleEndian:
+        ds.compress(transfer_syntax, generate_instance_uid=False)
+    ds.save_as(path, enforce_file_format=True)
+
+
+# --- image_size ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".jpg", ".jpeg", ".JPG"])
+def test_jpeg_size(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"view1_frontal{suffix}"
+    Image.fromarray(gradient()).save(path, format="JPEG")
+    assert image_size(path) == (HEIGHT, WIDTH)
+
+
+def test_png_sizes_8_and_16_bit(tmp_path: Path) -> None:
+    eight = tmp_path / "eight.png"
+    sixteen = tmp_path / "sixteen.PNG"
+    Image.fromarray(gradient()).save(eight)
+    Image.fromarray(gradient(np.uint16, 65535)).save(sixteen)
+    assert image_size(eight) == (HEIGHT, WIDTH)
+    assert image_size(sixteen) == (HEIGHT, WIDTH)
+
+
+@pytest.mark.parametrize(
+    "transfer_syntax",
+    [ExplicitVRLittleEndian, RLELossless, JPEG2000Lossless],
+    ids=["uncompressed", "rle-lossless", "jpeg2000-lossless"],
+)
+def test_dicom_size(tmp_path: Path, transfer_syntax: UID) -> None:
+    path = tmp_path / "image.dcm"
+    write_dicom(path, gradient(np.uint16, 4095), transfer_syntax)
+    assert image_size(path) == (HEIGHT, WIDTH)
+
+
+def test_size_does_not_decode_pixels(tmp_path: Path) -> None:
+    # A PNG whose header is intact but whose image data is cut off still reports its size.
+    path = tmp_path / "truncated.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (HEIGHT, WIDTH), np.uint8)).save(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: data.index(b"IDAT") + 20])
+    assert image_size(path) == (HEIGHT, WIDTH)
+
+
+def test_missing_file_error_names_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "absent.jpg"
+    with pytest.raises(ImageFileError, match="not found") as raised:
+        image_size(path)
+    assert str(path) in str(raised.value)
+    assert isinstance(raised.value, ValueError)
+
+
+@pytest.mark.parametrize("name", ["broken.png", "broken.jpg", "broken.dcm"])
+def test_unreadable_file_error_names_the_path(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(b"this is not an image at all")
+    with pytest.raises(ImageFileError) as raised:
+        image_size(path)
+    assert str(path) in str(raised.value)
+
+
+def test_unsupported_extension_is_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "image.tif"
+    Image.fromarray(gradient()).save(path)
+    with pytest.raises(ImageFileError, match="unsupported extension"):
+        image_size(path)
+
+
+# --- read_grayscale_png --------------------------------------------------------------------
+
+
+def test_mode_l_is_returned_as_is(tmp_path: Path) -> None:
+    path = tmp_path / "gray.png"
+    Image.fromarray(gradient()).save(path)
+    pixels, mode = read_grayscale_png(path)
+    assert mode == "L"
+    assert pixels.dtype == np.uint8
+    np.testing.assert_array_equal(pixels, gradient())
+
+
+def test_16_bit_is_returned_as_uint16(tmp_path: Path) -> None:
+    path = tmp_path / "deep.png"
+    expected = gradient(np.uint16, 65535)
+    Image.fromarray(expected).save(path)
+    pixels, mode = read_grayscale_png(path)
+    assert mode.startswith("I")
+    assert pixels.dtype == np.uint16
+    np.testing.assert_array_equal(pixels, expected)
+
+
+def test_rgba_grayscale_with_opaque_alpha_is_accepted_losslessly(tmp_path: Path) -> None:
+    gray = gradient()
+    path = tmp_path / "rgba.png"
+    rgba = np.stack([gray, gray, gray, np.full_like(gray, 255)], axis=-1)
+    Image.fromarray(rgba, mode="RGBA").save(path)
+    pixels, mode = read_grayscale_png(path)
+    assert mode == "RGBA"
+    assert pixels.shape == (HEIGHT, WIDTH)
+    assert pixels.dtype == np.uint8
+    np.testing.assert_array_equal(pixels, gray)
+
+
+def test_rgb_grayscale_is_accepted(tmp_path: Path) -> None:
+    gray = gradient()
+    path = tmp_path / "rgb.png"
+    Image.fromarray(np.stack([gray, gray, gray], axis=-1)).save(path)
+    pixels, mode = read_grayscale_png(path)
+    assert mode == "RGB"
+    np.testing.assert_array_equal(pixels, gray)
+
+
+def test_rgba_with_alpha_254_somewhere_is_rejected(tmp_path: Path) -> None:
+    gray = gradient()
+    alpha = np.full_like(gray, 255)
+    alpha[3, 7] = 254
+    path = tmp_path / "translucent.png"
+    Image.fromarray(np.stack([gray, gray, gray, alpha], axis=-1), mode="RGBA").save(path)
+    with pytest.raises(ImageFileError, match=r"alpha != 255 in 1 pixels") as raised:
+        read_grayscale_png(path)
+    assert str(path) in str(raised.value)
+
+
+def test_rgb_with_channel_differences_is_rejected(tmp_path: Path) -> None:
+    gray = gradient()
+    green = gray.copy()
+    green[:2, :] ^= 1  # two full rows differ in the green channel
+    path = tmp_path / "colour.png"
+    Image.fromarray(np.stack([gray, green, gray], axis=-1)).save(path)
+    with pytest.raises(ImageFileError, match=rf"channels differ in {2 * WIDTH} pixels"):
+        read_grayscale_png(path)
+
+
+def test_missing_png_error_names_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "absent.png"
+    with pytest.raises(ImageFileError) as raised:
+        read_grayscale_png(path)
+    assert str(path) in str(raised.value)

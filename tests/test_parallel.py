@@ -1,0 +1,139 @@
+"""map_in_chunks keeps order, uses real worker processes, propagates errors; worker parsing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from radharmony_pipeline.processing.parallel import (
+    WORKERS_VARIABLE,
+    default_chunk_size,
+    map_in_chunks,
+    worker_count,
+)
+
+
+class ImageBroken(ValueError):
+    """A distinct type, so the test sees the original type and not a generic wrapper."""
+
+
+# Worker functions are top level so the process pool can pickle them by name.
+def square(number: int) -> int:
+    return number * number
+
+
+def tag_with_pid(number: int) -> tuple[int, int]:
+    return number, os.getpid()
+
+
+def fail_on_seven(number: int) -> int:
+    if number == 7:
+        raise ImageBroken(f"image {number} is broken")
+    return number
+
+
+# --- map_in_chunks -------------------------------------------------------------------------
+
+
+def test_order_is_preserved_in_process() -> None:
+    items = list(range(23))
+    assert map_in_chunks(square, items, workers=1) == [n * n for n in items]
+
+
+def test_in_process_runs_every_item_once_in_this_process() -> None:
+    calls: list[int] = []
+
+    def record(number: int) -> int:  # a closure: fine in-process, unpicklable in a pool
+        calls.append(number)
+        return number
+
+    assert map_in_chunks(record, [3, 1, 2], workers=1, chunk_size=2) == [3, 1, 2]
+    assert calls == [3, 1, 2]
+
+
+@pytest.mark.parametrize("chunk_size", [None, 1, 5, 100])
+def test_order_is_preserved_with_two_workers(chunk_size: int | None) -> None:
+    items = list(range(37, 0, -1))
+    assert map_in_chunks(square, items, workers=2, chunk_size=chunk_size) == [n * n for n in items]
+
+
+def test_two_workers_run_outside_this_process() -> None:
+    results = map_in_chunks(tag_with_pid, list(range(16)), workers=2)
+    assert [number for number, _ in results] == list(range(16))
+    assert os.getpid() not in {pid for _, pid in results}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_worker_exception_propagates_with_type_and_message(workers: int) -> None:
+    with pytest.raises(ImageBroken, match="image 7 is broken"):
+        map_in_chunks(fail_on_seven, list(range(20)), workers=workers, chunk_size=3)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_progress_reports_items_done_up_to_the_total(workers: int) -> None:
+    reports: list[tuple[int, int]] = []
+    map_in_chunks(
+        square,
+        list(range(10)),
+        workers=workers,
+        chunk_size=3,
+        on_progress=lambda *r: reports.append(r),
+    )
+    assert len(reports) == 4  # chunks of 3, 3, 3 and 1
+    assert [done for done, _ in reports] == sorted(done for done, _ in reports)
+    assert reports[-1] == (10, 10)
+    assert {total for _, total in reports} == {10}
+
+
+def test_no_items_gives_no_results() -> None:
+    assert map_in_chunks(square, [], workers=2) == []
+
+
+def test_invalid_workers_or_chunk_size_is_rejected() -> None:
+    with pytest.raises(ValueError, match="workers"):
+        map_in_chunks(square, [1], workers=0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        map_in_chunks(square, [1], workers=1, chunk_size=0)
+
+
+def test_default_chunk_size_gives_about_four_chunks_per_worker() -> None:
+    assert default_chunk_size(1000, 5) == 50
+    assert default_chunk_size(3, 8) == 1
+
+
+# --- worker_count --------------------------------------------------------------------------
+
+
+def test_worker_count_defaults_to_cpu_count() -> None:
+    assert worker_count({}) == (os.cpu_count() or 1)
+
+
+@pytest.mark.parametrize("raw, expected", [("1", 1), ("3", 3), (" 12 ", 12)])
+def test_worker_count_reads_the_variable(raw: str, expected: int) -> None:
+    assert worker_count({WORKERS_VARIABLE: raw}) == expected
+
+
+@pytest.mark.parametrize("raw", ["0", "-2", "two", "1.5", ""])
+def test_worker_count_rejects_invalid_values_naming_the_variable(raw: str) -> None:
+    with pytest.raises(ValueError, match=WORKERS_VARIABLE):
+        worker_count({WORKERS_VARIABLE: raw})
+
+
+def test_worker_count_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(WORKERS_VARIABLE, "5")
+    assert worker_count() == 5
+
+
+def test_processing_modules_do_not_import_dagster() -> None:
+    # Pool workers re-import the function's module; dagster would cost seconds per worker.
+    code = (
+        "import sys\n"
+        "import radharmony_pipeline.processing.image_files\n"
+        "import radharmony_pipeline.processing.masks\n"
+        "import radharmony_pipeline.processing.parallel\n"
+        "assert 'dagster' not in sys.modules, 'dagster was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
