@@ -123,8 +123,9 @@ rexgradient/
             raise DatasetLayoutError(self.key, path, self.env_vars["root"], self.layout,
                                      f"{detail} {path.name} not found")
         self.require(self._images, "deid_png image folder")
-        # Millions of objects, none of them garbage: the parsed JSON, then one empty
-        # label_text list per image (239k for train, ~0.2 s of collections if not paused).
+        # Collections paused: millions of objects, none of them garbage (the parsed JSON, then
+        # an empty label_text list per image: 239k for train, ~0.2 s of collections).
+        # For the allocator, see arrow_system_allocator.
         with garbage_collection_paused(), arrow_system_allocator():
             return self._read_tables(path, split)
 
@@ -133,7 +134,7 @@ rexgradient/
         studies, images = _study_and_image_tables(read_json(path), path, split)
         image_path = pd.Series(images["image_path"])
         confine_paths(image_path, self._images, path, rows=images["entry"])
-        # Study-level columns are spread over the images of each study only now, once final.
+        # All per-study work is done: one take per column spreads it over the study's images.
         per_image = {name: column.take(images["study"]) for name, column in studies.items()}
         view_raw = pd.Series(images["view_position_raw"])
         no_size = _all_null_int(len(image_path))
