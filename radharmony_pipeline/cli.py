@@ -67,7 +67,12 @@ def _demo(args: argparse.Namespace) -> int:
 
     import dagster as dg
 
-    from .defs.runner import format_summary, materialize_partitions, observe_sources
+    from .defs.runner import (
+        format_summary,
+        materialize_manifest,
+        materialize_partitions,
+        observe_sources,
+    )
     from .definitions import defs
     from .sources import partition_keys
 
@@ -80,10 +85,15 @@ def _demo(args: argparse.Namespace) -> int:
             on_done=lambda o: print(f"  {o.partition:<20} {'ok' if o.success else 'FAILED'}",
                                     flush=True),
         )
+        print("joining the unified manifest ...", flush=True)
+        outcomes.append(materialize_manifest(defs, instance))
     print()
     print(format_summary(outcomes))
     print()
-    print(f"Tables: {os.environ.get('RADHARMONY_OUTPUT_ROOT') or 'data/output'}/tables/")
+    output = os.environ.get("RADHARMONY_OUTPUT_ROOT") or "data/output"
+    print(f"Manifest: {output}/tables/unified_manifest.parquet (load it with "
+          "radharmony_pipeline.loader.ManifestDataset)")
+    print(f"Tables: {output}/tables/   Images: {output}/images/   Previews: {output}/previews/")
     print("Open the UI with `make ui`, then http://127.0.0.1:3000 (same DAGSTER_HOME).")
     return 0 if all(o.success for o in outcomes) else 1
 

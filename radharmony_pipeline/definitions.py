@@ -3,11 +3,19 @@
 import dagster as dg
 
 from .defs.assets.bboxes import bboxes
+from .defs.assets.images import images
 from .defs.assets.index_and_labels import raw_index_and_labels
+from .defs.assets.manifest import unified_manifest
 from .defs.assets.masks import masks
 from .defs.assets.source_files import source_files
 from .defs.checks.counts import counts_match_documentation
 from .defs.checks.expectations import labels_suite, raw_index_suite
+from .defs.checks.manifest import (
+    manifest_paths_exist,
+    manifest_suite,
+    manifest_totals_match_documentation,
+    no_patient_in_train_and_test,
+)
 from .defs.checks.masks_and_boxes import (
     bboxes_match_documentation,
     bboxes_suite,
@@ -16,13 +24,18 @@ from .defs.checks.masks_and_boxes import (
     positives_without_masks,
 )
 from .defs.io_managers import ParquetIOManager
-from .defs.jobs import all_stages_job, index_and_labels_job, observe_source_files_job
+from .defs.jobs import (
+    all_stages_job,
+    index_and_labels_job,
+    manifest_job,
+    observe_source_files_job,
+)
 from .defs.resources import DatasetsResource, OutputsResource
 
 outputs = OutputsResource()
 
 defs = dg.Definitions(
-    assets=[source_files, raw_index_and_labels, masks, bboxes],
+    assets=[source_files, raw_index_and_labels, masks, bboxes, images, unified_manifest],
     asset_checks=[
         counts_match_documentation,
         raw_index_suite,
@@ -32,8 +45,12 @@ defs = dg.Definitions(
         positives_without_masks,
         bboxes_match_documentation,
         bboxes_suite,
+        manifest_totals_match_documentation,
+        manifest_paths_exist,
+        manifest_suite,
+        no_patient_in_train_and_test,
     ],
-    jobs=[observe_source_files_job, all_stages_job, index_and_labels_job],
+    jobs=[observe_source_files_job, all_stages_job, index_and_labels_job, manifest_job],
     resources={
         "datasets": DatasetsResource(),
         "outputs": outputs,

@@ -52,7 +52,7 @@ def test_demo_materializes_every_partition_and_prints_the_summary(tiny_root, tmp
         passed, total = line.split()[3].split("/")
         assert passed == total and int(total) >= 3
     assert "make ui" in completed.stdout
-    # The runs are in the instance the UI reads: one observation, then one run per partition.
+    # The runs are in the instance the UI reads: an observation, a run per partition, the manifest.
     with dg.DagsterInstance.from_config(str(home)) as instance:
         runs = instance.get_runs()
-    assert len(runs) == 11 and all(run.is_success for run in runs)
+    assert len(runs) == 12 and all(run.is_success for run in runs)

@@ -18,9 +18,19 @@ ALL_STAGES_JOB = "all_stages"
 # Observing the downloads is its own job: a partition's run should not re-fingerprint all ten.
 all_stages_job = dg.define_asset_job(
     ALL_STAGES_JOB,
-    selection=dg.AssetSelection.all() - dg.AssetSelection.assets(source_files.key),
+    selection=dg.AssetSelection.all()
+    - dg.AssetSelection.assets(source_files.key)
+    - dg.AssetSelection.groups("manifest"),
     partitions_def=dataset_split_partitions,
     description="Every stage of one `<dataset>.<split>` partition, with its checks.",
+)
+
+MANIFEST_JOB = "manifest"
+
+manifest_job = dg.define_asset_job(
+    MANIFEST_JOB,
+    selection=dg.AssetSelection.groups("manifest"),
+    description="Join every materialized partition into the unified manifest.",
 )
 
 index_and_labels_job = dg.define_asset_job(

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from .jobs import ALL_STAGES_JOB, OBSERVE_JOB
+from .jobs import ALL_STAGES_JOB, MANIFEST_JOB, OBSERVE_JOB
 
 
 @dataclass
@@ -51,6 +51,13 @@ def materialize_partitions(
     return outcomes
 
 
+def materialize_manifest(defs: dg.Definitions, instance: dg.DagsterInstance) -> PartitionOutcome:
+    """Join every materialized partition into the unified manifest (with its checks)."""
+    job = defs.resolve_job_def(MANIFEST_JOB)
+    result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET)
+    return _outcome("unified_manifest", result)
+
+
 def _outcome(key: str, result: dg.ExecuteInProcessResult) -> PartitionOutcome:
     outcome = PartitionOutcome(partition=key, success=result.success)
     for event in result.get_asset_materialization_events():
@@ -81,6 +88,7 @@ def format_summary(outcomes: Sequence[PartitionOutcome]) -> str:
         detail = "; ".join(failed + warned) or (o.error.splitlines()[0] if o.error else "")
         lines.append(
             f"{o.partition:<20} {'ok' if o.success else 'FAILED':<7} "
-            f"{o.rows.get('raw_index', 0):>7} {passed:>4}/{len(o.checks):<4}  {detail}"
+            f"{o.rows.get('raw_index', o.rows.get('unified_manifest', 0)):>7} "
+            f"{passed:>4}/{len(o.checks):<4}  {detail}"
         )
     return "\n".join(lines)

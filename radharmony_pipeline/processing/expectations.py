@@ -320,6 +320,25 @@ def bbox_expectations() -> list[Expectation]:
     ]
 
 
+def manifest_expectations(label_columns: Sequence[str]) -> list[Expectation]:
+    """Suite for the unified manifest."""
+    return [
+        unique("image_id"),
+        not_null("image_id"),
+        non_empty_string("image_path"),
+        non_empty_string("tensor_path"),
+        non_empty_string("source_image_path"),
+        in_set("split", SPLITS),
+        in_set("view_position", VIEW_POSITIONS),
+        not_null("tensor_index"),
+        between("orig_height", 1, MAX_IMAGE_SIDE),
+        between("orig_width", 1, MAX_IMAGE_SIDE),
+        not_null("orig_height"),
+        *(in_set(column, (0, 1)) for column in label_columns),
+        not_in_set("report", NULL_LIKE_STRINGS),
+    ]
+
+
 # --------------------------------------------------------------------------------------
 # Validation
 # --------------------------------------------------------------------------------------

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from PIL import Image, PngImagePlugin
+from PIL import Image
 from pycocotools import mask as coco_mask
 
-from radharmony_pipeline.processing.atomic import write_atomically
+from radharmony_pipeline.processing.tagged_png import stored_input_key, write_tagged_png
 
-INPUT_KEY_CHUNK = "radharmony-input"
 INPUT_KEY_HEX_DIGITS = 16  # 64 bits: collisions are negligible for a per-mask change check
 MASK_FOREGROUND = 255
 
@@ -140,21 +139,6 @@ def mask_input_key(*parts: str | bytes) -> str:
     return digest.hexdigest()[:INPUT_KEY_HEX_DIGITS]
 
 
-def stored_input_key(path: Path) -> str | None:
-    """The input key in a mask PNG's header, or None if the file is missing or unreadable.
-
-    Only the chunks before the image data are parsed; the pixels are not decoded.
-    """
-    try:
-        with Image.open(path, formats=["PNG"]) as image:
-            # image.info, not image.text: .text decodes the pixels to look for late chunks.
-            key = image.info.get(INPUT_KEY_CHUNK)
-    except (OSError, SyntaxError, ValueError):
-        # A corrupt mask reports no key, so the next write replaces it.
-        return None
-    return key if isinstance(key, str) else None
-
-
 def _mask_image(mask: np.ndarray) -> Image.Image:
     if mask.ndim != 2:
         raise ValueError(f"a mask is 2-D, got shape {mask.shape}")
@@ -172,15 +156,9 @@ def write_mask_png(path: Path, mask: np.ndarray, input_key: str) -> bool:
     A file already tagged with the same key is left untouched (its mtime too), so masks
     whose inputs did not change are never rewritten.
     """
-    path = Path(path)
-    if stored_input_key(path) == input_key:
+    if stored_input_key(Path(path)) == input_key:
         return False
-    image = _mask_image(mask)
-    header = PngImagePlugin.PngInfo()
-    # Pillow writes tEXt chunks before IDAT, which is what lets stored_input_key skip pixels.
-    header.add_text(INPUT_KEY_CHUNK, input_key)
-    write_atomically(path, lambda temp: image.save(temp, format="PNG", pnginfo=header))
-    return True
+    return write_tagged_png(Path(path), _mask_image(mask), input_key)
 
 
 def read_mask_png(path: Path) -> np.ndarray:

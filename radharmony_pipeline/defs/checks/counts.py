@@ -49,7 +49,7 @@ def comparison_result(
     metadata = {
         "expected_from": origin,
         "found": dg.MetadataValue.json(found),
-        "comparison": dg.MetadataValue.md(_comparison_table(comparisons)),
+        "comparison": dg.MetadataValue.md(comparison_table(comparisons)),
     }
     if not comparisons:
         metadata["note"] = (
@@ -74,7 +74,7 @@ def comparison_result(
     )
 
 
-def _comparison_table(comparisons: list[CountComparison]) -> str:
+def comparison_table(comparisons: list[CountComparison]) -> str:
     rows = ["| metric | expected | found | |", "|---|---:|---:|---|"]
     rows += [
         f"| {c.metric} | {c.expected} | {'—' if c.found is None else c.found} "

@@ -1,0 +1,119 @@
+"""`images`: every image decoded, resized to S×S with its geometry recorded, packed per partition."""
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import dagster as dg
+import numpy as np
+import pandas as pd
+from pydantic import Field
+
+from ...processing.atomic import TEMP_MARKER, temporary_sibling
+from ...processing.geometry import letterbox_geometry, squash_geometry
+from ...processing.image_jobs import IMAGE_CODE_VERSION, ImageJob, image_table, run_image_job
+from ...processing.parallel import map_in_chunks, worker_count
+from ...processing.progress import ProgressLog
+from ...sources import parse_partition_key
+from ..partitions import dataset_split_partitions
+from ..resources import DatasetsResource, OutputsResource
+from .previews import status_counts
+
+GEOMETRIES = {"letterbox": letterbox_geometry, "squash": squash_geometry}
+
+
+class ImagesConfig(dg.Config):
+    size: int = Field(
+        default_factory=lambda: int(os.environ.get("RADHARMONY_IMAGE_SIZE") or 224),
+        description="Output side S in pixels; default RADHARMONY_IMAGE_SIZE or 224.",
+    )
+    resize: Literal["letterbox", "squash"] = Field(
+        default="letterbox",
+        description="letterbox: long side to S, centred, zero-padded (aspect kept); "
+        "squash: both sides stretched to S.",
+    )
+
+
+@dg.asset(
+    partitions_def=dataset_split_partitions,
+    group_name="images",
+    description=(
+        "Every image of the partition decoded to 8-bit grayscale (JPEG at reduced DCT scale "
+        "when much larger than S; PNG 8/16-bit; DICOM with modality and VOI LUTs, MONOCHROME1 "
+        "inverted), resized to S×S (letterbox by default), written as PNG with its union mask "
+        "resized by nearest neighbour through the same geometry, and packed into "
+        "`images/<partition>.npy` (N×S×S uint8, row = tensor_index). Unchanged images are "
+        "re-used after a cheap check; undecodable ones are rows with status `error`."
+    ),
+    code_version=IMAGE_CODE_VERSION,
+    kinds={"png", "numpy", "parquet"},
+    pool="heavy_image_work",
+)
+def images(
+    context: dg.AssetExecutionContext,
+    config: ImagesConfig,
+    raw_index: pd.DataFrame,
+    masks: pd.DataFrame,
+    datasets: DatasetsResource,
+    outputs: OutputsResource,
+) -> dg.Output[pd.DataFrame]:
+    dataset, split = parse_partition_key(context.partition_key)
+    source = datasets.source(dataset)
+    root = outputs.local_root()
+    folder = root / "images" / context.partition_key
+    packed = root / "images" / f"{context.partition_key}.npy"
+    folder.mkdir(parents=True, exist_ok=True)
+    _remove_interrupted_writes(folder, packed)
+    packed_temp = temporary_sibling(packed)
+    np.lib.format.open_memmap(
+        packed_temp, mode="w+", dtype=np.uint8, shape=(len(raw_index), config.size, config.size)
+    ).flush()
+    unions = _union_masks(masks, root)
+    jobs = [
+        ImageJob(
+            image_id=image_id,
+            source_file=source.image_dir(split) / relative,
+            union_mask_file=unions.get(image_id),
+            output_root=root,
+            image_relative=f"images/{context.partition_key}/{image_key}.png",
+            mask_relative=(f"images/{context.partition_key}/{image_key}.mask.png"
+                           if image_id in unions else None),
+            size=config.size,
+            geometry_of=GEOMETRIES[config.resize],
+            packed_file=packed_temp,
+            row=row,
+        )
+        for row, (image_id, image_key, relative) in enumerate(
+            raw_index[["image_id", "image_key", "image_path"]].itertuples(index=False))
+    ]
+    progress = ProgressLog(context.log, "images", len(jobs))
+    try:
+        rows = map_in_chunks(run_image_job, jobs, worker_count(), on_progress=progress.update)
+        os.replace(packed_temp, packed)
+    finally:
+        packed_temp.unlink(missing_ok=True)
+    table = image_table(rows)
+    return dg.Output(
+        table.drop(columns="decoded"),
+        metadata={
+            "images": len(table),
+            "decoded": int(table["decoded"].sum()),
+            "reused": int((~table["decoded"] & (table["status"] == "ok")).sum()),
+            "status": dg.MetadataValue.json(status_counts(table)),
+            "packed_array": dg.MetadataValue.path(str(packed)),
+            "size": config.size,
+            "resize": config.resize,
+        },
+    )
+
+
+def _union_masks(masks: pd.DataFrame, root: Path) -> dict[str, Path]:
+    ok = masks[(masks["mask_class"] == "any") & (masks["status"] == "ok")]
+    return {image_id: root / path for image_id, path in zip(ok["image_id"], ok["mask_path"],
+                                                            strict=True)}
+
+
+def _remove_interrupted_writes(folder: Path, packed: Path) -> None:
+    """A killed run leaves temporary files (never partial outputs); clear them before resuming."""
+    for stale in [*folder.glob(f"{TEMP_MARKER}*"), *packed.parent.glob(f"{TEMP_MARKER}*{packed.name}")]:
+        stale.unlink(missing_ok=True)

@@ -1,0 +1,240 @@
+"""A PyTorch-style map dataset over `unified_manifest.parquet`, usable with or without torch.
+
+Each sample is a dict:
+
+- `img`: float32 1×S×S in [-1, 1] (pixel / 127.5 − 1), from the partition's packed uint8
+  array (`tensor_path`, row `tensor_index`, memory-mapped once per file) or, when that file is
+  absent or `use_packed=False`, from the resized PNG `image_path`.
+- `mask`: float32 1×S×S in {0, 1}, the resized union mask; all zeros when the image has none.
+- `bboxes`: float32 (n, 4) `[y_min, y_max, x_min, x_max]` normalized to the resized S×S frame
+  (letterbox padding included), (0, 4) when none; `bbox_labels`: list[str], one per box.
+- `cls`: float32 (21,) of the `label_*` columns in `UNIFIED_LABELS` order, NaN where the
+  dataset did not annotate the class (unknown is not negative: mask NaNs out of the loss).
+- `report`: str or None. `image_id`, `dataset`, `split`: str.
+
+When torch is importable the class is a `torch.utils.data.Dataset` and `img`, `mask`, `cls`,
+`bboxes` are tensors; otherwise they are numpy arrays. Boxes vary in number per image, so the
+default collate cannot stack them; batch with a collate that stacks the fixed-size fields and
+keeps the rest as lists:
+
+    from torch.utils.data import DataLoader, default_collate
+
+    def collate(samples):
+        fixed = default_collate([{k: s[k] for k in ("img", "mask", "cls")} for s in samples])
+        rest = {k: [s[k] for s in samples] for k in samples[0] if k not in fixed}
+        return {**fixed, **rest}
+
+    dataset = ManifestDataset("data/output/tables/unified_manifest.parquet", splits="train")
+    loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=4, collate_fn=collate)
+    for batch in loader:
+        known = ~batch["cls"].isnan()  # a loss only over annotated classes
+        ...
+
+(or `batch_size=1`, or `batch_size=None` for unbatched samples). Each worker process opens its
+own memory maps; they are not pickled with the dataset.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from PIL import Image
+
+from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
+
+try:  # torch is optional: without it samples are numpy arrays.
+    import torch
+    from torch.utils.data import Dataset as _DatasetBase
+except ImportError:
+    torch = None
+    _DatasetBase = object
+
+Filter = str | Collection[str] | None
+
+MANIFEST_COLUMNS: tuple[str, ...] = (
+    "image_id", "dataset", "split", "view_position", "image_path", "tensor_path",
+    "tensor_index", "mask_path", "bboxes_resized", "bbox_labels", "report", *LABEL_COLUMNS,
+)
+TENSOR_FIELDS: tuple[str, ...] = ("img", "mask", "cls", "bboxes")
+
+
+class ManifestDataset(_DatasetBase):
+    """Map-style dataset: one training sample per manifest row that passes the filters.
+
+    `manifest`: the Parquet path or an already loaded frame (then `output_root` is required).
+    `output_root`: the folder the manifest's paths are relative to; by default the parent of
+    the manifest's `tables/` folder. `datasets`, `splits`, `view_positions`: keep rows whose
+    value is one of these (a string or a collection); None keeps all.
+    """
+
+    def __init__(
+        self,
+        manifest: str | Path | pd.DataFrame,
+        output_root: str | Path | None = None,
+        datasets: Filter = None,
+        splits: Filter = None,
+        view_positions: Filter = None,
+        use_packed: bool = True,
+    ) -> None:
+        self.output_root = _output_root(manifest, output_root)
+        table = _read_manifest(manifest)
+        filters = {"dataset": datasets, "split": splits, "view_position": view_positions}
+        self.table = _filtered(table, filters)
+        self.use_packed = use_packed
+        # Done once for all rows: per-sample pandas conversions would dominate __getitem__.
+        self._labels = _label_matrix(self.table)
+        self._packed: dict[Path, np.ndarray | None] = {}
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        position = _checked_index(index, len(self))
+        row = self.table.iloc[position]
+        img = _to_unit_range(self._pixels(row))
+        sample = {
+            "img": img,
+            "mask": self._mask(row, img.shape[-2:]),
+            "bboxes": _boxes(row["bboxes_resized"]),
+            "bbox_labels": _strings(row["bbox_labels"]),
+            "cls": self._labels[position].copy(),
+            "report": _optional_str(row["report"]),
+            "image_id": str(row["image_id"]),
+            "dataset": str(row["dataset"]),
+            "split": str(row["split"]),
+        }
+        return _as_tensors(sample)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A pickled memmap carries its whole array; DataLoader workers reopen their own.
+        state = self.__dict__.copy()
+        state["_packed"] = {}
+        return state
+
+    def _pixels(self, row: pd.Series) -> np.ndarray:
+        """The resized uint8 S×S image: a packed row if available, else the PNG."""
+        packed = self._packed_array(row["tensor_path"]) if self.use_packed else None
+        if packed is not None and not _is_missing(row["tensor_index"]):
+            return np.asarray(packed[int(row["tensor_index"])])
+        return _read_png(self.output_root / row["image_path"])
+
+    def _packed_array(self, relative_path: Any) -> np.ndarray | None:
+        """The partition's packed array, memory-mapped on first use; None if it is absent."""
+        if _is_missing(relative_path):
+            return None
+        path = self.output_root / relative_path
+        if path not in self._packed:
+            self._packed[path] = np.load(path, mmap_mode="r") if path.is_file() else None
+        return self._packed[path]
+
+    def _mask(self, row: pd.Series, shape: tuple[int, int]) -> np.ndarray:
+        if _is_missing(row["mask_path"]):
+            return np.zeros((1, *shape), dtype=np.float32)
+        mask = _read_png(self.output_root / row["mask_path"])
+        if mask.shape != shape:
+            raise ValueError(f"{row['mask_path']}: mask is {mask.shape}, image is {shape}")
+        # Thresholded, not divided by 255, so a 0/1 PNG also comes out as {0, 1}.
+        return (mask > 0).astype(np.float32)[None]
+
+
+def _output_root(manifest: str | Path | pd.DataFrame, output_root: str | Path | None) -> Path:
+    if output_root is not None:
+        return Path(output_root)
+    if isinstance(manifest, pd.DataFrame):
+        raise ValueError("a manifest given as a DataFrame needs output_root: the folder its "
+                         "image_path, tensor_path and mask_path are relative to")
+    # The manifest lives at <output>/tables/unified_manifest.parquet.
+    return Path(manifest).resolve().parent.parent
+
+
+def _read_manifest(manifest: str | Path | pd.DataFrame) -> pd.DataFrame:
+    if isinstance(manifest, pd.DataFrame):
+        table = manifest
+    else:
+        table = pd.read_parquet(manifest, columns=list(MANIFEST_COLUMNS))
+    missing = [column for column in MANIFEST_COLUMNS if column not in table.columns]
+    if missing:
+        raise ValueError(f"manifest lacks columns {missing}; is it a unified_manifest table?")
+    return table
+
+
+def _filtered(table: pd.DataFrame, filters: dict[str, Filter]) -> pd.DataFrame:
+    """Rows matching every given filter, renumbered 0 … n−1 for positional access."""
+    keep = np.ones(len(table), dtype=bool)
+    for column, wanted in filters.items():
+        if wanted is not None:
+            keep &= table[column].isin(_as_set(wanted)).to_numpy()
+    if len(table) and not keep.any():
+        raise ValueError(f"no manifest row matches {_describe(filters)}; "
+                         f"available: {_available(table, filters)}")
+    return table.loc[keep].reset_index(drop=True)
+
+
+def _as_set(wanted: str | Collection[str]) -> set[str]:
+    # A bare string is one value, not a collection of characters.
+    return {wanted} if isinstance(wanted, str) else set(wanted)
+
+
+def _describe(filters: dict[str, Filter]) -> str:
+    return ", ".join(f"{column} in {sorted(_as_set(wanted))}"
+                     for column, wanted in filters.items() if wanted is not None)
+
+
+def _available(table: pd.DataFrame, filters: dict[str, Filter]) -> str:
+    return "; ".join(f"{column}: {sorted(table[column].dropna().unique())}"
+                     for column, wanted in filters.items() if wanted is not None)
+
+
+def _label_matrix(table: pd.DataFrame) -> np.ndarray:
+    """(rows, 21) float32 in vocabulary order; null labels become NaN, never 0."""
+    return table[list(LABEL_COLUMNS)].to_numpy(dtype=np.float32, na_value=np.nan)
+
+
+def _checked_index(index: int, length: int) -> int:
+    # IndexError (not a pandas error) ends plain `for sample in dataset` iteration.
+    if not -length <= index < length:
+        raise IndexError(f"index {index} out of range for {length} samples")
+    return index % length
+
+
+def _read_png(path: Path) -> np.ndarray:
+    with Image.open(path) as image:
+        return np.asarray(image if image.mode == "L" else image.convert("L"))
+
+
+def _to_unit_range(pixels: np.ndarray) -> np.ndarray:
+    """uint8 H×W → float32 1×H×W in [-1, 1]."""
+    return (pixels.astype(np.float32) / np.float32(127.5) - np.float32(1.0))[None]
+
+
+def _boxes(value: Any) -> np.ndarray:
+    if _is_missing(value):
+        return np.zeros((0, 4), dtype=np.float32)
+    # Parquet list columns arrive as object arrays of arrays; reshape keeps (0, 4) when empty.
+    return np.array([np.asarray(box, dtype=np.float32) for box in value],
+                    dtype=np.float32).reshape(-1, 4)
+
+
+def _strings(value: Any) -> list[str]:
+    return [] if _is_missing(value) else [str(item) for item in value]
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if _is_missing(value) else str(value)
+
+
+def _is_missing(value: Any) -> bool:
+    """A null scalar (None, pd.NA, NaN). Lists and arrays are never missing, even empty."""
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def _as_tensors(sample: dict[str, Any]) -> dict[str, Any]:
+    if torch is None:
+        return sample
+    return {key: torch.from_numpy(value) if key in TENSOR_FIELDS else value
+            for key, value in sample.items()}

@@ -1,0 +1,109 @@
+"""The unified manifest: every usable image of every partition joined into one table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from .geometry import boxes_to_resized_frame, letterbox_geometry, squash_geometry
+from .vocabulary import LABEL_COLUMNS
+
+GEOMETRIES = {"letterbox": letterbox_geometry, "squash": squash_geometry}
+MANIFEST_COLUMNS = (
+    "image_id", "dataset", "split", "patient_id", "study_id", "view_position",
+    "source_image_path", "image_path", "tensor_path", "tensor_index", "orig_height",
+    "orig_width", "mask_path", "has_mask", "mask_classes", "bboxes", "bboxes_resized",
+    "bbox_labels", "label_text", "report", *LABEL_COLUMNS, "patient_sex",
+    "patient_age_years", "study_date",
+)
+# Demographics only some datasets have, with the type they take when absent.
+_EXTRAS = {"patient_sex": "string", "patient_age_years": "float64",
+           "study_date": "datetime64[ms]"}
+
+
+def partition_manifest(
+    partition: str,
+    raw_index: pd.DataFrame,
+    labels: pd.DataFrame,
+    masks: pd.DataFrame,
+    bboxes: pd.DataFrame,
+    images: pd.DataFrame,
+) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Manifest rows of one partition, and the images left out, counted by reason."""
+    rows = raw_index.rename(columns={"image_path": "source_image_path"})
+    for column, dtype in _EXTRAS.items():
+        if column not in rows:
+            rows[column] = pd.Series(None, index=rows.index, dtype=dtype)
+        else:
+            rows[column] = rows[column].astype(dtype)
+    rows = rows.merge(images, on="image_id", how="left", validate="one_to_one")
+    usable = rows["status"] == "ok"
+    excluded = _reasons(rows.loc[~usable])
+    rows = rows.loc[usable].copy()
+    rows["tensor_path"] = f"images/{partition}.npy"
+    rows = rows.merge(labels[["image_id", "label_text", "report", *LABEL_COLUMNS]],
+                      on="image_id", how="left", validate="one_to_one")
+    rows = rows.merge(_mask_classes(masks), on="image_id", how="left")
+    rows["mask_classes"] = [list(v) if isinstance(v, (list, np.ndarray)) else []
+                            for v in rows["mask_classes"]]
+    rows["has_mask"] = rows["mask_classes"].map(len) > 0
+    rows = rows.merge(_box_lists(bboxes), on="image_id", how="left")
+    for column in ("bboxes", "bbox_labels"):
+        rows[column] = [list(v) if isinstance(v, list) else [] for v in rows[column]]
+    rows["bboxes_resized"] = [
+        _resized_boxes(boxes, row) for boxes, row in zip(
+            rows["bboxes"], rows[["orig_height", "orig_width", "size", "resize"]].itertuples(),
+            strict=True)
+    ]
+    rows["label_text"] = [list(v) if v is not None else [] for v in rows["label_text"]]
+    return rows[list(MANIFEST_COLUMNS)].reset_index(drop=True), excluded
+
+
+def _reasons(rows: pd.DataFrame) -> dict[str, int]:
+    reasons = rows["error"].fillna("image stage did not run").astype(str)
+    short = reasons.str.split(": ", n=1).str[-1].str.replace(r"\d+", "N", regex=True)
+    return {str(k): int(v) for k, v in short.value_counts().items()}
+
+
+def _mask_classes(masks: pd.DataFrame) -> pd.DataFrame:
+    ok = masks[(masks["status"] == "ok") & (masks["mask_class"] != "any")]
+    grouped = ok.groupby("image_id")["mask_class"].apply(lambda s: sorted(s.astype(str)))
+    return grouped.rename("mask_classes").reset_index()
+
+
+def _box_lists(bboxes: pd.DataFrame) -> pd.DataFrame:
+    ok = bboxes[bboxes["status"] == "ok"].sort_values(["image_id", "box_index"])
+    if ok.empty:
+        return pd.DataFrame({"image_id": pd.Series(dtype="string"), "bboxes": [],
+                             "bbox_labels": []})
+    coordinates = ok[["y_min", "y_max", "x_min", "x_max"]].to_numpy(dtype=float).tolist()
+    frame = pd.DataFrame({"image_id": ok["image_id"].to_numpy(), "box": coordinates,
+                          "label": ok["label"].astype(str).to_numpy()})
+    grouped = frame.groupby("image_id", sort=False)
+    return pd.DataFrame({
+        "image_id": list(grouped.groups),
+        "bboxes": grouped["box"].apply(list).tolist(),
+        "bbox_labels": grouped["label"].apply(list).tolist(),
+    })
+
+
+def _resized_boxes(boxes: list, image: tuple) -> list[list[float]]:
+    """Boxes in the resized S×S frame, through the image's own geometry (padding included)."""
+    if not boxes:
+        return []
+    geometry = GEOMETRIES[image.resize](int(image.orig_height), int(image.orig_width),
+                                        int(image.size))
+    array = np.asarray(boxes, dtype=float)
+    resized = boxes_to_resized_frame(array[:, 0], array[:, 1], array[:, 2], array[:, 3],
+                                     geometry)
+    return np.column_stack(resized).tolist()
+
+
+def combine(parts: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """All partitions' rows, in partition order."""
+    frames = [parts[key] for key in sorted(parts)]
+    if not frames:
+        return pd.DataFrame(columns=list(MANIFEST_COLUMNS))
+    return pd.concat(frames, ignore_index=True)

@@ -1,0 +1,50 @@
+"""PNGs that carry text tags (input keys, recorded facts), readable without decoding pixels.
+
+Outputs are keyed by their inputs: a file whose stored key equals the new key is left alone.
+Tags live in tEXt chunks, which Pillow writes before the image data and parses on open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from PIL import Image, PngImagePlugin
+
+from .atomic import write_atomically
+
+INPUT_KEY_TAG = "radharmony-input"
+
+
+def read_png_tags(path: Path) -> dict[str, str]:
+    """The text tags of a PNG, or {} if the file is missing or unreadable (so it is rewritten).
+
+    Only the chunks before the image data are parsed; the pixels are not decoded.
+    """
+    try:
+        with Image.open(path, formats=["PNG"]) as image:
+            # image.info, not image.text: .text decodes the pixels to look for late chunks.
+            return {k: v for k, v in image.info.items() if isinstance(v, str)}
+    except (OSError, SyntaxError, ValueError):
+        return {}
+
+
+def stored_input_key(path: Path) -> str | None:
+    """The input key a PNG was written with, if any."""
+    return read_png_tags(path).get(INPUT_KEY_TAG)
+
+
+def write_tagged_png(
+    path: Path, image: Image.Image, input_key: str, tags: Mapping[str, str] | None = None
+) -> bool:
+    """Write `image` with its input key (and other tags) atomically; False if the file
+    already carries the same key and was left untouched (mtime included)."""
+    path = Path(path)
+    if stored_input_key(path) == input_key:
+        return False
+    header = PngImagePlugin.PngInfo()
+    header.add_text(INPUT_KEY_TAG, input_key)
+    for name, value in (tags or {}).items():
+        header.add_text(name, value)
+    write_atomically(path, lambda temp: image.save(temp, format="PNG", pnginfo=header))
+    return True
