@@ -6,7 +6,7 @@ seeded), then measures in the same run, on the same files:
 
 1. Stage throughput: jobs built as the `images` asset builds them (letterbox, S=224, fresh
    output folder, no union masks, packed temporary .npy then os.replace), run with
-   map_in_chunks(run_image_job, jobs, os.cpu_count()), against a bare single-process loop
+   run_image_jobs(jobs, os.cpu_count()) as the asset does, against a bare single-process loop
    doing the same job the naive way: full-resolution decode (Image.open(...).convert("L"),
    no draft), cv2.resize INTER_AREA of the long side to 224, zero padding to 224x224, PNG
    written with Pillow. Target: stage >= 2.5x the naive loop on 2 cores.
@@ -53,7 +53,7 @@ from radharmony_pipeline.processing.image_jobs import (
     ImageJob,
     ImageRow,
     image_table,
-    run_image_job,
+    run_image_jobs,
 )
 from radharmony_pipeline.processing.parallel import map_in_chunks
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
@@ -159,7 +159,7 @@ def run_stage(sources: Sequence[Path], output_root: Path, workers: int) -> Stage
         for row, source in enumerate(sources)
     ]
     try:
-        rows = map_in_chunks(run_image_job, jobs, workers)
+        rows = run_image_jobs(jobs, workers)
         os.replace(packed_temp, packed)
     finally:
         packed_temp.unlink(missing_ok=True)
@@ -227,12 +227,14 @@ def monai_pipeline() -> Callable[[str], object] | None:
         SpatialPad,
     )
 
-    return Compose([
-        LoadImage(image_only=True, ensure_channel_first=True, reader="PILReader"),
-        ScaleIntensityRangePercentiles(lower=0.5, upper=99.5, b_min=0.0, b_max=1.0, clip=True),
-        Resize(spatial_size=SIZE, size_mode="longest", mode="area"),
-        SpatialPad(spatial_size=(SIZE, SIZE)),
-    ])
+    return Compose(
+        [
+            LoadImage(image_only=True, ensure_channel_first=True, reader="PILReader"),
+            ScaleIntensityRangePercentiles(lower=0.5, upper=99.5, b_min=0.0, b_max=1.0, clip=True),
+            Resize(spatial_size=SIZE, size_mode="longest", mode="area"),
+            SpatialPad(spatial_size=(SIZE, SIZE)),
+        ]
+    )
 
 
 def run_monai(pipeline: Callable[[str], object], sources: Sequence[Path]) -> float:
@@ -244,11 +246,14 @@ def run_monai(pipeline: Callable[[str], object], sources: Sequence[Path]) -> flo
     return time.perf_counter() - start
 
 
-def monai_section(pipeline: Callable[[str], object] | None, sources: Sequence[Path],
-                  stage_rate: float) -> list[str]:
+def monai_section(
+    pipeline: Callable[[str], object] | None, sources: Sequence[Path], stage_rate: float
+) -> list[str]:
     if pipeline is None:
-        return ["3. monai: skipped, monai is not installed "
-                "(install the optional extra with: pip install -e '.[bench]')"]
+        return [
+            "3. monai: skipped, monai is not installed "
+            "(install the optional extra with: pip install -e '.[bench]')"
+        ]
     import torch
 
     seconds = run_monai(pipeline, sources)
@@ -264,8 +269,9 @@ def monai_section(pipeline: Callable[[str], object] | None, sources: Sequence[Pa
 # --- entry point ---------------------------------------------------------------------------
 
 
-def warm_up(sources: Sequence[Path], scratch: Path, workers: int,
-            pipeline: Callable[[str], object] | None) -> float:
+def warm_up(
+    sources: Sequence[Path], scratch: Path, workers: int, pipeline: Callable[[str], object] | None
+) -> float:
     """One untimed pass of every path over a few images; returns its wall time.
 
     It starts the forkserver (once per process, as in a Dagster step), fills the page cache
@@ -306,13 +312,26 @@ def machine_line() -> str:
 
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=120,
-                        help="synthetic full-resolution JPEGs (at least 100; default 120)")
-    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
-                        help="reuse the JPEGs in DIR (writing missing ones there) instead of "
-                             "generating them into a temporary folder")
-    parser.add_argument("--noise", type=float, default=DEFAULT_NOISE,
-                        help=f"detector noise of newly written JPEGs (default {DEFAULT_NOISE})")
+    parser.add_argument(
+        "--images",
+        type=int,
+        default=120,
+        help="synthetic full-resolution JPEGs (at least 100; default 120)",
+    )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="reuse the JPEGs in DIR (writing missing ones there) instead of "
+        "generating them into a temporary folder",
+    )
+    parser.add_argument(
+        "--noise",
+        type=float,
+        default=DEFAULT_NOISE,
+        help=f"detector noise of newly written JPEGs (default {DEFAULT_NOISE})",
+    )
     args = parser.parse_args(argv)
     if args.images < 100:
         parser.error("--images must be at least 100")
@@ -327,14 +346,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         scratch = Path(scratch_name)
         source_folder = args.keep or scratch / "sources"
         sources, written, seconds = prepare_sources(source_folder, args.images, args.noise)
-        origin = (f"wrote {written} in {seconds:.1f} s (noise {args.noise:g})" if written
-                  else "all reused")
+        origin = (
+            f"wrote {written} in {seconds:.1f} s (noise {args.noise:g})"
+            if written
+            else "all reused"
+        )
         print(f"sources: {describe_sources(sources)}; {source_folder}: {origin}", flush=True)
 
         pipeline = monai_pipeline()
         warmup_seconds = warm_up(sources, scratch, workers, pipeline)
-        print(f"warm-up: {warmup_seconds:.2f} s over {WARMUP_IMAGES} images (forkserver start, "
-              "imports, codecs; untimed)", flush=True)
+        print(
+            f"warm-up: {warmup_seconds:.2f} s over {WARMUP_IMAGES} images (forkserver start, "
+            "imports, codecs; untimed)",
+            flush=True,
+        )
 
         naive_seconds = run_naive(sources, scratch / "naive")
         stage_root = scratch / "stage"  # fresh: nothing to reuse on the first run
@@ -359,9 +384,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         for line in lines:
             print(line, flush=True)
-        print(f"   both stage runs include starting a {workers}-worker pool: map_in_chunks of a "
-              f"no-op over {count} items takes {pool_start_seconds(count, workers):.3f} s",
-              flush=True)
+        print(
+            f"   both stage runs include starting a {workers}-worker pool: map_in_chunks of a "
+            f"no-op over {count} items takes {pool_start_seconds(count, workers):.3f} s",
+            flush=True,
+        )
         for line in monai_section(pipeline, sources, stage_rate):
             print(line, flush=True)
     return 0

@@ -55,17 +55,27 @@ def materialize_index_and_labels(root: str, queue: multiprocessing.Queue) -> Non
         instance = dg.DagsterInstance.ephemeral()
         start = time.perf_counter()
         result = dg.materialize(
-            [raw_index_and_labels], partition_key="rexgradient.train", resources=resources,
+            [raw_index_and_labels],
+            partition_key="rexgradient.train",
+            resources=resources,
             instance=instance,
         )
         elapsed = time.perf_counter() - start
         rows = {
-            e.materialization.asset_key.to_user_string():
-                int(e.materialization.metadata["dagster/row_count"].value)
+            e.materialization.asset_key.to_user_string(): int(
+                e.materialization.metadata["dagster/row_count"].value
+            )
             for e in result.get_asset_materialization_events()
         }
-    queue.put({"seconds": elapsed, "peak_rss_mib": _peak_rss_mib(),
-               "import_rss_mib": baseline_rss, "rows": rows, "success": result.success})
+    queue.put(
+        {
+            "seconds": elapsed,
+            "peak_rss_mib": _peak_rss_mib(),
+            "import_rss_mib": baseline_rss,
+            "rows": rows,
+            "success": result.success,
+        }
+    )
 
 
 def in_child(target, *args) -> dict:
@@ -97,10 +107,14 @@ def main() -> int:
         assets = in_child(materialize_index_and_labels, str(root))
     ratio = assets["seconds"] / bare["seconds"]
     print(f"train JSON: {size_mib:.0f} MiB, {bare['studies']} studies")
-    print(f"bare json.load:          {bare['seconds']:6.2f} s   peak RSS "
-          f"{bare['peak_rss_mib']:6.0f} MiB")
-    print(f"raw_index + labels:      {assets['seconds']:6.2f} s   peak RSS "
-          f"{assets['peak_rss_mib']:6.0f} MiB (after imports {assets['import_rss_mib']:.0f} MiB)")
+    print(
+        f"bare json.load:          {bare['seconds']:6.2f} s   peak RSS "
+        f"{bare['peak_rss_mib']:6.0f} MiB"
+    )
+    print(
+        f"raw_index + labels:      {assets['seconds']:6.2f} s   peak RSS "
+        f"{assets['peak_rss_mib']:6.0f} MiB (after imports {assets['import_rss_mib']:.0f} MiB)"
+    )
     print(f"rows: {assets['rows']}  success: {assets['success']}")
     print(f"ratio assets / json.load: {ratio:.2f}x  (target <= 2.0x)")
     print(f"peak RSS under 1.5 GiB:   {assets['peak_rss_mib'] < 1536}")

@@ -22,9 +22,9 @@ import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -184,7 +184,8 @@ def chestx_det_section(args: argparse.Namespace) -> list[str]:
                 job
                 for copy in range(CHESTX_DET_REPEATS)
                 for job in source.mask_jobs(
-                    "train", index, lambda key, copy=copy: MaskTarget(output, f"{copy}/{key}"))
+                    "train", index, lambda key, copy=copy: MaskTarget(output, f"{copy}/{key}")
+                )
             ]
             start = time.perf_counter()
             rows = map_in_chunks(run_mask_job, jobs, workers)
@@ -196,7 +197,8 @@ def chestx_det_section(args: argparse.Namespace) -> list[str]:
         single = throughput(1)
         parallel = throughput(cores)
     return [
-        f"chestx_det masks: {len(index) * CHESTX_DET_REPEATS} images of 1024x1024, workers=1 {single:.1f} images/s, "
+        f"chestx_det masks: {len(index) * CHESTX_DET_REPEATS} images of 1024x1024, "
+        f"workers=1 {single:.1f} images/s, "
         f"workers={cores} {parallel:.1f} images/s, ratio {parallel / single:.2f}x "
         f"(target >= {PARALLEL_TARGET_RATIO:g}x on 2 cores)",
     ]

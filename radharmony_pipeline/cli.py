@@ -19,19 +19,33 @@ def main(argv: list[str] | None = None) -> int:
     synth.add_argument("--scale", choices=("tiny", "small"), default="tiny")
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--dataset", action="append", help="only this dataset (repeatable)")
-    synth.add_argument("--mimic-format", choices=("jpg", "dcm", "mixed"), default="mixed",
-                       help="image format of the MIMIC-CXR tree under MS-CXR")
-    synth.add_argument("--rexgradient-metadata-only", action="store_true",
-                       help="only ReXGradient metadata JSONs, no images (needs --full-scale)")
-    synth.add_argument("--full-scale", action="store_true",
-                       help="with --rexgradient-metadata-only: the real study/image counts")
+    synth.add_argument(
+        "--mimic-format",
+        choices=("jpg", "dcm", "mixed"),
+        default="mixed",
+        help="image format of the MIMIC-CXR tree under MS-CXR",
+    )
+    synth.add_argument(
+        "--rexgradient-metadata-only",
+        action="store_true",
+        help="only ReXGradient metadata JSONs, no images (needs --full-scale)",
+    )
+    synth.add_argument(
+        "--full-scale",
+        action="store_true",
+        help="with --rexgradient-metadata-only: the real study/image counts",
+    )
     synth.set_defaults(run=_synth)
 
     demo = commands.add_parser(
         "demo", help="generate the demo datasets if missing, materialize everything, summarize"
     )
-    demo.add_argument("--data-root", type=Path, default=None,
-                      help=f"datasets folder (default RADHARMONY_DATA_ROOT or {DEMO_DATA_ROOT})")
+    demo.add_argument(
+        "--data-root",
+        type=Path,
+        default=None,
+        help=f"datasets folder (default RADHARMONY_DATA_ROOT or {DEMO_DATA_ROOT})",
+    )
     demo.set_defaults(run=_demo)
 
     args = parser.parse_args(argv)
@@ -48,8 +62,13 @@ def _synth(args: argparse.Namespace) -> int:
         root = write_full_scale_rexgradient_metadata(args.out, seed=args.seed)
         print(f"wrote full-scale ReXGradient metadata under {root}")
         return 0
-    roots = generate_datasets(args.out, scale=args.scale, seed=args.seed,
-                              datasets=args.dataset, mimic_format=args.mimic_format)
+    roots = generate_datasets(
+        args.out,
+        scale=args.scale,
+        seed=args.seed,
+        datasets=args.dataset,
+        mimic_format=args.mimic_format,
+    )
     for dataset, root in roots.items():
         print(f"{dataset:<13} {root}")
     return 0
@@ -67,13 +86,13 @@ def _demo(args: argparse.Namespace) -> int:
 
     import dagster as dg
 
+    from .definitions import defs
     from .defs.runner import (
         format_summary,
         materialize_manifest,
         materialize_partitions,
         observe_sources,
     )
-    from .definitions import defs
     from .sources import partition_keys
 
     with dg.DagsterInstance.get() as instance:
@@ -81,9 +100,12 @@ def _demo(args: argparse.Namespace) -> int:
         observe_sources(defs, instance)
         print("materializing every asset of every partition ...", flush=True)
         outcomes = materialize_partitions(
-            defs, instance, partition_keys(),
-            on_done=lambda o: print(f"  {o.partition:<20} {'ok' if o.success else 'FAILED'}",
-                                    flush=True),
+            defs,
+            instance,
+            partition_keys(),
+            on_done=lambda o: print(
+                f"  {o.partition:<20} {'ok' if o.success else 'FAILED'}", flush=True
+            ),
         )
         print("joining the unified manifest ...", flush=True)
         outcomes.append(materialize_manifest(defs, instance))
@@ -91,8 +113,10 @@ def _demo(args: argparse.Namespace) -> int:
     print(format_summary(outcomes))
     print()
     output = os.environ.get("RADHARMONY_OUTPUT_ROOT") or "data/output"
-    print(f"Manifest: {output}/tables/unified_manifest.parquet (load it with "
-          "radharmony_pipeline.loader.ManifestDataset)")
+    print(
+        f"Manifest: {output}/tables/unified_manifest.parquet (load it with "
+        "radharmony_pipeline.loader.ManifestDataset)"
+    )
     print(f"Tables: {output}/tables/   Images: {output}/images/   Previews: {output}/previews/")
     print("Open the UI with `make ui`, then http://127.0.0.1:3000 (same DAGSTER_HOME).")
     return 0 if all(o.success for o in outcomes) else 1

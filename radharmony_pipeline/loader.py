@@ -57,8 +57,18 @@ except ImportError:
 Filter = str | Collection[str] | None
 
 MANIFEST_COLUMNS: tuple[str, ...] = (
-    "image_id", "dataset", "split", "view_position", "image_path", "tensor_path",
-    "tensor_index", "mask_path", "bboxes_resized", "bbox_labels", "report", *LABEL_COLUMNS,
+    "image_id",
+    "dataset",
+    "split",
+    "view_position",
+    "image_path",
+    "tensor_path",
+    "tensor_index",
+    "mask_path",
+    "bboxes_resized",
+    "bbox_labels",
+    "report",
+    *LABEL_COLUMNS,
 )
 TENSOR_FIELDS: tuple[str, ...] = ("img", "mask", "cls", "bboxes")
 
@@ -146,8 +156,10 @@ def _output_root(manifest: str | Path | pd.DataFrame, output_root: str | Path | 
     if output_root is not None:
         return Path(output_root)
     if isinstance(manifest, pd.DataFrame):
-        raise ValueError("a manifest given as a DataFrame needs output_root: the folder its "
-                         "image_path, tensor_path and mask_path are relative to")
+        raise ValueError(
+            "a manifest given as a DataFrame needs output_root: the folder its "
+            "image_path, tensor_path and mask_path are relative to"
+        )
     # The manifest lives at <output>/tables/unified_manifest.parquet.
     return Path(manifest).resolve().parent.parent
 
@@ -170,8 +182,9 @@ def _filtered(table: pd.DataFrame, filters: dict[str, Filter]) -> pd.DataFrame:
         if wanted is not None:
             keep &= table[column].isin(_as_set(wanted)).to_numpy()
     if len(table) and not keep.any():
-        raise ValueError(f"no manifest row matches {_describe(filters)}; "
-                         f"available: {_available(table, filters)}")
+        raise ValueError(
+            f"no manifest row matches {_describe(filters)}; available: {_available(table, filters)}"
+        )
     return table.loc[keep].reset_index(drop=True)
 
 
@@ -181,13 +194,19 @@ def _as_set(wanted: str | Collection[str]) -> set[str]:
 
 
 def _describe(filters: dict[str, Filter]) -> str:
-    return ", ".join(f"{column} in {sorted(_as_set(wanted))}"
-                     for column, wanted in filters.items() if wanted is not None)
+    return ", ".join(
+        f"{column} in {sorted(_as_set(wanted))}"
+        for column, wanted in filters.items()
+        if wanted is not None
+    )
 
 
 def _available(table: pd.DataFrame, filters: dict[str, Filter]) -> str:
-    return "; ".join(f"{column}: {sorted(table[column].dropna().unique())}"
-                     for column, wanted in filters.items() if wanted is not None)
+    return "; ".join(
+        f"{column}: {sorted(table[column].dropna().unique())}"
+        for column, wanted in filters.items()
+        if wanted is not None
+    )
 
 
 def _label_matrix(table: pd.DataFrame) -> np.ndarray:
@@ -216,8 +235,9 @@ def _boxes(value: Any) -> np.ndarray:
     if _is_missing(value):
         return np.zeros((0, 4), dtype=np.float32)
     # Parquet list columns arrive as object arrays of arrays; reshape keeps (0, 4) when empty.
-    return np.array([np.asarray(box, dtype=np.float32) for box in value],
-                    dtype=np.float32).reshape(-1, 4)
+    return np.array([np.asarray(box, dtype=np.float32) for box in value], dtype=np.float32).reshape(
+        -1, 4
+    )
 
 
 def _strings(value: Any) -> list[str]:
@@ -236,5 +256,7 @@ def _is_missing(value: Any) -> bool:
 def _as_tensors(sample: dict[str, Any]) -> dict[str, Any]:
     if torch is None:
         return sample
-    return {key: torch.from_numpy(value) if key in TENSOR_FIELDS else value
-            for key, value in sample.items()}
+    return {
+        key: torch.from_numpy(value) if key in TENSOR_FIELDS else value
+        for key, value in sample.items()
+    }

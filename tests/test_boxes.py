@@ -31,15 +31,22 @@ def random_xywh_boxes(count: int, seed: int = 0) -> pd.DataFrame:
 def test_ms_cxr_boxes_round_trip_to_their_pixels():
     boxes = random_xywh_boxes(5000)
     assert (boxes["width"] != boxes["height"]).mean() > 0.99
-    result = normalize_xywh(boxes["x"], boxes["y"], boxes["w"], boxes["h"],
-                            boxes["width"], boxes["height"])
+    result = normalize_xywh(
+        boxes["x"], boxes["y"], boxes["w"], boxes["h"], boxes["width"], boxes["height"]
+    )
     table = result.table
     assert list(table.columns) == list(BOX_COLUMNS)
     assert not result.clipped.any() and not result.degenerate.any()
     np.testing.assert_allclose(table["x_min"], boxes["x"] / boxes["width"])
     np.testing.assert_allclose(table["y_max"], (boxes["y"] + boxes["h"]) / boxes["height"])
-    back = to_pixels(table["y_min"], table["y_max"], table["x_min"], table["x_max"],
-                     boxes["width"], boxes["height"])
+    back = to_pixels(
+        table["y_min"],
+        table["y_max"],
+        table["x_min"],
+        table["x_max"],
+        boxes["width"],
+        boxes["height"],
+    )
     for axis in ("x", "y", "w", "h"):
         np.testing.assert_array_equal(getattr(back, axis), boxes[axis])
         np.testing.assert_array_equal(table[f"{axis}_px"].to_numpy(dtype=int), boxes[axis])
@@ -63,11 +70,16 @@ def test_chestx_det_corners_round_trip_to_their_pixels():
 
 
 def test_a_phrase_with_several_boxes_keeps_its_rows_in_order():
-    rows = pd.DataFrame({
-        "label_text": ["bilateral effusions"] * 3 + ["cardiomegaly"],
-        "x": [100, 2000, 50, 900], "y": [1500, 1600, 10, 800],
-        "w": [400, 300, 20, 1200], "h": [500, 450, 30, 900],
-    }, index=[40, 41, 42, 43])
+    rows = pd.DataFrame(
+        {
+            "label_text": ["bilateral effusions"] * 3 + ["cardiomegaly"],
+            "x": [100, 2000, 50, 900],
+            "y": [1500, 1600, 10, 800],
+            "w": [400, 300, 20, 1200],
+            "h": [500, 450, 30, 900],
+        },
+        index=[40, 41, 42, 43],
+    )
     result = normalize_xywh(rows["x"], rows["y"], rows["w"], rows["h"], 2500, 3000)
     assert list(result.table.index) == [40, 41, 42, 43]
     joined = rows.join(result.table)
@@ -78,8 +90,9 @@ def test_a_phrase_with_several_boxes_keeps_its_rows_in_order():
 
 def test_boxes_partly_outside_are_clipped_and_flagged():
     # Left edge before 0, bottom past the frame, right past the frame, inside.
-    result = normalize_xywh([-30, 10, 150, 20], [5, 180, 20, 20], [60, 50, 80, 10],
-                            [10, 40, 10, 10], 200, 200)
+    result = normalize_xywh(
+        [-30, 10, 150, 20], [5, 180, 20, 20], [60, 50, 80, 10], [10, 40, 10, 10], 200, 200
+    )
     table = result.table
     assert list(result.clipped) == [True, True, True, False]
     assert not result.degenerate.any()
@@ -93,8 +106,9 @@ def test_boxes_partly_outside_are_clipped_and_flagged():
 def test_degenerate_boxes_are_flagged_and_kept():
     # Entirely right of the frame, zero width, negative height, corners swapped, missing.
     x = pd.Series([250, 10, 10, 50, np.nan])
-    result = normalize_xywh(x, [10, 10, 10, 10, 10], [20, 0, 20, -20, 5], [20, 20, -5, 10, 5],
-                            200, 100)
+    result = normalize_xywh(
+        x, [10, 10, 10, 10, 10], [20, 0, 20, -20, 5], [20, 20, -5, 10, 5], 200, 100
+    )
     assert len(result) == 5
     assert list(result.degenerate) == [True, True, True, True, True]
     assert result.clipped[0]
@@ -107,8 +121,9 @@ def test_degenerate_boxes_are_flagged_and_kept():
 
 
 def test_a_missing_or_empty_frame_makes_the_row_degenerate():
-    result = normalize_xywh([1, 1, 1], [1, 1, 1], [5, 5, 5], [5, 5, 5],
-                            pd.Series([100, np.nan, 0]), [100, 100, 100])
+    result = normalize_xywh(
+        [1, 1, 1], [1, 1, 1], [5, 5, 5], [5, 5, 5], pd.Series([100, np.nan, 0]), [100, 100, 100]
+    )
     assert result.degenerate.tolist() == [False, True, True]
     assert result.table["x_min"].isna().tolist() == [False, True, True]
 
@@ -116,8 +131,9 @@ def test_a_missing_or_empty_frame_makes_the_row_degenerate():
 def test_kept_boxes_have_min_below_max():
     boxes = random_xywh_boxes(2000, seed=3)
     boxes["x"] -= 500  # push some outside, to clip
-    result = normalize_xywh(boxes["x"], boxes["y"], boxes["w"], boxes["h"],
-                            boxes["width"], boxes["height"])
+    result = normalize_xywh(
+        boxes["x"], boxes["y"], boxes["w"], boxes["h"], boxes["width"], boxes["height"]
+    )
     kept = result.table[~result.degenerate]
     assert result.degenerate.any() and len(kept) > 1000
     assert (kept["y_min"] < kept["y_max"]).all()
@@ -132,10 +148,17 @@ def test_to_pixels_refuses_missing_values():
 def test_100k_boxes_convert_in_milliseconds():
     boxes = random_xywh_boxes(100_000, seed=5)
     started = time.perf_counter()
-    result = normalize_xywh(boxes["x"], boxes["y"], boxes["w"], boxes["h"],
-                            boxes["width"], boxes["height"])
-    back = to_pixels(result.table["y_min"], result.table["y_max"], result.table["x_min"],
-                     result.table["x_max"], boxes["width"], boxes["height"])
+    result = normalize_xywh(
+        boxes["x"], boxes["y"], boxes["w"], boxes["h"], boxes["width"], boxes["height"]
+    )
+    back = to_pixels(
+        result.table["y_min"],
+        result.table["y_max"],
+        result.table["x_min"],
+        result.table["x_max"],
+        boxes["width"],
+        boxes["height"],
+    )
     elapsed = time.perf_counter() - started
     assert len(result) == len(result.clipped) == len(result.degenerate) == 100_000
     assert len(back.x) == 100_000

@@ -16,10 +16,27 @@ RADHARMONY = Path(sys.executable).with_name("radharmony")
 
 
 def test_synth_writes_the_chosen_datasets(tmp_path, capsys):
-    assert main(["synth", "--out", str(tmp_path), "--dataset", "chestx_det",
-                 "--dataset", "ms_cxr", "--mimic-format", "dcm"]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "--out",
+                str(tmp_path),
+                "--dataset",
+                "chestx_det",
+                "--dataset",
+                "ms_cxr",
+                "--mimic-format",
+                "dcm",
+            ]
+        )
+        == 0
+    )
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
-        "chestx-det", "mimic-cxr", "ms-cxr"]
+        "chestx-det",
+        "mimic-cxr",
+        "ms-cxr",
+    ]
     assert list((tmp_path / "mimic-cxr").rglob("*.dcm"))
     assert not list((tmp_path / "mimic-cxr").rglob("*.jpg"))
     assert "chestx_det" in capsys.readouterr().out
@@ -42,7 +59,11 @@ def test_demo_materializes_every_partition_and_prints_the_summary(tiny_root, tmp
     environ.update(DAGSTER_HOME=str(home), RADHARMONY_OUTPUT_ROOT=str(tmp_path / "out"))
     completed = subprocess.run(
         [str(RADHARMONY), "demo", "--data-root", str(tiny_root)],
-        cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     summary = completed.stdout.split("partition ", 1)[1]

@@ -196,8 +196,9 @@ def test_narrow_window_saturates_outside_and_differs_from_min_max(tmp_path: Path
 def test_first_of_several_windows_is_used(tmp_path: Path) -> None:
     ramp = ramp_4096()
     several = decode_grayscale(
-        write_dicom(tmp_path / "two.dcm", ramp, WindowCenter=["1000", "3000"],
-                    WindowWidth=["200", "400"])
+        write_dicom(
+            tmp_path / "two.dcm", ramp, WindowCenter=["1000", "3000"], WindowWidth=["200", "400"]
+        )
     ).pixels
     assert np.all(several[ramp > 1100] == 255)
     assert np.all(several[ramp < 900] == 0)
@@ -223,8 +224,12 @@ def test_rescale_is_applied_before_the_window(tmp_path: Path) -> None:
     # Rescaled value = 2 * stored - 1024; the window 800..1200 in rescaled units is stored
     # 912..1112. Windowing the raw stored values instead would put it at stored 800..1200.
     path = write_dicom(
-        tmp_path / "rescaled.dcm", stored, RescaleSlope="2", RescaleIntercept="-1024",
-        WindowCenter="1000", WindowWidth="400",
+        tmp_path / "rescaled.dcm",
+        stored,
+        RescaleSlope="2",
+        RescaleIntercept="-1024",
+        WindowCenter="1000",
+        WindowWidth="400",
     )
     pixels = decode_grayscale(path).pixels
 
@@ -241,8 +246,9 @@ def test_without_window_a_few_outliers_do_not_flatten_the_image(tmp_path: Path) 
 
 
 @pytest.mark.parametrize("bits_stored", [12, 15])
-def test_bits_stored_12_and_15_decode_to_the_full_grey_range(tmp_path: Path,
-                                                              bits_stored: int) -> None:
+def test_bits_stored_12_and_15_decode_to_the_full_grey_range(
+    tmp_path: Path, bits_stored: int
+) -> None:
     pattern = square_on_ramp(bits_stored)
     expected = decode_grayscale(write_dicom(tmp_path / "ref.dcm", square_on_ramp(12))).pixels
     decoded = decode_grayscale(
@@ -276,8 +282,13 @@ def test_every_encoding_of_the_same_pixels_decodes_identically(
     stored = np.minimum(stored + noise, (1 << bits_stored) - 1).astype(np.uint16)
     decoded = [
         decode_grayscale(
-            write_dicom(tmp_path / f"{name}.dcm", stored, photometric=photometric,
-                        bits_stored=bits_stored, syntax=syntax)
+            write_dicom(
+                tmp_path / f"{name}.dcm",
+                stored,
+                photometric=photometric,
+                bits_stored=bits_stored,
+                syntax=syntax,
+            )
         ).pixels
         for syntax, name in zip(ENCODINGS, ENCODING_IDS, strict=True)
     ]
@@ -351,8 +362,9 @@ def test_large_jpeg_uses_reduced_dct_within_a_grey_level_of_full_decode(big_jpeg
     assert reduced.dct_scale > 1
     assert (reduced.source_height, reduced.source_width) == (BIG_HEIGHT, BIG_WIDTH)
     assert max(reduced.pixels.shape) >= 2 * TARGET  # the margin the area resize relies on
-    assert reduced.pixels.shape == tuple(-(-side // reduced.dct_scale)
-                                         for side in (BIG_HEIGHT, BIG_WIDTH))
+    assert reduced.pixels.shape == tuple(
+        -(-side // reduced.dct_scale) for side in (BIG_HEIGHT, BIG_WIDTH)
+    )
     difference = mean_abs_difference(
         area_resize_long_side(reduced.pixels, TARGET), area_resize_long_side(full.pixels, TARGET)
     )
@@ -470,8 +482,7 @@ def _with_encapsulated_junk(path: Path, syntax: UID) -> Path:
     ("syntax", "name"),
     [(MPEG2MPML, "MPEG2 Main Profile / Main Level"), (UID("1.2.3.4.5.6"), "unknown")],
 )
-def test_unsupported_transfer_syntax_names_the_uid(tmp_path: Path, syntax: UID,
-                                                   name: str) -> None:
+def test_unsupported_transfer_syntax_names_the_uid(tmp_path: Path, syntax: UID, name: str) -> None:
     path = _with_encapsulated_junk(tmp_path / "video.dcm", syntax)
     with pytest.raises(DecodeError, match="unsupported transfer syntax") as caught:
         decode_grayscale(path)

@@ -26,10 +26,16 @@ def test_definitions_load_with_every_asset_check_and_job():
 
 def test_partitions_are_the_ten_dataset_splits():
     assert partition_keys() == [
-        "chexlocalize.val", "chexlocalize.test",
-        "ms_cxr.train", "ms_cxr.val", "ms_cxr.test",
-        "chestx_det.train", "chestx_det.test",
-        "rexgradient.train", "rexgradient.val", "rexgradient.test",
+        "chexlocalize.val",
+        "chexlocalize.test",
+        "ms_cxr.train",
+        "ms_cxr.val",
+        "ms_cxr.test",
+        "chestx_det.train",
+        "chestx_det.test",
+        "rexgradient.train",
+        "rexgradient.val",
+        "rexgradient.test",
     ]
     graph = defs.resolve_asset_graph()
     for key in ("raw_index", "labels"):

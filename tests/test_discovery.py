@@ -17,8 +17,10 @@ def test_data_root_default_layout(tiny_root):
 def test_per_dataset_env_vars_override_the_data_root(tiny_root, tmp_path):
     moved = tmp_path / "elsewhere" / "ChestX-Det"
     shutil.copytree(tiny_root / "chestx-det", moved)
-    environ = {"RADHARMONY_DATA_ROOT": str(tmp_path / "empty"),
-               "RADHARMONY_CHESTX_DET_ROOT": str(moved)}
+    environ = {
+        "RADHARMONY_DATA_ROOT": str(tmp_path / "empty"),
+        "RADHARMONY_CHESTX_DET_ROOT": str(moved),
+    }
     assert len(open_source("chestx_det", environ=environ).read_split("test").index) > 0
 
     mimic = tmp_path / "MIMIC-CXR-JPG" / "files"
@@ -44,7 +46,8 @@ def test_chexlocalize_base_image_dir_discovers_csv_and_segmentations(tiny_root):
     source = open_source("chexlocalize", SourceLocation(base_image_dir=base), {})
     assert source.labels_csv("test") == base.parent / "test_labels.csv"
     assert source.segmentation_json("test") == (
-        tiny_root / "chexlocalize" / "CheXlocalize" / "gt_segmentations_test.json")
+        tiny_root / "chexlocalize" / "CheXlocalize" / "gt_segmentations_test.json"
+    )
     assert source.root == tiny_root / "chexlocalize"
     assert len(source.read_split("test").index) > 0
 
@@ -62,7 +65,8 @@ def test_rexgradient_base_image_dir_discovers_metadata(tiny_root):
     base = tiny_root / "rexgradient" / "deid_png"
     source = open_source("rexgradient", SourceLocation(base_image_dir=base), {})
     assert source.metadata_json("val") == (
-        tiny_root / "rexgradient" / "download" / "metadata" / "valid_metadata_view_position.json")
+        tiny_root / "rexgradient" / "download" / "metadata" / "valid_metadata_view_position.json"
+    )
     assert len(source.read_split("val").index) > 0
 
 
@@ -78,7 +82,8 @@ def test_resource_config_uses_seed_page_argument_names(tiny_root):
     resource = DatasetsResource(
         data_root="/nonexistent",
         chexlocalize=SourceLocationConfig(
-            base_image_dir=str(tiny_root / "chexlocalize" / "CheXpert" / "val")),
+            base_image_dir=str(tiny_root / "chexlocalize" / "CheXpert" / "val")
+        ),
     )
     source = resource.source("chexlocalize")
     assert source.image_dir("val") == tiny_root / "chexlocalize" / "CheXpert" / "val"

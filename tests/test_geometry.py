@@ -29,8 +29,9 @@ SOURCES = list(LETTERBOX_CASES)
 GEOMETRIES = {"letterbox": letterbox_geometry, "squash": squash_geometry}
 
 
-def rectangle_mask(height: int, width: int, top: int, left: int, bottom: int, right: int,
-                   on: int = 1) -> np.ndarray:
+def rectangle_mask(
+    height: int, width: int, top: int, left: int, bottom: int, right: int, on: int = 1
+) -> np.ndarray:
     """Foreground on rows top … bottom−1 and columns left … right−1 (edges [top, bottom))."""
     mask = np.zeros((height, width), dtype=np.uint8)
     mask[top:bottom, left:right] = on
@@ -39,12 +40,15 @@ def rectangle_mask(height: int, width: int, top: int, left: int, bottom: int, ri
 
 def known_rectangle(height: int, width: int) -> tuple[int, int, int, int]:
     """A lesion-sized rectangle at odd, off-centre pixel edges of the source frame."""
-    return (int(height * 0.31) + 1, int(width * 0.17) + 3,
-            int(height * 0.58) + 1, int(width * 0.49) + 3)
+    return (
+        int(height * 0.31) + 1,
+        int(width * 0.17) + 3,
+        int(height * 0.58) + 1,
+        int(width * 0.49) + 3,
+    )
 
 
-def rasterize_box(y_min: float, y_max: float, x_min: float, x_max: float,
-                  size: int) -> np.ndarray:
+def rasterize_box(y_min: float, y_max: float, x_min: float, x_max: float, size: int) -> np.ndarray:
     """Output pixels whose centres lie inside the normalized box's edge interval."""
     centres = (np.arange(size) + 0.5) / size
     rows = (centres >= y_min) & (centres < y_max)
@@ -66,8 +70,12 @@ def foreground_edges(mask: np.ndarray) -> tuple[int, int, int, int]:
 def test_letterbox_puts_the_long_side_at_s_and_centres_the_content(source):
     height, width = source
     geometry = letterbox_geometry(height, width, S)
-    placement = (geometry.resized_height, geometry.resized_width,
-                 geometry.pad_top, geometry.pad_left)
+    placement = (
+        geometry.resized_height,
+        geometry.resized_width,
+        geometry.pad_top,
+        geometry.pad_left,
+    )
     assert placement == LETTERBOX_CASES[source]
     assert max(geometry.resized_height, geometry.resized_width) == S
     assert geometry.scale == geometry.scale_y == geometry.scale_x == S / max(height, width)
@@ -93,8 +101,9 @@ def test_square_source_letterboxes_without_padding():
     assert (geometry.pad_top, geometry.pad_left) == (0, 0)
 
 
-@pytest.mark.parametrize("bad", [(0, 100, S), (100, -1, S), (100, 100, 0), (np.nan, 100, S),
-                                 (100.5, 100, S)])
+@pytest.mark.parametrize(
+    "bad", [(0, 100, S), (100, -1, S), (100, 100, 0), (np.nan, 100, S), (100.5, 100, S)]
+)
 def test_impossible_sizes_are_rejected(bad):
     with pytest.raises(ValueError, match="positive whole"):
         letterbox_geometry(*bad)
@@ -108,8 +117,9 @@ def test_box_follows_the_mask_through_the_resize(mode, source):
     top, left, bottom, right = known_rectangle(height, width)
     mask = rectangle_mask(height, width, top, left, bottom, right)
     # The tight box in the pixel-edge convention of boxes.py.
-    box = boxes_to_resized_frame(top / height, bottom / height, left / width, right / width,
-                                 geometry)
+    box = boxes_to_resized_frame(
+        top / height, bottom / height, left / width, right / width, geometry
+    )
 
     resized = resize_mask(mask, geometry).astype(bool)
     box_pixels = rasterize_box(*(float(edge) for edge in box), S)
@@ -123,8 +133,7 @@ def test_boxes_map_through_the_padding_formula_vectorized():
     geometry = letterbox_geometry(300, 1000, S)  # resized 67 high, 78 rows of top padding
     y_min = np.array([0.0, 0.25, 1.0])
     x_min = np.array([0.0, 0.5, 1.0])
-    y_out, y_out_max, x_out, _ = boxes_to_resized_frame(y_min, y_min, x_min, x_min,
-                                                                geometry)
+    y_out, y_out_max, x_out, _ = boxes_to_resized_frame(y_min, y_min, x_min, x_min, geometry)
     np.testing.assert_allclose(y_out, (78 + y_min * 67) / S)
     np.testing.assert_allclose(x_out, x_min)  # the long side has no padding
     np.testing.assert_array_equal(y_out, y_out_max)
@@ -156,7 +165,7 @@ def test_resized_image_is_s_by_s_uint8_with_zero_padding_bands(source):
 
 def content_area(frame: np.ndarray, geometry: ResizeGeometry) -> np.ndarray:
     top, left = geometry.pad_top, geometry.pad_left
-    return frame[top:top + geometry.resized_height, left:left + geometry.resized_width]
+    return frame[top : top + geometry.resized_height, left : left + geometry.resized_width]
 
 
 def test_reduced_dct_decode_fills_the_same_content_area():
@@ -166,7 +175,7 @@ def test_reduced_dct_decode_fills_the_same_content_area():
     resized = resize_image(eighth, geometry)
     assert resized.shape == (S, S)
     assert (content_area(resized, geometry) == 90).all()
-    assert (resized[:, :geometry.pad_left] == 0).all()
+    assert (resized[:, : geometry.pad_left] == 0).all()
 
 
 def test_small_source_is_enlarged():

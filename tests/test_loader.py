@@ -30,20 +30,54 @@ KNOWN_LABELS = {
 # One row per image, in manifest order. ms_cxr's tensor rows run opposite to the manifest's,
 # so reading the manifest position instead of `tensor_index` picks the wrong picture.
 ROWS = [
-    dict(image_id="chestx_det/a", dataset="chestx_det", split="train", view_position="PA",
-         partition="chestx_det.train", tensor_index=0, has_mask=True,
-         bboxes_resized=[[0.25, 0.5, 0.125, 0.375], [0.5, 0.75, 0.5, 1.0]],
-         bbox_labels=["nodule", "pleural_effusion"], report=None),
-    dict(image_id="chestx_det/b", dataset="chestx_det", split="train", view_position="AP",
-         partition="chestx_det.train", tensor_index=1, has_mask=True,
-         bboxes_resized=[], bbox_labels=[], report=None),
-    dict(image_id="ms_cxr/c", dataset="ms_cxr", split="test", view_position="PA",
-         partition="ms_cxr.test", tensor_index=1, has_mask=False,
-         bboxes_resized=[[0.1, 0.4, 0.2, 0.6]], bbox_labels=["consolidation"],
-         report="Patchy consolidation in the left lower lobe."),
-    dict(image_id="ms_cxr/d", dataset="ms_cxr", split="test", view_position="LATERAL",
-         partition="ms_cxr.test", tensor_index=0, has_mask=False,
-         bboxes_resized=None, bbox_labels=None, report=None),  # null lists, not empty ones
+    dict(
+        image_id="chestx_det/a",
+        dataset="chestx_det",
+        split="train",
+        view_position="PA",
+        partition="chestx_det.train",
+        tensor_index=0,
+        has_mask=True,
+        bboxes_resized=[[0.25, 0.5, 0.125, 0.375], [0.5, 0.75, 0.5, 1.0]],
+        bbox_labels=["nodule", "pleural_effusion"],
+        report=None,
+    ),
+    dict(
+        image_id="chestx_det/b",
+        dataset="chestx_det",
+        split="train",
+        view_position="AP",
+        partition="chestx_det.train",
+        tensor_index=1,
+        has_mask=True,
+        bboxes_resized=[],
+        bbox_labels=[],
+        report=None,
+    ),
+    dict(
+        image_id="ms_cxr/c",
+        dataset="ms_cxr",
+        split="test",
+        view_position="PA",
+        partition="ms_cxr.test",
+        tensor_index=1,
+        has_mask=False,
+        bboxes_resized=[[0.1, 0.4, 0.2, 0.6]],
+        bbox_labels=["consolidation"],
+        report="Patchy consolidation in the left lower lobe.",
+    ),
+    dict(
+        image_id="ms_cxr/d",
+        dataset="ms_cxr",
+        split="test",
+        view_position="LATERAL",
+        partition="ms_cxr.test",
+        tensor_index=0,
+        has_mask=False,
+        bboxes_resized=None,
+        bbox_labels=None,
+        report=None,
+    ),  # null lists, not empty ones
 ]
 IDS = [row["image_id"] for row in ROWS]
 
@@ -113,14 +147,15 @@ def manifest_table(paths: list[dict]) -> pa.Table:
         "bbox_labels": (strings, [row["bbox_labels"] for row in ROWS]),
         "label_text": (strings, [[], [], ["patchy consolidation"], []]),
         "report": (pa.string(), [row["report"] for row in ROWS]),
-        **{column: (pa.int8(), [KNOWN_LABELS[image_id].get(column) for image_id in IDS])
-           for column in LABEL_COLUMNS},
+        **{
+            column: (pa.int8(), [KNOWN_LABELS[image_id].get(column) for image_id in IDS])
+            for column in LABEL_COLUMNS
+        },
         "patient_sex": (pa.string(), [None, None, "F", "M"]),
         "patient_age_years": (pa.float64(), [None, None, 61.0, 47.0]),
         "study_date": (pa.string(), [None] * len(ROWS)),
     }
-    return pa.table({name: pa.array(values, type=kind) for name, (kind, values) in
-                     columns.items()})
+    return pa.table({name: pa.array(values, type=kind) for name, (kind, values) in columns.items()})
 
 
 @pytest.fixture
@@ -153,7 +188,10 @@ def test_samples_have_the_training_shapes_and_dtypes(dataset):
         np.testing.assert_allclose(img[0], image_pixels(position) / 127.5 - 1, atol=1e-6)
         assert set(np.unique(mask)) <= {0.0, 1.0}
         assert (sample["image_id"], sample["dataset"], sample["split"]) == (
-            ROWS[position]["image_id"], ROWS[position]["dataset"], ROWS[position]["split"])
+            ROWS[position]["image_id"],
+            ROWS[position]["dataset"],
+            ROWS[position]["split"],
+        )
 
 
 def test_union_mask_comes_back_as_zero_one(dataset):
@@ -196,8 +234,7 @@ def test_packed_arrays_are_memory_mapped_once_per_file(dataset, monkeypatch):
     for _ in range(3):
         for position in range(len(dataset)):
             dataset[position]
-    assert sorted(calls) == [("chestx_det.train.npy", "r"),
-                             ("ms_cxr.test.npy", "r")]
+    assert sorted(calls) == [("chestx_det.train.npy", "r"), ("ms_cxr.test.npy", "r")]
 
 
 def test_class_vector_keeps_unknown_apart_from_negative(dataset):
@@ -214,8 +251,7 @@ def test_class_vector_keeps_unknown_apart_from_negative(dataset):
 
 def test_class_vector_follows_vocabulary_order(dataset):
     cls = dataset[2]["cls"]
-    assert np.flatnonzero(~np.isnan(cls)).tolist() == [
-        LABEL_COLUMNS.index("label_consolidation")]
+    assert np.flatnonzero(~np.isnan(cls)).tolist() == [LABEL_COLUMNS.index("label_consolidation")]
 
 
 def test_missing_report_stays_none(dataset):
@@ -240,8 +276,10 @@ def test_boxes_are_n_by_4_in_the_resized_frame(dataset):
         ({"splits": ["train"]}, ["chestx_det/a", "chestx_det/b"]),
         ({"view_positions": {"PA"}}, ["chestx_det/a", "ms_cxr/c"]),
         ({"view_positions": ("PA", "AP")}, ["chestx_det/a", "chestx_det/b", "ms_cxr/c"]),
-        ({"datasets": ["chestx_det", "ms_cxr"], "splits": "test", "view_positions": "PA"},
-         ["ms_cxr/c"]),
+        (
+            {"datasets": ["chestx_det", "ms_cxr"], "splits": "test", "view_positions": "PA"},
+            ["ms_cxr/c"],
+        ),
     ],
 )
 def test_filters_keep_the_matching_rows(manifest_path, filters, expected):

@@ -21,8 +21,11 @@ from radharmony_pipeline.processing.masks import read_mask_png
 from radharmony_pipeline.sources import partition_keys
 from radharmony_pipeline.sources.ms_cxr import CSV_NAME
 
-ASSETS = [d for d in [*defs.assets, *defs.asset_checks]
-          if not isinstance(d, dg.SourceAsset) and d is not source_files]
+ASSETS = [
+    d
+    for d in [*defs.assets, *defs.asset_checks]
+    if not isinstance(d, dg.SourceAsset) and d is not source_files
+]
 
 
 def run(data_root, output, partition) -> dg.ExecuteInProcessResult:
@@ -31,8 +34,9 @@ def run(data_root, output, partition) -> dg.ExecuteInProcessResult:
         "outputs": OutputsResource(output_root=str(output)),
         "io_manager": ParquetIOManager(output_root=str(output)),
     }
-    return dg.materialize(ASSETS, partition_key=partition, resources=resources,
-                          raise_on_error=False)
+    return dg.materialize(
+        ASSETS, partition_key=partition, resources=resources, raise_on_error=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +57,13 @@ def test_every_partition_builds_with_blocking_checks_passing(built, partition):
     result = results[partition]
     assert result.success
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
-    assert {"masks_match_documentation", "masks_suite", "bboxes_match_documentation",
-            "bboxes_suite", "positives_without_masks"} <= set(evaluations)
+    assert {
+        "masks_match_documentation",
+        "masks_suite",
+        "bboxes_match_documentation",
+        "bboxes_suite",
+        "positives_without_masks",
+    } <= set(evaluations)
     for name, evaluation in evaluations.items():
         if evaluation.severity == dg.AssetCheckSeverity.ERROR:
             assert evaluation.passed, (name, evaluation.metadata)
@@ -65,7 +74,8 @@ def test_any_mask_is_the_union_of_the_rles_pixel_for_pixel(built, tiny_root):
     masks = table(output, "masks", "chexlocalize.test")
     index = table(output, "raw_index", "chexlocalize.test")
     entries = json.loads(
-        (tiny_root / "chexlocalize" / "CheXlocalize" / "gt_segmentations_test.json").read_text())
+        (tiny_root / "chexlocalize" / "CheXlocalize" / "gt_segmentations_test.json").read_text()
+    )
     union_rows = masks[masks["mask_class"] == "any"].set_index("image_id")
     assert set(union_rows.index) == set(index["image_id"])
     for image_id, row in union_rows.iterrows():
@@ -79,8 +89,11 @@ def test_any_mask_is_the_union_of_the_rles_pixel_for_pixel(built, tiny_root):
             reference |= coco.decode({"size": rle["size"], "counts": rle["counts"].encode()})
         assert np.array_equal(union, reference), image_id
         classes = masks[(masks["image_id"] == image_id) & (masks["mask_class"] != "any")]
-        non_empty = {name for name, rle in entry.items() if coco.area(
-            {"size": rle["size"], "counts": rle["counts"].encode()}) > 0}
+        non_empty = {
+            name
+            for name, rle in entry.items()
+            if coco.area({"size": rle["size"], "counts": rle["counts"].encode()}) > 0
+        }
         assert len(classes) == len(non_empty)
         assert "lung_opacity" in set(classes["mask_class"]) or "Airspace Opacity" not in non_empty
 
@@ -120,7 +133,7 @@ def test_chestx_det_class_masks_match_a_reference_and_keep_overlaps(built, tiny_
             decoded[name] = got
         names = sorted(decoded)
         for i, a in enumerate(names):
-            for b in names[i + 1:]:
+            for b in names[i + 1 :]:
                 overlaps += int((decoded[a] & decoded[b]).any())
         if not by_class:
             assert read_mask_png(output / mine.loc["any", "mask_path"]).max() == 0
@@ -136,8 +149,14 @@ def test_ms_cxr_boxes_round_trip_to_csv_pixels(built, tiny_root):
         assert len(boxes) == len(rows)
         assert list(boxes["image_id"]) == list("ms_cxr/" + rows["dicom_id"])
         assert list(boxes["label_text"]) == list(rows["label_text"])
-        pixels = to_pixels(boxes["y_min"], boxes["y_max"], boxes["x_min"], boxes["x_max"],
-                           rows["image_width"], rows["image_height"])
+        pixels = to_pixels(
+            boxes["y_min"],
+            boxes["y_max"],
+            boxes["x_min"],
+            boxes["x_max"],
+            rows["image_width"],
+            rows["image_height"],
+        )
         assert list(pixels.x) == list(rows["x"]) and list(pixels.y) == list(rows["y"])
         assert list(pixels.w) == list(rows["w"]) and list(pixels.h) == list(rows["h"])
         phrase_sizes = rows.groupby(["dicom_id", "label_text"]).size()
@@ -154,8 +173,12 @@ def test_chestx_det_boxes_round_trip_to_json_corners(built, tiny_root):
     assert len(boxes) == len(corners)
     pixels = to_pixels(boxes["y_min"], boxes["y_max"], boxes["x_min"], boxes["x_max"], 1024, 1024)
     for i, (x1, y1, x2, y2) in enumerate(corners):
-        assert (pixels.x[i], pixels.y[i], pixels.x[i] + pixels.w[i], pixels.y[i] + pixels.h[i]) \
-            == (x1, y1, x2, y2)
+        assert (pixels.x[i], pixels.y[i], pixels.x[i] + pixels.w[i], pixels.y[i] + pixels.h[i]) == (
+            x1,
+            y1,
+            x2,
+            y2,
+        )
 
 
 def test_rexgradient_has_empty_typed_mask_and_box_tables(built):
@@ -167,11 +190,18 @@ def test_rexgradient_has_empty_typed_mask_and_box_tables(built):
 
 
 def test_contact_sheets_are_written_and_linked(built):
-    output, results = built
-    for partition, asset in (("chexlocalize.test", "masks"), ("chestx_det.train", "masks"),
-                             ("ms_cxr.train", "bboxes"), ("chestx_det.train", "bboxes")):
-        event = next(e for e in results[partition].get_asset_materialization_events()
-                     if e.materialization.asset_key == dg.AssetKey(asset))
+    _output, results = built
+    for partition, asset in (
+        ("chexlocalize.test", "masks"),
+        ("chestx_det.train", "masks"),
+        ("ms_cxr.train", "bboxes"),
+        ("chestx_det.train", "bboxes"),
+    ):
+        event = next(
+            e
+            for e in results[partition].get_asset_materialization_events()
+            if e.materialization.asset_key == dg.AssetKey(asset)
+        )
         path = event.materialization.metadata["preview"].value
         with Image.open(path) as sheet:
             assert sheet.width >= 1000
@@ -197,15 +227,21 @@ def test_clipped_and_degenerate_boxes_are_counted_not_dropped(tiny_copy, tmp_pat
     result = run(tiny_copy, tmp_path / "out", "ms_cxr.train")
     boxes = table(tmp_path / "out", "bboxes", "ms_cxr.train")
     assert len(boxes) == (csv["split"] == "train").sum()
-    event = next(e for e in result.get_asset_materialization_events()
-                 if e.materialization.asset_key == dg.AssetKey("bboxes"))
+    event = next(
+        e
+        for e in result.get_asset_materialization_events()
+        if e.materialization.asset_key == dg.AssetKey("bboxes")
+    )
     assert event.materialization.metadata["clipped"].value == 1
     assert event.materialization.metadata["degenerate"].value == 1
     assert boxes["x_max"].max() <= 1
     bad = boxes[boxes["status"] == "error"]
     assert len(bad) == 1 and "no area" in bad["error"].iloc[0]
-    check = next(e for e in result.get_asset_check_evaluations()
-                 if e.check_name == "bboxes_match_documentation")
+    check = next(
+        e
+        for e in result.get_asset_check_evaluations()
+        if e.check_name == "bboxes_match_documentation"
+    )
     assert not check.passed
 
 
@@ -225,8 +261,11 @@ def test_rgba_chestx_det_png_accepted_only_when_gray(tiny_copy, tmp_path):
     assert "alpha" in errors["error"].iloc[0]
     accepted = masks[masks["image_id"] == "chestx_det/" + entries[0]["file_name"][:-4]]
     assert (accepted["status"] == "ok").all()
-    check = next(e for e in result.get_asset_check_evaluations()
-                 if e.check_name == "masks_match_documentation")
+    check = next(
+        e
+        for e in result.get_asset_check_evaluations()
+        if e.check_name == "masks_match_documentation"
+    )
     assert not check.passed and "mask_errors" in check.metadata["mismatches"].value
 
 
@@ -237,11 +276,13 @@ def test_rle_size_mismatch_is_a_per_image_error_with_both_sizes(tiny_copy, tmp_p
     for name, rle in entries[cxr_id].items():
         mask = np.zeros((rle["size"][0] + 7, rle["size"][1]), dtype=np.uint8, order="F")
         encoded = coco.encode(mask)
-        entries[cxr_id][name] = {"size": list(encoded["size"]),
-                                 "counts": encoded["counts"].decode()}
+        entries[cxr_id][name] = {
+            "size": list(encoded["size"]),
+            "counts": encoded["counts"].decode(),
+        }
     path.write_text(json.dumps(entries))
     run(tiny_copy, tmp_path / "out", "chexlocalize.val")
     masks = table(tmp_path / "out", "masks", "chexlocalize.val")
     error = masks.loc[masks["image_id"] == f"chexlocalize/{cxr_id}", "error"].iloc[0]
-    height, width = entries[cxr_id][name]["size"]
+    height, _width = entries[cxr_id][name]["size"]
     assert str(height) in error and str(height - 7) in error

@@ -29,8 +29,9 @@ def materialize(data_root: Path, output: Path, partition: str) -> dg.ExecuteInPr
         "datasets": DatasetsResource(data_root=str(data_root)),
         "io_manager": ParquetIOManager(output_root=str(output)),
     }
-    return dg.materialize(ASSETS, partition_key=partition, resources=resources,
-                          raise_on_error=False)
+    return dg.materialize(
+        ASSETS, partition_key=partition, resources=resources, raise_on_error=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +63,18 @@ def test_tables_round_trip_with_contract_types(materialized):
     assert all(str(labels[c].dtype) == "Int8" for c in LABEL_COLUMNS)
     index = pd.read_parquet(output / "tables" / "raw_index" / "rexgradient.val.parquet")
     assert list(index.columns[:12]) == [
-        "image_id", "image_key", "dataset", "split", "patient_id", "study_id", "image_path",
-        "image_format", "view_position", "view_position_raw", "source_height", "source_width",
+        "image_id",
+        "image_key",
+        "dataset",
+        "split",
+        "patient_id",
+        "study_id",
+        "image_path",
+        "image_format",
+        "view_position",
+        "view_position_raw",
+        "source_height",
+        "source_width",
     ]
     assert {"accession_number", "patient_sex", "patient_age", "study_date"} <= set(index.columns)
 
@@ -76,7 +87,8 @@ def test_materializations_publish_schema_and_row_count(materialized):
         assert "image_id" in [column.name for column in schema.columns]
         assert metadata["dagster/row_count"].value > 0
     labels_event = next(
-        e for e in results["chestx_det.test"].get_asset_materialization_events()
+        e
+        for e in results["chestx_det.test"].get_asset_materialization_events()
         if e.materialization.asset_key == dg.AssetKey("labels")
     )
     assert labels_event.materialization.metadata["counts"].value["images"] > 0
@@ -88,8 +100,11 @@ def test_incomplete_download_fails_the_count_check_with_a_helpful_message(tiny_c
     path.write_text(json.dumps(entries[:-2]))
     result = materialize(tiny_copy, tmp_path / "out", "chestx_det.train")
     assert not result.success
-    counts = next(e for e in result.get_asset_check_evaluations()
-                  if e.check_name == "counts_match_documentation")
+    counts = next(
+        e
+        for e in result.get_asset_check_evaluations()
+        if e.check_name == "counts_match_documentation"
+    )
     assert not counts.passed
     mismatches = counts.metadata["mismatches"].value
     assert mismatches["images"] == {"expected": len(entries), "found": len(entries) - 2}
@@ -114,8 +129,11 @@ def test_missing_root_fails_only_that_partition_and_writes_nothing(tiny_copy, tm
 def test_documented_counts_apply_without_expected_counts_file(tiny_copy, tmp_path):
     (tiny_copy / "chestx-det" / "expected_counts.json").unlink()
     result = materialize(tiny_copy, tmp_path / "out", "chestx_det.test")
-    counts = next(e for e in result.get_asset_check_evaluations()
-                  if e.check_name == "counts_match_documentation")
+    counts = next(
+        e
+        for e in result.get_asset_check_evaluations()
+        if e.check_name == "counts_match_documentation"
+    )
     assert not counts.passed
     assert counts.metadata["mismatches"].value["images"]["expected"] == 553
 
@@ -130,9 +148,22 @@ def test_cli_materializes_with_only_the_chestx_det_root_set(tiny_root, tmp_path)
     (tmp_path / "home").mkdir()
     dagster = Path(sys.executable).with_name("dagster")
     completed = subprocess.run(
-        [str(dagster), "asset", "materialize", "-m", "radharmony_pipeline.definitions",
-         "--select", "raw_index", "--partition", "chestx_det.train"],
-        cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=300,
+        [
+            str(dagster),
+            "asset",
+            "materialize",
+            "-m",
+            "radharmony_pipeline.definitions",
+            "--select",
+            "raw_index",
+            "--partition",
+            "chestx_det.train",
+        ],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     table = pd.read_parquet(tmp_path / "out" / "tables" / "raw_index" / "chestx_det.train.parquet")

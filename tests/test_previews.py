@@ -35,7 +35,7 @@ def plain_sample(title: str = "synthetic/0", **annotations) -> PreviewSample:
 def first_tile(sample: PreviewSample) -> np.ndarray:
     """The image area (TILE × TILE) of the first cell of a one-sample sheet, as RGB."""
     sheet = np.asarray(contact_sheet([sample], tile=TILE))
-    return sheet[TITLE_BAND:TITLE_BAND + TILE, :TILE].astype(int)
+    return sheet[TITLE_BAND : TITLE_BAND + TILE, :TILE].astype(int)
 
 
 def tile_rows(source_rows: slice) -> slice:
@@ -43,8 +43,9 @@ def tile_rows(source_rows: slice) -> slice:
 
 
 def tile_cols(source_cols: slice) -> slice:
-    return slice(PAD_LEFT + int(source_cols.start * SCALE),
-                 PAD_LEFT + int(source_cols.stop * SCALE))
+    return slice(
+        PAD_LEFT + int(source_cols.start * SCALE), PAD_LEFT + int(source_cols.stop * SCALE)
+    )
 
 
 @pytest.mark.parametrize(("count", "rows"), [(16, 4), (5, 2)])
@@ -63,8 +64,10 @@ def test_a_mask_tints_its_region_and_nothing_far_from_it():
     changed = np.abs(masked - plain).sum(axis=2) > 30
     inside = changed[tile_rows(rows), tile_cols(cols)]
     assert inside.mean() > 0.95
-    changed[tile_rows(rows).start - 2:tile_rows(rows).stop + 2,
-            tile_cols(cols).start - 2:tile_cols(cols).stop + 2] = False
+    changed[
+        tile_rows(rows).start - 2 : tile_rows(rows).stop + 2,
+        tile_cols(cols).start - 2 : tile_cols(cols).stop + 2,
+    ] = False
     assert not changed.any()
 
 
@@ -73,8 +76,9 @@ def test_overlapping_masks_of_two_classes_both_show():
     left[50:150, 50:250] = 1
     right[50:150, 150:350] = 1
     tile = first_tile(plain_sample(masks={"edema": left, "consolidation": right}))
-    only_left, both, only_right = (tile[PAD_TOP + 80, PAD_LEFT + int(c * SCALE)]
-                                   for c in (100, 200, 300))
+    only_left, both, only_right = (
+        tile[PAD_TOP + 80, PAD_LEFT + int(c * SCALE)] for c in (100, 200, 300)
+    )
     assert tuple(only_left) != tuple(only_right)
     assert tuple(both) not in {tuple(only_left), tuple(only_right)}
     # The overlap leans towards each class colour compared with the plain gray.
@@ -97,15 +101,21 @@ def test_a_box_outline_lands_where_the_letterboxed_box_should():
     # A 2-px outline inside the box: its edge pixels and the next ones in, nothing beyond.
     assert tile[middle_row, left + 1].tolist() == colour
     assert tile[bottom - 1, middle_col].tolist() == colour
-    for row, col in [(middle_row, left - 1), (middle_row, right + 1), (bottom + 1, middle_col),
-                     (top - 1, right - 2), (middle_row, left + 2), (middle_row, middle_col)]:
+    for row, col in [
+        (middle_row, left - 1),
+        (middle_row, right + 1),
+        (bottom + 1, middle_col),
+        (top - 1, right - 2),
+        (middle_row, left + 2),
+        (middle_row, middle_col),
+    ]:
         assert tile[row, col].tolist() == [GRAY] * 3, (row, col)
 
 
 def test_sixteen_bit_images_are_stretched_for_display():
     image = np.tile(np.linspace(1000, 3000, IMAGE_W).astype(np.uint16), (IMAGE_H, 1))
     tile = first_tile(PreviewSample(title="synthetic/16", image=image))
-    picture = tile[PAD_TOP:PAD_TOP + 160]
+    picture = tile[PAD_TOP : PAD_TOP + 160]
     assert picture.min() <= 5 and picture.max() >= 250
 
 
@@ -113,11 +123,18 @@ def test_classes_get_distinct_colours_that_do_not_change_between_processes():
     assert class_colour("edema") != class_colour("consolidation")
     assert class_colour("pleural_effusion") != class_colour("atelectasis")
     names = ["edema", "a_class_not_in_the_vocabulary"]
-    script = ("from radharmony_pipeline.processing.previews import class_colour; "
-              f"print([class_colour(n) for n in {names!r}])")
+    script = (
+        "from radharmony_pipeline.processing.previews import class_colour; "
+        f"print([class_colour(n) for n in {names!r}])"
+    )
     outputs = {
-        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                       env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+        subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
         for seed in ("1", "2")
     }
     assert outputs == {f"{[class_colour(n) for n in names]}\n"}
@@ -129,7 +146,8 @@ def test_choose_samples_is_deterministic_and_independent_of_row_order():
     assert chosen == choose_samples(ids, count=10)
     reversed_ids = ids[::-1]
     assert [reversed_ids[i] for i in choose_samples(reversed_ids, count=10)] == [
-        ids[i] for i in chosen]
+        ids[i] for i in chosen
+    ]
     assert chosen != list(range(10))
 
 
@@ -151,8 +169,9 @@ def test_choose_samples_returns_at_most_the_rows_there_are():
 def test_a_saved_sheet_opens_as_the_same_image(tmp_path):
     mask = np.zeros((IMAGE_H, IMAGE_W), dtype=np.uint8)
     mask[20:60, 30:90] = 1
-    sheet = contact_sheet([plain_sample(masks={"edema": mask},
-                                        boxes=[(0.1, 0.4, 0.5, 0.9, "mass")])] * 3, tile=TILE)
+    sheet = contact_sheet(
+        [plain_sample(masks={"edema": mask}, boxes=[(0.1, 0.4, 0.5, 0.9, "mass")])] * 3, tile=TILE
+    )
     path = tmp_path / "previews" / "sheet.png"
     save_png(sheet, path)
     with Image.open(path) as reopened:

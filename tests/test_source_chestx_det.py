@@ -36,8 +36,13 @@ def test_thirteen_classes_are_zero_or_one_and_the_rest_null(open_tiny, tiny_root
     assert len(annotated) == 13
     assert labels[annotated].notna().all().all() and labels[annotated].isin([0, 1]).all().all()
     assert set(LABEL_COLUMNS) - set(annotated) == {
-        "label_edema", "label_enlarged_cardiomediastinum", "label_lung_lesion",
-        "label_lung_opacity", "label_no_finding", "label_pleural_other", "label_pneumonia",
+        "label_edema",
+        "label_enlarged_cardiomediastinum",
+        "label_lung_lesion",
+        "label_lung_opacity",
+        "label_no_finding",
+        "label_pleural_other",
+        "label_pneumonia",
         "label_support_devices",
     }
     for (_, row), entry in zip(labels.iterrows(), entries, strict=True):

@@ -35,15 +35,22 @@ def test_one_row_per_csv_row_with_ids_and_relative_paths(open_tiny, tiny_root, e
     index = tables.index
     assert len(index) == len(rows) == expected["splits"][split]["images"]
     assert index["image_id"].is_unique and index["image_key"].is_unique
-    assert index["image_id"].str.match(r"^chexlocalize/patient\d+_study\d+_view\d+_(frontal|lateral)$").all()
+    assert (
+        index["image_id"]
+        .str.match(r"^chexlocalize/patient\d+_study\d+_view\d+_(frontal|lateral)$")
+        .all()
+    )
     assert index["image_key"].str.match(r"^[A-Za-z0-9._-]+$").all()
     assert (index["dataset"] == "chexlocalize").all() and (index["split"] == split).all()
     # Every prefix up to the split folder is stripped, whatever the CSV's form.
-    assert index["image_path"].str.match(r"^patient\d+/study\d+/view\d+_(frontal|lateral)\.jpg$").all()
+    assert (
+        index["image_path"].str.match(r"^patient\d+/study\d+/view\d+_(frontal|lateral)\.jpg$").all()
+    )
     for relative in index["image_path"]:
         assert (source.image_dir(split) / relative).is_file()
-    assert (index["patient_id"] + "_" + index["image_path"].str.split("/").str[1]
-            == index["study_id"]).all()
+    assert (
+        index["patient_id"] + "_" + index["image_path"].str.split("/").str[1] == index["study_id"]
+    ).all()
     assert index["patient_id"].nunique() == expected["splits"][split]["patients"]
     assert (index["image_format"] == "jpg").all()
     assert list(tables.labels["image_id"]) == list(index["image_id"])
@@ -79,14 +86,25 @@ def test_segmentation_entries_sizes_and_the_documented_quirk(open_tiny, tiny_roo
     entries = _segmentations(tiny_root, "test")
     native_ids = index["image_id"].str.removeprefix("chexlocalize/")
     assert list(labels["has_segmentation"]) == list(native_ids.isin(entries))
-    assert labels["has_segmentation"].sum() == expected["splits"]["test"]["images_with_segmentation"]
+    assert (
+        labels["has_segmentation"].sum() == expected["splits"]["test"]["images_with_segmentation"]
+    )
     for _, row in index[labels["has_segmentation"]].iterrows():
         with Image.open(source.image_dir("test") / row["image_path"]) as image:
             assert (row["source_height"], row["source_width"]) == (image.height, image.width)
     assert index.loc[~labels["has_segmentation"], "source_height"].isna().all()
-    localizable = ["label_atelectasis", "label_cardiomegaly", "label_consolidation", "label_edema",
-                   "label_enlarged_cardiomediastinum", "label_lung_lesion", "label_lung_opacity",
-                   "label_pleural_effusion", "label_pneumothorax", "label_support_devices"]
+    localizable = [
+        "label_atelectasis",
+        "label_cardiomegaly",
+        "label_consolidation",
+        "label_edema",
+        "label_enlarged_cardiomediastinum",
+        "label_lung_lesion",
+        "label_lung_opacity",
+        "label_pleural_effusion",
+        "label_pneumothorax",
+        "label_support_devices",
+    ]
     frontal = index["image_path"].str.endswith("_frontal.jpg")
     positive = labels[localizable].eq(1).any(axis=1)
     quirk = labels.loc[frontal & positive & ~labels["has_segmentation"], "image_id"]
@@ -97,9 +115,22 @@ def test_labels_map_one_to_one_and_leave_other_classes_null(open_tiny, tiny_root
     labels = open_tiny("chexlocalize").read_split("test").labels
     rows = _csv_rows(tiny_root, "test")
     assert list(labels["pleural_effusion"]) == [int(float(r["Pleural Effusion"])) for r in rows]
-    chexpert = ["no_finding", "enlarged_cardiomediastinum", "cardiomegaly", "lung_opacity",
-                "lung_lesion", "edema", "consolidation", "pneumonia", "atelectasis",
-                "pneumothorax", "pleural_effusion", "pleural_other", "fracture", "support_devices"]
+    chexpert = [
+        "no_finding",
+        "enlarged_cardiomediastinum",
+        "cardiomegaly",
+        "lung_opacity",
+        "lung_lesion",
+        "edema",
+        "consolidation",
+        "pneumonia",
+        "atelectasis",
+        "pneumothorax",
+        "pleural_effusion",
+        "pleural_other",
+        "fracture",
+        "support_devices",
+    ]
     for name in chexpert:
         assert labels[f"label_{name}"].equals(labels[name].rename(f"label_{name}"))
         assert labels[f"label_{name}"].notna().all()

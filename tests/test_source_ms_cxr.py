@@ -37,9 +37,11 @@ def test_one_row_per_image_with_ids_from_the_path(open_tiny, tiny_root, boxes, s
         csv_row = first.loc[row["image_id"].removeprefix("ms_cxr/")]
         parts = csv_row["path"].split("/")
         assert row["patient_id"] == parts[2][1:] and row["study_id"] == parts[3][1:]
-        assert row["image_path"].rsplit(".", 1)[0] == csv_row["path"][len("files/"):-len(".jpg")]
+        assert row["image_path"].rsplit(".", 1)[0] == csv_row["path"][len("files/") : -len(".jpg")]
         assert (row["source_width"], row["source_height"]) == (
-            csv_row["image_width"], csv_row["image_height"])
+            csv_row["image_width"],
+            csv_row["image_height"],
+        )
         assert (source.image_dir(split) / row["image_path"]).is_file()
         assert row["image_path"].endswith("." + row["image_format"])
 
@@ -51,7 +53,9 @@ def test_mixed_tree_has_both_formats_decided_per_file(open_tiny):
 
 @pytest.mark.parametrize("mimic_format", ["jpg", "dcm"])
 def test_single_format_trees(tmp_path, open_tiny, mimic_format):
-    generate_datasets(tmp_path, scale="tiny", seed=3, datasets=["ms_cxr"], mimic_format=mimic_format)
+    generate_datasets(
+        tmp_path, scale="tiny", seed=3, datasets=["ms_cxr"], mimic_format=mimic_format
+    )
     index = open_tiny("ms_cxr", root=tmp_path).read_split("train").index
     assert (index["image_format"] == mimic_format).all()
 

@@ -16,8 +16,9 @@ def _studies(tiny_root, file_split):
     return json.loads((path / f"{file_split}_metadata_view_position.json").read_text())
 
 
-@pytest.mark.parametrize(("split", "file_split"), [("train", "train"), ("val", "valid"),
-                                                    ("test", "test")])
+@pytest.mark.parametrize(
+    ("split", "file_split"), [("train", "train"), ("val", "valid"), ("test", "test")]
+)
 def test_one_row_per_image_path(open_tiny, tiny_root, split, file_split):
     source = open_tiny("rexgradient")
     tables = source.read_split(split)
@@ -40,18 +41,30 @@ def test_one_row_per_image_path(open_tiny, tiny_root, split, file_split):
 
 
 def test_raw_json_has_bare_nan_tokens(tiny_root):
-    text = (tiny_root / "rexgradient" / "download" / "metadata"
-            / "train_metadata_view_position.json").read_text()
+    text = (
+        tiny_root / "rexgradient" / "download" / "metadata" / "train_metadata_view_position.json"
+    ).read_text()
     assert ": NaN" in text
 
 
 def test_views_are_normalized_with_short_lists_padded(open_tiny, tiny_root):
-    index = pd.concat(open_tiny("rexgradient").read_split(s).index for s in ("train", "val", "test"))
+    index = pd.concat(
+        open_tiny("rexgradient").read_split(s).index for s in ("train", "val", "test")
+    )
     assert set(index["view_position"]) <= {"PA", "AP", "LATERAL", "LL", "OTHER", "UNKNOWN"}
-    raw_to_norm = dict(zip(index["view_position_raw"].fillna("<null>"), index["view_position"],
-                           strict=True))
-    expectations = {"POSTERO_ANTERIOR": "PA", "LAO": "OTHER", "RAO": "OTHER", "N/A": "UNKNOWN",
-                    "AP (KUB)": "OTHER", "<null>": "UNKNOWN", "PA": "PA", "LL": "LL"}
+    raw_to_norm = dict(
+        zip(index["view_position_raw"].fillna("<null>"), index["view_position"], strict=True)
+    )
+    expectations = {
+        "POSTERO_ANTERIOR": "PA",
+        "LAO": "OTHER",
+        "RAO": "OTHER",
+        "N/A": "UNKNOWN",
+        "AP (KUB)": "OTHER",
+        "<null>": "UNKNOWN",
+        "PA": "PA",
+        "LL": "LL",
+    }
     seen = {raw: norm for raw, norm in expectations.items() if raw in raw_to_norm}
     assert "<null>" in seen and len(seen) >= 4
     for raw, norm in seen.items():
@@ -59,7 +72,9 @@ def test_views_are_normalized_with_short_lists_padded(open_tiny, tiny_root):
 
 
 def test_reports_skip_empty_sections_and_are_null_not_none(open_tiny, tiny_root):
-    labels = pd.concat(open_tiny("rexgradient").read_split(s).labels for s in ("train", "val", "test"))
+    labels = pd.concat(
+        open_tiny("rexgradient").read_split(s).labels for s in ("train", "val", "test")
+    )
     assert labels["report"].isna().any(), "the generator writes a study with no report"
     reports = labels["report"].dropna()
     assert not reports.isin(["None", "nan", "NaN", ""]).any()
@@ -70,7 +85,8 @@ def test_reports_skip_empty_sections_and_are_null_not_none(open_tiny, tiny_root)
 
 def test_format_report_orders_sections_with_headers():
     assert format_report(["Cough", None, "Clear lungs.", "Normal."]) == (
-        "INDICATION:\nCough\n\nFINDINGS:\nClear lungs.\n\nIMPRESSION:\nNormal.")
+        "INDICATION:\nCough\n\nFINDINGS:\nClear lungs.\n\nIMPRESSION:\nNormal."
+    )
     assert format_report([None, None, "Small effusion.", None]) == "FINDINGS:\nSmall effusion."
     assert format_report([None, None, None, None]) is None
 
@@ -99,9 +115,40 @@ def test_demographics_and_study_dates(open_tiny, tiny_root):
 def test_every_documented_view_spelling_is_normalized():
     from radharmony_pipeline.sources.views import normalize_view_positions
 
-    raw = pd.Series(["PA", "AP", "LATERAL", "LL", "POSTERO_ANTERIOR", "LAO", "RAO", "UNKNOWN",
-                     "N/A", "AP (KUB)", None, "", " pa ", "frontal", "lateral"], dtype="string")
+    raw = pd.Series(
+        [
+            "PA",
+            "AP",
+            "LATERAL",
+            "LL",
+            "POSTERO_ANTERIOR",
+            "LAO",
+            "RAO",
+            "UNKNOWN",
+            "N/A",
+            "AP (KUB)",
+            None,
+            "",
+            " pa ",
+            "frontal",
+            "lateral",
+        ],
+        dtype="string",
+    )
     assert normalize_view_positions(raw).tolist() == [
-        "PA", "AP", "LATERAL", "LL", "PA", "OTHER", "OTHER", "UNKNOWN",
-        "UNKNOWN", "OTHER", "UNKNOWN", "UNKNOWN", "PA", "UNKNOWN", "LATERAL",
+        "PA",
+        "AP",
+        "LATERAL",
+        "LL",
+        "PA",
+        "OTHER",
+        "OTHER",
+        "UNKNOWN",
+        "UNKNOWN",
+        "OTHER",
+        "UNKNOWN",
+        "UNKNOWN",
+        "PA",
+        "UNKNOWN",
+        "LATERAL",
     ]

@@ -24,26 +24,82 @@ from radharmony_pipeline.synthetic import (
     write_full_scale_rexgradient_metadata,
 )
 
-TEST_HEADER = ("Path,No Finding,Enlarged Cardiomediastinum,Cardiomegaly,Lung Opacity,Lung Lesion,"
-               "Edema,Consolidation,Pneumonia,Atelectasis,Pneumothorax,Pleural Effusion,"
-               "Pleural Other,Fracture,Support Devices")
+TEST_HEADER = (
+    "Path,No Finding,Enlarged Cardiomediastinum,Cardiomegaly,Lung Opacity,Lung Lesion,"
+    "Edema,Consolidation,Pneumonia,Atelectasis,Pneumothorax,Pleural Effusion,"
+    "Pleural Other,Fracture,Support Devices"
+)
 VAL_HEADER = TEST_HEADER.replace("Path,", "Path,Sex,Age,Frontal/Lateral,AP/PA,", 1)
-PATHOLOGIES = ("Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Lesion", "Airspace Opacity",
-               "Edema", "Consolidation", "Atelectasis", "Pneumothorax", "Pleural Effusion",
-               "Support Devices")
-MS_CXR_COLUMNS = ["dicom_id", "category_name", "label_text", "path", "x", "y", "w", "h",
-                  "image_width", "image_height", "split"]
-MS_CXR_CATEGORIES = {"Atelectasis", "Cardiomegaly", "Consolidation", "Edema", "Lung Opacity",
-                     "Pleural Effusion", "Pneumonia", "Pneumothorax"}
-CHESTX_DET_CLASSES = {"Atelectasis", "Calcification", "Cardiomegaly", "Consolidation",
-                      "Diffuse Nodule", "Effusion", "Emphysema", "Fibrosis", "Fracture", "Mass",
-                      "Nodule", "Pleural Thickening", "Pneumothorax"}
-VIEW_POSITIONS = {"PA", "AP", "LATERAL", "LL", "POSTERO_ANTERIOR", "LAO", "RAO", "UNKNOWN", "N/A",
-                  "AP (KUB)", None}
+PATHOLOGIES = (
+    "Enlarged Cardiomediastinum",
+    "Cardiomegaly",
+    "Lung Lesion",
+    "Airspace Opacity",
+    "Edema",
+    "Consolidation",
+    "Atelectasis",
+    "Pneumothorax",
+    "Pleural Effusion",
+    "Support Devices",
+)
+MS_CXR_COLUMNS = [
+    "dicom_id",
+    "category_name",
+    "label_text",
+    "path",
+    "x",
+    "y",
+    "w",
+    "h",
+    "image_width",
+    "image_height",
+    "split",
+]
+MS_CXR_CATEGORIES = {
+    "Atelectasis",
+    "Cardiomegaly",
+    "Consolidation",
+    "Edema",
+    "Lung Opacity",
+    "Pleural Effusion",
+    "Pneumonia",
+    "Pneumothorax",
+}
+CHESTX_DET_CLASSES = {
+    "Atelectasis",
+    "Calcification",
+    "Cardiomegaly",
+    "Consolidation",
+    "Diffuse Nodule",
+    "Effusion",
+    "Emphysema",
+    "Fibrosis",
+    "Fracture",
+    "Mass",
+    "Nodule",
+    "Pleural Thickening",
+    "Pneumothorax",
+}
+VIEW_POSITIONS = {
+    "PA",
+    "AP",
+    "LATERAL",
+    "LL",
+    "POSTERO_ANTERIOR",
+    "LAO",
+    "RAO",
+    "UNKNOWN",
+    "N/A",
+    "AP (KUB)",
+    None,
+}
 UID_ROOT = "1.2.826.0.1.3680043.8.498."
 REX_SPLIT_FILES = {"train": "train", "val": "valid", "test": "test"}
-FULL_SCALE = {"train": (140_000, 238_968, 95_716), "val": (10_000, 17_007, 6_964),
-              "test": (10_000, 17_029, 6_807)}
+FULL_SCALE = {
+    "train": (140_000, 238_968, 95_716),
+    "val": (10_000, 17_007, 6_964),
+    "test": (10_000, 17_029, 6_807),
+}
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +110,11 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    return {str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(root.rglob("*")) if path.is_file()}
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
 
 
 def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -94,10 +153,12 @@ def test_same_seed_gives_byte_identical_trees(out: Path, tmp_path: Path) -> None
 def test_another_seed_gives_other_files(out: Path, tmp_path: Path) -> None:
     generate_datasets(tmp_path, scale="tiny", seed=1)
     first, second = tree_digest(out), tree_digest(tmp_path)
-    for name in ("ms-cxr/MS_CXR_Local_Alignment_v1.1.0.csv",
-                 "chestx-det/ChestX_Det_train.json",
-                 "chexlocalize/CheXlocalize/gt_segmentations_test.json",
-                 "rexgradient/download/metadata/train_metadata_view_position.json"):
+    for name in (
+        "ms-cxr/MS_CXR_Local_Alignment_v1.1.0.csv",
+        "chestx-det/ChestX_Det_train.json",
+        "chexlocalize/CheXlocalize/gt_segmentations_test.json",
+        "rexgradient/download/metadata/train_metadata_view_position.json",
+    ):
         assert first[name] != second[name], name
 
 
@@ -119,13 +180,17 @@ def test_refuses_to_replace_data_it_did_not_write(tmp_path: Path) -> None:
     assert (tmp_path / "chexlocalize" / "real_data.txt").read_text() == "keep me"
 
 
-@pytest.mark.parametrize(("arguments", "allowed"), [
-    ({"scale": "huge"}, "tiny, small"),
-    ({"datasets": ["nih"]}, "chexlocalize, ms_cxr, chestx_det, rexgradient"),
-    ({"mimic_format": "png"}, "jpg, dcm, mixed"),
-])
-def test_unknown_choices_name_the_allowed_values(tmp_path: Path, arguments: dict,
-                                                 allowed: str) -> None:
+@pytest.mark.parametrize(
+    ("arguments", "allowed"),
+    [
+        ({"scale": "huge"}, "tiny, small"),
+        ({"datasets": ["nih"]}, "chexlocalize, ms_cxr, chestx_det, rexgradient"),
+        ({"mimic_format": "png"}, "jpg, dcm, mixed"),
+    ],
+)
+def test_unknown_choices_name_the_allowed_values(
+    tmp_path: Path, arguments: dict, allowed: str
+) -> None:
     with pytest.raises(ValueError, match=allowed):
         generate_datasets(tmp_path, **arguments)
     assert not any(tmp_path.iterdir())
@@ -149,12 +214,16 @@ def test_chexlocalize_csv_headers_and_values(out: Path) -> None:
     assert (base / "val_labels.csv").read_text().splitlines()[0] == VAL_HEADER
     labels = TEST_HEADER.split(",")[1:]
     for row in chexlocalize_rows(out, "test"):
-        assert re.fullmatch(r"test/patient\d{5}/study\d+/view\d+_(frontal|lateral)\.jpg",
-                            row["Path"])
+        assert re.fullmatch(
+            r"test/patient\d{5}/study\d+/view\d+_(frontal|lateral)\.jpg", row["Path"]
+        )
         assert {row[label] for label in labels} <= {"0.0", "1.0"}
     for row in chexlocalize_rows(out, "val"):
-        assert re.fullmatch(r"CheXpert-v1\.0/valid/patient\d{5}/study\d+/"
-                            r"view\d+_(frontal|lateral)\.jpg", row["Path"])
+        assert re.fullmatch(
+            r"CheXpert-v1\.0/valid/patient\d{5}/study\d+/"
+            r"view\d+_(frontal|lateral)\.jpg",
+            row["Path"],
+        )
         assert {row[label] for label in labels} <= {"0", "1"}
         assert row["Sex"] in {"Male", "Female"} and row["Age"].isdigit()
         frontal = row["Path"].endswith("frontal.jpg")
@@ -168,8 +237,9 @@ def test_chexlocalize_csv_rows_match_the_jpegs_on_disk(out: Path) -> None:
         listed = {image_path_of(row["Path"], split) for row in chexlocalize_rows(out, split)}
         on_disk = {str(p.relative_to(base)) for p in (base / split).rglob("*.jpg")}
         assert listed == on_disk
-        studies_per_patient = Counter(p.split("/")[1] for p in {s.rsplit("/", 1)[0]
-                                                                 for s in listed})
+        studies_per_patient = Counter(
+            p.split("/")[1] for p in {s.rsplit("/", 1)[0] for s in listed}
+        )
         assert max(studies_per_patient.values()) >= 2
         assert any(p.endswith("lateral.jpg") for p in listed)
         patients = {int(p.split("/")[1].removeprefix("patient")) for p in listed}
@@ -206,9 +276,13 @@ def test_chexlocalize_segmentations_agree_with_labels_and_images(out: Path) -> N
             _, patient, study, view = path.removesuffix(".jpg").split("/")
             ids[f"{patient}_{study}_{view}"] = (path, row)
         assert set(entries) <= set(ids)
-        unsegmented = [cxr_id for cxr_id, (path, row) in ids.items()
-                       if path.endswith("frontal.jpg") and cxr_id not in entries
-                       and any(is_positive(row, name) for name in PATHOLOGIES)]
+        unsegmented = [
+            cxr_id
+            for cxr_id, (path, row) in ids.items()
+            if path.endswith("frontal.jpg")
+            and cxr_id not in entries
+            and any(is_positive(row, name) for name in PATHOLOGIES)
+        ]
         # The release's quirk (like patient65086): one positive frontal without an entry.
         assert len(unsegmented) == (1 if split == "test" else 0)
         for cxr_id, entry in entries.items():
@@ -241,7 +315,8 @@ def test_chexlocalize_expected_counts_match_disk(out: Path) -> None:
             "images_with_segmentation": len(entries),
             "images_with_masks": sum(
                 any(mask_utils.area(rle) > 0 for rle in entry.values())
-                for entry in entries.values()),
+                for entry in entries.values()
+            ),
         }
 
 
@@ -267,8 +342,9 @@ def test_ms_cxr_csv_rows(out: Path) -> None:
         assert re.fullmatch(r"([0-9a-f]{8}-){4}[0-9a-f]{8}", row["dicom_id"])
         match = re.fullmatch(r"files/p(\d\d)/p(\d{8})/s\d{8}/(.+)\.jpg", row["path"])
         assert match and match[2].startswith(match[1]) and match[3] == row["dicom_id"]
-        x, y, w, h, width, height = (int(row[k]) for k in
-                                     ("x", "y", "w", "h", "image_width", "image_height"))
+        x, y, w, h, width, height = (
+            int(row[k]) for k in ("x", "y", "w", "h", "image_width", "image_height")
+        )
         assert x >= 0 and y >= 0 and w > 0 and h > 0
         assert x + w <= width and y + h <= height and width != height
     assert {r["category_name"] for r in rows} == MS_CXR_CATEGORIES
@@ -305,7 +381,7 @@ def test_ms_cxr_mixed_tree_covers_every_dicom_encoding(out: Path) -> None:
         shown = pixels.max() - pixels if ds.PhotometricInterpretation == "MONOCHROME1" else pixels
         # After honouring the photometric interpretation the body is brighter than the air.
         corners = np.concatenate([shown[:10, :10].ravel(), shown[:10, -10:].ravel()])
-        assert shown[size[0] // 3: 2 * size[0] // 3].mean() > corners.mean()
+        assert shown[size[0] // 3 : 2 * size[0] // 3].mean() > corners.mean()
         syntaxes.add(ds.file_meta.TransferSyntaxUID)
         photometrics.add(ds.PhotometricInterpretation)
         bits.add(ds.BitsStored)
@@ -337,8 +413,10 @@ def test_ms_cxr_expected_counts_match_disk(out: Path) -> None:
             "studies": len({r["path"].split("/")[3] for r in chosen}),
             "annotations": len(chosen),
         }
-    assert counts["total"] == {"images": len({r["dicom_id"] for r in rows}),
-                               "annotations": len(rows)}
+    assert counts["total"] == {
+        "images": len({r["dicom_id"] for r in rows}),
+        "annotations": len(rows),
+    }
     assert len(list((out / "mimic-cxr" / "files").rglob("*.*"))) == counts["total"]["images"]
 
 
@@ -376,7 +454,7 @@ def test_chestx_det_has_negatives_repeats_and_overlaps(out: Path) -> None:
         for sym, polygon in zip(entry["syms"], entry["polygons"], strict=True):
             cv2.fillPoly(masks[sym], [np.array(polygon, np.int32)], 1)
         classes = list(masks.values())
-        return any((a & b).any() for i, a in enumerate(classes) for b in classes[i + 1:])
+        return any((a & b).any() for i, a in enumerate(classes) for b in classes[i + 1 :])
 
     assert any(overlaps(e) for e in entries if {"Consolidation", "Effusion"} <= set(e["syms"]))
 
@@ -403,13 +481,19 @@ def test_chestx_det_expected_counts_match_disk(out: Path) -> None:
     total = Counter()
     for split in ("train", "test"):
         entries = chestx_det_entries(out, split)
-        split_counts = Counter({"images": len(entries),
-                                "annotations": sum(len(e["syms"]) for e in entries),
-                                "negatives": sum(not e["syms"] for e in entries),
-                                "images_with_masks": sum(bool(e["syms"]) for e in entries)})
+        split_counts = Counter(
+            {
+                "images": len(entries),
+                "annotations": sum(len(e["syms"]) for e in entries),
+                "negatives": sum(not e["syms"] for e in entries),
+                "images_with_masks": sum(bool(e["syms"]) for e in entries),
+            }
+        )
         for entry in entries:
-            unified = [{"Effusion": "pleural_effusion"}.get(s, s.lower().replace(" ", "_"))
-                       for s in entry["syms"]]
+            unified = [
+                {"Effusion": "pleural_effusion"}.get(s, s.lower().replace(" ", "_"))
+                for s in entry["syms"]
+            ]
             split_counts.update(f"class_annotations.{u}" for u in unified)
             split_counts.update(f"class_images.{u}" for u in set(unified))
         assert counts["splits"][split] == dict(split_counts)
@@ -438,14 +522,17 @@ def test_rexgradient_json_studies(out: Path) -> None:
         assert re.fullmatch(code, study["PatientID"])
         assert re.fullmatch(code, study["AccessionNumber"])
         assert study["StudyInstanceUid"].startswith(UID_ROOT)
-        assert key == f"p{study['PatientID']}_a{study['AccessionNumber']}_s" \
-                      f"{study['StudyInstanceUid']}"
+        assert (
+            key == f"p{study['PatientID']}_a{study['AccessionNumber']}_s{study['StudyInstanceUid']}"
+        )
         count = len(study["ImagePath"])
         assert 1 <= count <= 3
         for path in study["ImagePath"]:
             parts = path.split("/")
-            assert parts[:2] == ["..", "deid_png"] and parts[2:4] == [study["PatientID"],
-                                                                       study["AccessionNumber"]]
+            assert parts[:2] == ["..", "deid_png"] and parts[2:4] == [
+                study["PatientID"],
+                study["AccessionNumber"],
+            ]
             assert parts[4:7] == ["studies", study["StudyInstanceUid"], "series"]
             assert parts[8] == "instances" and parts[9].endswith(".png")
             assert parts[7].startswith(UID_ROOT) and parts[9].startswith(UID_ROOT)
@@ -490,9 +577,11 @@ def test_rexgradient_csv_has_one_row_per_study_and_no_paths(out: Path) -> None:
 
 
 def rex_counts(data: dict) -> dict[str, int]:
-    return {"images": sum(len(s["ImagePath"]) for s in data.values()),
-            "studies": len(data),
-            "patients": len({s["PatientID"] for s in data.values()})}
+    return {
+        "images": sum(len(s["ImagePath"]) for s in data.values()),
+        "studies": len(data),
+        "patients": len({s["PatientID"] for s in data.values()}),
+    }
 
 
 def test_rexgradient_expected_counts_match_disk(out: Path) -> None:
@@ -513,7 +602,14 @@ def test_full_scale_rexgradient_metadata_has_the_release_counts(tmp_path: Path) 
         assert rex_counts(data) == expected == counts["splits"][split]
         assert "NaN" in text
         findings = [s["Findings"] for s in data.values() if isinstance(s["Findings"], str)]
-        report_length = np.mean([sum(len(s[k]) for k in ("Indication", "Comparison", "Findings",
-                                                         "Impression") if isinstance(s[k], str))
-                                 for s in data.values()])
+        report_length = np.mean(
+            [
+                sum(
+                    len(s[k])
+                    for k in ("Indication", "Comparison", "Findings", "Impression")
+                    if isinstance(s[k], str)
+                )
+                for s in data.values()
+            ]
+        )
         assert 200 <= report_length <= 1000 and len(findings) > 0.9 * studies

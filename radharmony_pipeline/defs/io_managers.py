@@ -1,6 +1,5 @@
 """Parquet tables at `<output>/tables/<asset>/<partition>.parquet`, local or on object storage."""
 
-
 import os
 from pathlib import Path
 

@@ -1,6 +1,5 @@
 """Materialization metadata shared by every table asset: column schema and row count."""
 
-
 import dagster as dg
 import pandas as pd
 

@@ -1,6 +1,5 @@
 """Resources: where each dataset lives, chosen from config, the environment or the data root."""
 
-
 import os
 from pathlib import Path
 

@@ -79,8 +79,10 @@ def _outcome(key: str, result: dg.ExecuteInProcessResult) -> PartitionOutcome:
 
 
 def format_summary(outcomes: Sequence[PartitionOutcome]) -> str:
-    lines = [f"{'partition':<20} {'status':<7} {'images':>7} {'checks':>9}  failed checks, "
-             "warnings / error"]
+    lines = [
+        f"{'partition':<20} {'status':<7} {'images':>7} {'checks':>9}  failed checks, "
+        "warnings / error"
+    ]
     for o in outcomes:
         passed = sum(o.checks.values())
         failed = [f"FAILED {name}" for name, ok in o.checks.items() if not ok]

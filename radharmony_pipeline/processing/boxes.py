@@ -58,16 +58,18 @@ def normalize_xywh(
 ) -> BoxConversion:
     """Top-left + size boxes (MS-CXR) in frames of `width × height` (scalars or per row)."""
     left, top = _floats(x), _floats(y)
-    return _normalize_edges(left, top, left + _floats(w), top + _floats(h), width, height,
-                            index=_index_of(x))
+    return _normalize_edges(
+        left, top, left + _floats(w), top + _floats(h), width, height, index=_index_of(x)
+    )
 
 
 def normalize_corners(
     x1: Values, y1: Values, x2: Values, y2: Values, width: Values, height: Values
 ) -> BoxConversion:
     """Corner boxes `[x1, y1, x2, y2]` (ChestX-Det), read as pixel edges."""
-    return _normalize_edges(_floats(x1), _floats(y1), _floats(x2), _floats(y2), width, height,
-                            index=_index_of(x1))
+    return _normalize_edges(
+        _floats(x1), _floats(y1), _floats(x2), _floats(y2), width, height, index=_index_of(x1)
+    )
 
 
 def to_pixels(
@@ -84,7 +86,8 @@ def to_pixels(
 
 def _normalize_edges(left, top, right, bottom, width, height, index) -> BoxConversion:
     left, top, right, bottom, frame_w, frame_h = np.broadcast_arrays(
-        *np.atleast_1d(left, top, right, bottom, _floats(width), _floats(height)))
+        *np.atleast_1d(left, top, right, bottom, _floats(width), _floats(height))
+    )
     usable = _usable(left, top, right, bottom, frame_w, frame_h)
     # Unusable rows get a harmless frame so the arithmetic below raises no warnings; their
     # results are masked out afterwards.
@@ -105,8 +108,9 @@ def _normalize_edges(left, top, right, bottom, width, height, index) -> BoxConve
     )
     for name, values in _pixel_columns(left, top, right, bottom).items():
         table[name] = pd.arrays.IntegerArray(np.where(usable, values, 0), mask=~usable)
-    return BoxConversion(table=table, clipped=(clipped_x | clipped_y) & usable,
-                         degenerate=degenerate)
+    return BoxConversion(
+        table=table, clipped=(clipped_x | clipped_y) & usable, degenerate=degenerate
+    )
 
 
 def _usable(left, top, right, bottom, frame_w, frame_h) -> np.ndarray:
@@ -132,8 +136,10 @@ def _pixel_edges(low: Values, high: Values, size: Values) -> tuple[np.ndarray, n
     low, high, size = np.broadcast_arrays(_floats(low), _floats(high), _floats(size))
     edges = np.stack([low * size, high * size])
     if not np.isfinite(edges).all():
-        raise ValueError("to_pixels needs present boxes and frame sizes; "
-                         "drop degenerate rows before converting back to pixels")
+        raise ValueError(
+            "to_pixels needs present boxes and frame sizes; "
+            "drop degenerate rows before converting back to pixels"
+        )
     rounded = _round_half_up(edges)
     return rounded[0], rounded[1]
 

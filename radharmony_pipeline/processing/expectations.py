@@ -287,9 +287,20 @@ def mask_expectations() -> list[Expectation]:
     """Suite for the masks table plus derived columns `mask_file_exists` (bool, null for
     error rows), `class_area_fraction` (null on `any` rows) and `image_class`."""
     return [
-        columns_exist(("image_id", "mask_class", "mask_path", "height", "width",
-                       "area_fraction", "source", "mask_file_exists", "class_area_fraction",
-                       "image_class")),
+        columns_exist(
+            (
+                "image_id",
+                "mask_class",
+                "mask_path",
+                "height",
+                "width",
+                "area_fraction",
+                "source",
+                "mask_file_exists",
+                "class_area_fraction",
+                "image_class",
+            )
+        ),
         in_set("mask_class", (*UNIFIED_LABELS, "any")),
         in_set("source", ("rle", "polygon", "empty")),
         in_set("status", ("ok", "error")),
@@ -307,8 +318,22 @@ def mask_expectations() -> list[Expectation]:
 def bbox_expectations() -> list[Expectation]:
     """Suite for valid rows of the bboxes table."""
     return [
-        columns_exist(("image_id", "box_index", "label", "label_text", "y_min", "y_max",
-                       "x_min", "x_max", "x_px", "y_px", "w_px", "h_px")),
+        columns_exist(
+            (
+                "image_id",
+                "box_index",
+                "label",
+                "label_text",
+                "y_min",
+                "y_max",
+                "x_min",
+                "x_max",
+                "x_px",
+                "y_px",
+                "w_px",
+                "h_px",
+            )
+        ),
         not_null("image_id"),
         in_set("label", UNIFIED_LABELS),
         *(between(column, 0, 1) for column in ("y_min", "y_max", "x_min", "x_max")),

@@ -140,7 +140,10 @@ def resize_mask(mask: np.ndarray, geometry: ResizeGeometry) -> np.ndarray:
 
 
 def boxes_to_resized_frame(
-    y_min: ArrayLike, y_max: ArrayLike, x_min: ArrayLike, x_max: ArrayLike,
+    y_min: ArrayLike,
+    y_max: ArrayLike,
+    x_min: ArrayLike,
+    x_max: ArrayLike,
     geometry: ResizeGeometry,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Normalized boxes in the source frame → normalized boxes in the S×S output frame."""
@@ -188,7 +191,7 @@ def _resample(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
 def _pad(content: np.ndarray, geometry: ResizeGeometry) -> np.ndarray:
     frame = np.zeros((geometry.size, geometry.size), dtype=content.dtype)
     top, left = geometry.pad_top, geometry.pad_left
-    frame[top:top + geometry.resized_height, left:left + geometry.resized_width] = content
+    frame[top : top + geometry.resized_height, left : left + geometry.resized_width] = content
     return frame
 
 

@@ -8,6 +8,7 @@ decoding the source again.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -21,7 +22,8 @@ from .decode import DecodeError, decode_grayscale
 from .fingerprint import file_sha256
 from .geometry import ResizeGeometry, resize_image, resize_mask
 from .masks import mask_input_key, read_mask_png, write_mask_png
-from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
+from .parallel import Progress, map_in_chunks
+from .tagged_png import INPUT_KEY_TAG, stored_input_key, write_tagged_png
 
 # Bumped when decoding or resizing changes, so every image is redone once.
 IMAGE_CODE_VERSION = "1"
@@ -69,19 +71,31 @@ class ImageJob:
         stat = os.stat(self.source_file)
         mask_key = stored_input_key(self.union_mask_file) if self.union_mask_file else ""
         return mask_input_key(
-            IMAGE_CODE_VERSION, f"{stat.st_size}:{stat.st_mtime_ns}", mask_key or "",
-            str(self.size), self.geometry_of.__name__,
+            IMAGE_CODE_VERSION,
+            f"{stat.st_size}:{stat.st_mtime_ns}",
+            mask_key or "",
+            str(self.size),
+            self.geometry_of.__name__,
         )
 
     def run(self) -> ImageRow:
+        """Re-use the current outputs, or decode and write them."""
+        return self.reuse() or self.process()
+
+    def reuse(self) -> ImageRow | None:
+        """The row from existing outputs that carry the current input key (their pixels are
+        packed), else None. Cheap: a stat, a PNG header and a small PNG decode."""
         try:
-            key = self.input_key()
-            tags = read_png_tags(self.output_root / self.image_relative)
-            reusable = tags.get(INPUT_KEY_TAG) == key and self._mask_is_current(key)
-            row = self._reuse(tags) if reusable else self._process(key)
+            return self._reuse(self.input_key())
+        except OSError:
+            return None
+
+    def process(self) -> ImageRow:
+        """Decode the source, resize, write the PNGs and pack the pixels; errors become rows."""
+        try:
+            return self._process(self.input_key())
         except (DecodeError, OSError, ValueError) as exc:
             return self._error_row(str(exc))
-        return row
 
     def _mask_is_current(self, key: str) -> bool:
         return self.mask_relative is None or (
@@ -103,57 +117,125 @@ class ImageJob:
             "pad_left": str(geometry.pad_left),
             "source_sha256": file_sha256(self.source_file),
         }
-        write_tagged_png(self.output_root / self.image_relative, Image.fromarray(pixels), key,
-                         tags)
+        write_tagged_png(self.output_root / self.image_relative, Image.fromarray(pixels), key, tags)
         self._pack(pixels)
         return self._row(tags, decoded=True)
 
-    def _reuse(self, tags: dict[str, str]) -> ImageRow:
-        with Image.open(self.output_root / self.image_relative) as image:
-            self._pack(np.asarray(image))
+    def _reuse(self, key: str) -> ImageRow | None:
+        """The row from the existing outputs when they carry `key`, else None."""
+        try:
+            with Image.open(self.output_root / self.image_relative, formats=["PNG"]) as image:
+                tags = {k: v for k, v in image.info.items() if isinstance(v, str)}
+                if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
+                    return None
+                self._pack(np.asarray(image))
+        except (OSError, SyntaxError):
+            return None
         return self._row(tags, decoded=False)
 
     def _pack(self, pixels: np.ndarray) -> None:
-        packed = np.load(self.packed_file, mmap_mode="r+")
-        packed[self.row] = pixels
-        packed.flush()
-        del packed
+        _packed_array(self.packed_file)[self.row] = pixels
 
     def _row(self, tags: dict[str, str], decoded: bool) -> ImageRow:
         return ImageRow(
-            image_id=self.image_id, image_path=self.image_relative,
-            mask_path=self.mask_relative, size=self.size,
-            orig_height=int(tags["orig_height"]), orig_width=int(tags["orig_width"]),
-            scale=float(tags["scale"]), pad_top=int(tags["pad_top"]),
-            pad_left=int(tags["pad_left"]), tensor_index=self.row,
-            source_sha256=tags["source_sha256"], resize=self.resize_mode, decoded=decoded,
+            image_id=self.image_id,
+            image_path=self.image_relative,
+            mask_path=self.mask_relative,
+            size=self.size,
+            orig_height=int(tags["orig_height"]),
+            orig_width=int(tags["orig_width"]),
+            scale=float(tags["scale"]),
+            pad_top=int(tags["pad_top"]),
+            pad_left=int(tags["pad_left"]),
+            tensor_index=self.row,
+            source_sha256=tags["source_sha256"],
+            resize=self.resize_mode,
+            decoded=decoded,
         )
 
     def _error_row(self, message: str) -> ImageRow:
         return ImageRow(
-            image_id=self.image_id, image_path=None, mask_path=None, size=self.size,
-            orig_height=None, orig_width=None, scale=None, pad_top=None, pad_left=None,
-            tensor_index=self.row, source_sha256=None, resize=self.resize_mode, status="error",
+            image_id=self.image_id,
+            image_path=None,
+            mask_path=None,
+            size=self.size,
+            orig_height=None,
+            orig_width=None,
+            scale=None,
+            pad_top=None,
+            pad_left=None,
+            tensor_index=self.row,
+            source_sha256=None,
+            resize=self.resize_mode,
+            status="error",
             error=message,
         )
 
 
-def run_image_job(job: ImageJob) -> ImageRow:
+@functools.lru_cache(maxsize=2)
+def _packed_array(path: Path) -> np.memmap:
+    """The partition's packed array, mapped once per worker process.
+
+    Rows are written through the shared mapping without msync: the page cache is shared,
+    so the parent sees every row once the workers are done, and renames the file.
+    """
+    return np.load(path, mmap_mode="r+")
+
+
+def process_image_job(job: ImageJob) -> ImageRow:
     """Top-level (picklable) entry point for the process pool."""
-    return job.run()
+    return job.process()
 
 
-IMAGE_COLUMNS = ("image_id", "image_path", "mask_path", "size", "orig_height", "orig_width",
-                 "scale", "pad_top", "pad_left", "tensor_index", "source_sha256", "resize",
-                 "status", "error", "decoded")
+def run_image_jobs(
+    jobs: Sequence[ImageJob], workers: int, on_progress: Progress | None = None
+) -> list[ImageRow]:
+    """Rows in job order. Verifying unchanged images is cheap and done in this process; only
+    the images to decode go to the process pool."""
+    reused = [job.reuse() for job in jobs]
+    pending = [job for job, row in zip(jobs, reused, strict=True) if row is None]
+    processed = iter(map_in_chunks(process_image_job, pending, workers, on_progress=on_progress))
+    return [row if row is not None else next(processed) for row in reused]
+
+
+IMAGE_COLUMNS = (
+    "image_id",
+    "image_path",
+    "mask_path",
+    "size",
+    "orig_height",
+    "orig_width",
+    "scale",
+    "pad_top",
+    "pad_left",
+    "tensor_index",
+    "source_sha256",
+    "resize",
+    "status",
+    "error",
+    "decoded",
+)
 
 
 def image_table(rows: Sequence[ImageRow]) -> pd.DataFrame:
     """The `images` table (DESIGN §4; `decoded` says whether the source was decoded)."""
     frame = pd.DataFrame([asdict(row) for row in rows], columns=list(IMAGE_COLUMNS))
-    return frame.astype({
-        "image_id": "string", "image_path": "string", "mask_path": "string", "size": "int64",
-        "orig_height": "Int64", "orig_width": "Int64", "scale": "float64", "pad_top": "Int64",
-        "pad_left": "Int64", "tensor_index": "int64", "source_sha256": "string", "resize": "string",
-        "status": "string", "error": "string", "decoded": "bool",
-    })
+    return frame.astype(
+        {
+            "image_id": "string",
+            "image_path": "string",
+            "mask_path": "string",
+            "size": "int64",
+            "orig_height": "Int64",
+            "orig_width": "Int64",
+            "scale": "float64",
+            "pad_top": "Int64",
+            "pad_left": "Int64",
+            "tensor_index": "int64",
+            "source_sha256": "string",
+            "resize": "string",
+            "status": "string",
+            "error": "string",
+            "decoded": "bool",
+        }
+    )

@@ -12,15 +12,33 @@ from .vocabulary import LABEL_COLUMNS
 
 GEOMETRIES = {"letterbox": letterbox_geometry, "squash": squash_geometry}
 MANIFEST_COLUMNS = (
-    "image_id", "dataset", "split", "patient_id", "study_id", "view_position",
-    "source_image_path", "image_path", "tensor_path", "tensor_index", "orig_height",
-    "orig_width", "mask_path", "has_mask", "mask_classes", "bboxes", "bboxes_resized",
-    "bbox_labels", "label_text", "report", *LABEL_COLUMNS, "patient_sex",
-    "patient_age_years", "study_date",
+    "image_id",
+    "dataset",
+    "split",
+    "patient_id",
+    "study_id",
+    "view_position",
+    "source_image_path",
+    "image_path",
+    "tensor_path",
+    "tensor_index",
+    "orig_height",
+    "orig_width",
+    "mask_path",
+    "has_mask",
+    "mask_classes",
+    "bboxes",
+    "bboxes_resized",
+    "bbox_labels",
+    "label_text",
+    "report",
+    *LABEL_COLUMNS,
+    "patient_sex",
+    "patient_age_years",
+    "study_date",
 )
 # Demographics only some datasets have, with the type they take when absent.
-_EXTRAS = {"patient_sex": "string", "patient_age_years": "float64",
-           "study_date": "datetime64[ms]"}
+_EXTRAS = {"patient_sex": "string", "patient_age_years": "float64", "study_date": "datetime64[ms]"}
 
 
 def partition_manifest(
@@ -43,19 +61,27 @@ def partition_manifest(
     excluded = _reasons(rows.loc[~usable])
     rows = rows.loc[usable].copy()
     rows["tensor_path"] = f"images/{partition}.npy"
-    rows = rows.merge(labels[["image_id", "label_text", "report", *LABEL_COLUMNS]],
-                      on="image_id", how="left", validate="one_to_one")
+    rows = rows.merge(
+        labels[["image_id", "label_text", "report", *LABEL_COLUMNS]],
+        on="image_id",
+        how="left",
+        validate="one_to_one",
+    )
     rows = rows.merge(_mask_classes(masks), on="image_id", how="left")
-    rows["mask_classes"] = [list(v) if isinstance(v, (list, np.ndarray)) else []
-                            for v in rows["mask_classes"]]
+    rows["mask_classes"] = [
+        list(v) if isinstance(v, (list, np.ndarray)) else [] for v in rows["mask_classes"]
+    ]
     rows["has_mask"] = rows["mask_classes"].map(len) > 0
     rows = rows.merge(_box_lists(bboxes), on="image_id", how="left")
     for column in ("bboxes", "bbox_labels"):
         rows[column] = [list(v) if isinstance(v, list) else [] for v in rows[column]]
     rows["bboxes_resized"] = [
-        _resized_boxes(boxes, row) for boxes, row in zip(
-            rows["bboxes"], rows[["orig_height", "orig_width", "size", "resize"]].itertuples(),
-            strict=True)
+        _resized_boxes(boxes, row)
+        for boxes, row in zip(
+            rows["bboxes"],
+            rows[["orig_height", "orig_width", "size", "resize"]].itertuples(),
+            strict=True,
+        )
     ]
     rows["label_text"] = [list(v) if v is not None else [] for v in rows["label_text"]]
     return rows[list(MANIFEST_COLUMNS)].reset_index(drop=True), excluded
@@ -76,28 +102,36 @@ def _mask_classes(masks: pd.DataFrame) -> pd.DataFrame:
 def _box_lists(bboxes: pd.DataFrame) -> pd.DataFrame:
     ok = bboxes[bboxes["status"] == "ok"].sort_values(["image_id", "box_index"])
     if ok.empty:
-        return pd.DataFrame({"image_id": pd.Series(dtype="string"), "bboxes": [],
-                             "bbox_labels": []})
+        return pd.DataFrame(
+            {"image_id": pd.Series(dtype="string"), "bboxes": [], "bbox_labels": []}
+        )
     coordinates = ok[["y_min", "y_max", "x_min", "x_max"]].to_numpy(dtype=float).tolist()
-    frame = pd.DataFrame({"image_id": ok["image_id"].to_numpy(), "box": coordinates,
-                          "label": ok["label"].astype(str).to_numpy()})
+    frame = pd.DataFrame(
+        {
+            "image_id": ok["image_id"].to_numpy(),
+            "box": coordinates,
+            "label": ok["label"].astype(str).to_numpy(),
+        }
+    )
     grouped = frame.groupby("image_id", sort=False)
-    return pd.DataFrame({
-        "image_id": list(grouped.groups),
-        "bboxes": grouped["box"].apply(list).tolist(),
-        "bbox_labels": grouped["label"].apply(list).tolist(),
-    })
+    return pd.DataFrame(
+        {
+            "image_id": list(grouped.groups),
+            "bboxes": grouped["box"].apply(list).tolist(),
+            "bbox_labels": grouped["label"].apply(list).tolist(),
+        }
+    )
 
 
 def _resized_boxes(boxes: list, image: tuple) -> list[list[float]]:
     """Boxes in the resized S×S frame, through the image's own geometry (padding included)."""
     if not boxes:
         return []
-    geometry = GEOMETRIES[image.resize](int(image.orig_height), int(image.orig_width),
-                                        int(image.size))
+    geometry = GEOMETRIES[image.resize](
+        int(image.orig_height), int(image.orig_width), int(image.size)
+    )
     array = np.asarray(boxes, dtype=float)
-    resized = boxes_to_resized_frame(array[:, 0], array[:, 1], array[:, 2], array[:, 3],
-                                     geometry)
+    resized = boxes_to_resized_frame(array[:, 0], array[:, 1], array[:, 2], array[:, 3], geometry)
     return np.column_stack(resized).tolist()
 
 

@@ -104,11 +104,13 @@ class PolygonMaskJob:
         except ImageFileError as exc:
             return [_error_row(self.image_id, str(exc))]
         if pixels.shape != self.frame:
-            return [_error_row(
-                self.image_id,
-                f"{self.image_file}: image is {pixels.shape[0]}x{pixels.shape[1]}, "
-                f"annotations are in a {self.frame[0]}x{self.frame[1]} frame",
-            )]
+            return [
+                _error_row(
+                    self.image_id,
+                    f"{self.image_file}: image is {pixels.shape[0]}x{pixels.shape[1]}, "
+                    f"annotations are in a {self.frame[0]}x{self.frame[1]} frame",
+                )
+            ]
         height, width = self.frame
         union = np.zeros(self.frame, dtype=np.uint8)
         rows = []
@@ -133,18 +135,37 @@ def run_mask_job(job: MaskJob) -> list[MaskRow]:
     return job.run()
 
 
-MASK_COLUMNS = ("image_id", "mask_class", "mask_path", "height", "width", "area_fraction",
-                "source", "status", "error", "written")
+MASK_COLUMNS = (
+    "image_id",
+    "mask_class",
+    "mask_path",
+    "height",
+    "width",
+    "area_fraction",
+    "source",
+    "status",
+    "error",
+    "written",
+)
 
 
 def mask_table(rows: Sequence[MaskRow]) -> pd.DataFrame:
     """The `masks` table (DESIGN §4 plus status/error), typed even when empty."""
     frame = pd.DataFrame([asdict(row) for row in rows], columns=list(MASK_COLUMNS))
-    return frame.astype({
-        "image_id": "string", "mask_class": "string", "mask_path": "string",
-        "height": "Int64", "width": "Int64", "area_fraction": "float64", "source": "string",
-        "status": "string", "error": "string", "written": "bool",
-    })
+    return frame.astype(
+        {
+            "image_id": "string",
+            "mask_class": "string",
+            "mask_path": "string",
+            "height": "Int64",
+            "width": "Int64",
+            "area_fraction": "float64",
+            "source": "string",
+            "status": "string",
+            "error": "string",
+            "written": "bool",
+        }
+    )
 
 
 def _mask_row(job, mask_class: str, mask: np.ndarray, key: str, source: str) -> MaskRow:
@@ -162,5 +183,14 @@ def _mask_row(job, mask_class: str, mask: np.ndarray, key: str, source: str) -> 
 
 
 def _error_row(image_id: str, message: str) -> MaskRow:
-    return MaskRow(image_id=image_id, mask_class=UNION_CLASS, mask_path=None, height=None,
-                   width=None, area_fraction=None, source=None, status="error", error=message)
+    return MaskRow(
+        image_id=image_id,
+        mask_class=UNION_CLASS,
+        mask_path=None,
+        height=None,
+        width=None,
+        area_fraction=None,
+        source=None,
+        status="error",
+        error=message,
+    )

@@ -46,6 +46,12 @@ def apply_to_chunk(function: Callable[[T], R], chunk: Sequence[T]) -> list[R]:
     return [function(item) for item in chunk]
 
 
+_PRELOAD = [
+    "radharmony_pipeline.processing.image_jobs",
+    "radharmony_pipeline.processing.mask_jobs",
+]
+
+
 def _process_context() -> multiprocessing.context.BaseContext:
     # Never "fork": the Dagster step calling us may hold threads (event log writers, gRPC),
     # and forking a threaded process can copy a held lock into the child and deadlock it.
@@ -53,7 +59,13 @@ def _process_context() -> multiprocessing.context.BaseContext:
     # the portable fallback. Either way workers re-import the function's module, which is
     # why these processing modules stay free of dagster imports.
     methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" not in methods:
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # The fork server imports these once; every worker forked from it then starts in
+    # milliseconds instead of re-importing numpy, OpenCV, pydicom and pycocotools (~1 s).
+    context.set_forkserver_preload(_PRELOAD)
+    return context
 
 
 def _run_in_process(

@@ -153,13 +153,20 @@ def display_gray(image: np.ndarray) -> np.ndarray:
     return np.rint(scaled).astype(np.uint8)
 
 
-def _draw_cell(sheet: Image.Image, draw: ImageDraw.ImageDraw, sample: PreviewSample,
-               origin: tuple[int, int], tile: int) -> None:
+def _draw_cell(
+    sheet: Image.Image,
+    draw: ImageDraw.ImageDraw,
+    sample: PreviewSample,
+    origin: tuple[int, int],
+    tile: int,
+) -> None:
     x0, y0 = origin
     gray = display_gray(sample.image)  # first: it refuses anything but a 2-D image
     fit = _letterbox(gray.shape, tile)
-    masks = {name: _resized_mask(sample.masks[name], gray.shape, fit, name)
-             for name in sorted(sample.masks)}
+    masks = {
+        name: _resized_mask(sample.masks[name], gray.shape, fit, name)
+        for name in sorted(sample.masks)
+    }
     pixels = _render_tile(gray, masks, sample.boxes, fit, tile)
     sheet.paste(Image.fromarray(pixels), (x0, y0 + TITLE_BAND))
     _draw_title(draw, sample.title, origin, tile)
@@ -173,8 +180,13 @@ def _letterbox(shape: tuple[int, ...], tile: int) -> _Fit:
     scale = min(tile / height, tile / width)
     fitted_h = min(tile, max(1, round(height * scale)))
     fitted_w = min(tile, max(1, round(width * scale)))
-    return _Fit(height=fitted_h, width=fitted_w, top=(tile - fitted_h) // 2,
-                left=(tile - fitted_w) // 2, downscale=scale < 1)
+    return _Fit(
+        height=fitted_h,
+        width=fitted_w,
+        top=(tile - fitted_h) // 2,
+        left=(tile - fitted_w) // 2,
+        downscale=scale < 1,
+    )
 
 
 def _resize(values: np.ndarray, fit: _Fit) -> np.ndarray:
@@ -183,8 +195,9 @@ def _resize(values: np.ndarray, fit: _Fit) -> np.ndarray:
     return cv2.resize(values, (fit.width, fit.height), interpolation=interpolation)
 
 
-def _resized_mask(mask: np.ndarray, image_shape: tuple[int, ...], fit: _Fit,
-                  name: str) -> np.ndarray:
+def _resized_mask(
+    mask: np.ndarray, image_shape: tuple[int, ...], fit: _Fit, name: str
+) -> np.ndarray:
     """Boolean mask at tile resolution: pixels at least half covered by the class."""
     mask = np.asarray(mask)
     if mask.shape != tuple(image_shape):
@@ -197,19 +210,21 @@ def _resized_mask(mask: np.ndarray, image_shape: tuple[int, ...], fit: _Fit,
     return shown
 
 
-def _render_tile(gray: np.ndarray, masks: Mapping[str, np.ndarray], boxes: Sequence[Box],
-                 fit: _Fit, tile: int) -> np.ndarray:
+def _render_tile(
+    gray: np.ndarray, masks: Mapping[str, np.ndarray], boxes: Sequence[Box], fit: _Fit, tile: int
+) -> np.ndarray:
     """The tile as an RGB array: letterboxed image, blended masks, outlines, box rectangles."""
     resized = _resize(gray, fit)
     area = _blend_masks(np.repeat(resized[..., None], 3, axis=2), masks)
     for name, shown in masks.items():
-        contours, _ = cv2.findContours(shown.astype(np.uint8), cv2.RETR_LIST,
-                                       cv2.CHAIN_APPROX_SIMPLE)
+        contours, _ = cv2.findContours(
+            shown.astype(np.uint8), cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE
+        )
         cv2.drawContours(area, contours, -1, class_colour(name), 1)
     for box in boxes:
         _outline_box(area, box, fit)
     canvas = np.zeros((tile, tile, 3), dtype=np.uint8)
-    canvas[fit.top:fit.top + fit.height, fit.left:fit.left + fit.width] = area
+    canvas[fit.top : fit.top + fit.height, fit.left : fit.left + fit.width] = area
     return canvas
 
 
@@ -253,8 +268,9 @@ def _outline_box(area: np.ndarray, box: Box, fit: _Fit) -> None:
         cv2.rectangle(area, (left + 1, top + 1), (right - 1, bottom - 1), colour, 1)
 
 
-def _draw_box_label(draw: ImageDraw.ImageDraw, box: Box, fit: _Fit,
-                    tile_origin: tuple[int, int], tile: int) -> None:
+def _draw_box_label(
+    draw: ImageDraw.ImageDraw, box: Box, fit: _Fit, tile_origin: tuple[int, int], tile: int
+) -> None:
     rectangle = _box_rectangle(box, fit)
     label = str(box[4])
     if rectangle is None or not label:
@@ -269,8 +285,7 @@ def _draw_box_label(draw: ImageDraw.ImageDraw, box: Box, fit: _Fit,
     _draw_chip(draw, (max(x, tile_origin[0]), y), label, class_colour(box[4]))
 
 
-def _draw_title(draw: ImageDraw.ImageDraw, title: str, origin: tuple[int, int],
-                tile: int) -> None:
+def _draw_title(draw: ImageDraw.ImageDraw, title: str, origin: tuple[int, int], tile: int) -> None:
     x0, y0 = origin
     draw.rectangle((x0, y0, x0 + tile - 1, y0 + TITLE_BAND - 1), fill=_BAND)
     text = _fit_text(draw, title, tile - 2 * _PAD)
@@ -286,8 +301,9 @@ def _legend_names(masks: Mapping[str, np.ndarray], boxes: Sequence[Box]) -> list
     return names
 
 
-def _draw_legend(draw: ImageDraw.ImageDraw, names: Sequence[str], origin: tuple[int, int],
-                 tile: int) -> None:
+def _draw_legend(
+    draw: ImageDraw.ImageDraw, names: Sequence[str], origin: tuple[int, int], tile: int
+) -> None:
     x0, y0 = origin
     draw.rectangle((x0, y0, x0 + tile - 1, y0 + LEGEND_BAND - 1), fill=_BAND)
     if not names:
@@ -306,8 +322,9 @@ def _draw_legend(draw: ImageDraw.ImageDraw, names: Sequence[str], origin: tuple[
         _draw_text(draw, (x0 + _PAD + x + width, y0 + _PAD + line * _LINE), more, _TEXT)
 
 
-def _legend_places(widths: Sequence[int], line_width: int, lines: int,
-                   reserve: int) -> list[tuple[int, int]]:
+def _legend_places(
+    widths: Sequence[int], line_width: int, lines: int, reserve: int
+) -> list[tuple[int, int]]:
     """(x, line) of each legend entry that fits; if some do not, leave room for "+N"."""
     places = _flow(widths, [line_width] * lines)
     if len(places) < len(widths):
@@ -329,17 +346,18 @@ def _flow(widths: Sequence[int], line_widths: Sequence[int]) -> list[tuple[int, 
     return places
 
 
-def _draw_legend_entry(draw: ImageDraw.ImageDraw, xy: tuple[int, int], name: str,
-                       label: str) -> None:
+def _draw_legend_entry(
+    draw: ImageDraw.ImageDraw, xy: tuple[int, int], name: str, label: str
+) -> None:
     x, y = xy
     top = y + (_LINE - _SWATCH) // 2
-    draw.rectangle((x, top, x + _SWATCH - 1, top + _SWATCH - 1), fill=class_colour(name),
-                   outline=_CHIP)
+    draw.rectangle(
+        (x, top, x + _SWATCH - 1, top + _SWATCH - 1), fill=class_colour(name), outline=_CHIP
+    )
     _draw_text(draw, (x + _SWATCH + 4, y), label, _TEXT)
 
 
-def _draw_chip(draw: ImageDraw.ImageDraw, xy: tuple[int, int], text: str,
-               colour: Colour) -> None:
+def _draw_chip(draw: ImageDraw.ImageDraw, xy: tuple[int, int], text: str, colour: Colour) -> None:
     """Text on a dark chip whose top-left corner is `xy`: legible on any part of an X-ray."""
     width, height = _chip_size(draw, text)
     x, y = xy
@@ -351,8 +369,7 @@ def _chip_size(draw: ImageDraw.ImageDraw, text: str) -> tuple[int, int]:
     return _text_width(draw, text) + 4, _LINE
 
 
-def _draw_text(draw: ImageDraw.ImageDraw, xy: tuple[int, int], text: str,
-               colour: Colour) -> None:
+def _draw_text(draw: ImageDraw.ImageDraw, xy: tuple[int, int], text: str, colour: Colour) -> None:
     """Text whose ink starts at `xy` (fonts put blank space above the glyphs; remove it)."""
     left, top, _, _ = draw.textbbox((0, 0), "Ag", font=_font())
     draw.text((xy[0] - left, xy[1] - top + 1), text, font=_font(), fill=colour)

@@ -104,15 +104,17 @@ class DatasetSource(ABC):
     def read_boxes(self, split: str) -> pd.DataFrame:
         """One row per box: image_id, box_index, label (unified), label_text, x, y, w, h
         (top-left + size in source pixels), frame_height, frame_width."""
-        return pd.DataFrame({
-            "image_id": pd.Series(dtype="string"),
-            "box_index": pd.Series(dtype="int64"),
-            "label": pd.Series(dtype="string"),
-            "label_text": pd.Series(dtype="string"),
-            **{axis: pd.Series(dtype="float64") for axis in ("x", "y", "w", "h")},
-            "frame_height": pd.Series(dtype="float64"),
-            "frame_width": pd.Series(dtype="float64"),
-        })
+        return pd.DataFrame(
+            {
+                "image_id": pd.Series(dtype="string"),
+                "box_index": pd.Series(dtype="int64"),
+                "label": pd.Series(dtype="string"),
+                "label_text": pd.Series(dtype="string"),
+                **{axis: pd.Series(dtype="float64") for axis in ("x", "y", "w", "h")},
+                "frame_height": pd.Series(dtype="float64"),
+                "frame_width": pd.Series(dtype="float64"),
+            }
+        )
 
     def image_files(self, split: str) -> Iterator[Path]:
         """Files of the split's image tree (fingerprinted for data versions)."""
@@ -149,8 +151,15 @@ def index_frame(dataset: str, split: str, columns: Mapping[str, object]) -> pd.D
     frame[["source_height", "source_width"]] = frame[["source_height", "source_width"]].astype(
         "Int64"
     )
-    for column in ("dataset", "split", "patient_id", "study_id", "image_path",
-                   "view_position", "view_position_raw"):
+    for column in (
+        "dataset",
+        "split",
+        "patient_id",
+        "study_id",
+        "image_path",
+        "view_position",
+        "view_position_raw",
+    ):
         frame[column] = frame[column].astype("string")
     extras = [c for c in frame.columns if c not in INDEX_COLUMNS]
     return frame[list(INDEX_COLUMNS) + extras].reset_index(drop=True)
@@ -224,8 +233,10 @@ def text_column(values: Sequence[object]) -> pd.arrays.ArrowStringArray:
     # Converted in slices, then concatenated once: pyarrow grows one buffer for the whole
     # list by reallocating, touching ~3x the final size in fresh memory (239k paths: 62 MiB
     # of text); slice buffers stay small and are reused. Measured ~0.1 s faster per split.
-    slices = [_arrow_text(values[start:start + _TEXT_SLICE])
-              for start in range(0, len(values), _TEXT_SLICE)]
+    slices = [
+        _arrow_text(values[start : start + _TEXT_SLICE])
+        for start in range(0, len(values), _TEXT_SLICE)
+    ]
     return pd.arrays.ArrowStringArray(pa.concat_arrays(slices))
 
 
@@ -272,8 +283,9 @@ def read_csv(path: Path, dtype: Mapping[str, str] | None = None) -> pd.DataFrame
     try:
         return pd.read_csv(path, dtype=dtype, keep_default_na=True)
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise MetadataError(path, "parsing", f"not a readable CSV ({exc})",
-                            "Re-download the file") from exc
+        raise MetadataError(
+            path, "parsing", f"not a readable CSV ({exc})", "Re-download the file"
+        ) from exc
 
 
 @contextmanager
@@ -326,8 +338,9 @@ def read_json(path: Path) -> object:
             "The file is truncated or edited; re-download it",
         ) from exc
     except UnicodeDecodeError as exc:
-        raise MetadataError(path, f"byte {exc.start}", "not UTF-8 JSON",
-                            "Re-download the file") from exc
+        raise MetadataError(
+            path, f"byte {exc.start}", "not UTF-8 JSON", "Re-download the file"
+        ) from exc
 
 
 def _json_text(path: Path) -> str:

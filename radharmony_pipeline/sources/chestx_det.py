@@ -25,22 +25,50 @@ from .location import SourceLocation
 from .views import normalize_view_positions
 
 CLASSES: tuple[str, ...] = (
-    "Atelectasis", "Calcification", "Cardiomegaly", "Consolidation", "Diffuse Nodule",
-    "Effusion", "Emphysema", "Fibrosis", "Fracture", "Mass", "Nodule", "Pleural Thickening",
+    "Atelectasis",
+    "Calcification",
+    "Cardiomegaly",
+    "Consolidation",
+    "Diffuse Nodule",
+    "Effusion",
+    "Emphysema",
+    "Fibrosis",
+    "Fracture",
+    "Mass",
+    "Nodule",
+    "Pleural Thickening",
     "Pneumothorax",
 )
 FRAME_SIZE = 1024
 
 _CLASS_IMAGES = {
-    "consolidation": 1642, "pleural_effusion": 1441, "fibrosis": 500, "pleural_thickening": 499,
-    "nodule": 392, "fracture": 389, "atelectasis": 297, "cardiomegaly": 293,
-    "calcification": 202, "pneumothorax": 189, "emphysema": 176, "diffuse_nodule": 169,
+    "consolidation": 1642,
+    "pleural_effusion": 1441,
+    "fibrosis": 500,
+    "pleural_thickening": 499,
+    "nodule": 392,
+    "fracture": 389,
+    "atelectasis": 297,
+    "cardiomegaly": 293,
+    "calcification": 202,
+    "pneumothorax": 189,
+    "emphysema": 176,
+    "diffuse_nodule": 169,
     "mass": 148,
 }
 _CLASS_INSTANCES = {
-    "consolidation": 2563, "pleural_effusion": 2112, "fibrosis": 739, "pleural_thickening": 631,
-    "nodule": 986, "fracture": 661, "atelectasis": 340, "cardiomegaly": 293,
-    "calcification": 348, "pneumothorax": 211, "emphysema": 298, "diffuse_nodule": 290,
+    "consolidation": 2563,
+    "pleural_effusion": 2112,
+    "fibrosis": 739,
+    "pleural_thickening": 631,
+    "nodule": 986,
+    "fracture": 661,
+    "atelectasis": 340,
+    "cardiomegaly": 293,
+    "calcification": 348,
+    "pneumothorax": 211,
+    "emphysema": 298,
+    "diffuse_nodule": 290,
     "mass": 167,
 }
 
@@ -57,13 +85,24 @@ chestx-det/
     documented_counts = ExpectedCounts(
         origin="ChestX-Det dataset card (counts re-derived from the released JSONs)",
         splits={
-            "train": {"images": 3025, "annotations": 7905, "negatives": 547,
-                      "images_with_masks": 3025 - 547},
-            "test": {"images": 553, "annotations": 1734, "negatives": 64,
-                     "images_with_masks": 553 - 64},
+            "train": {
+                "images": 3025,
+                "annotations": 7905,
+                "negatives": 547,
+                "images_with_masks": 3025 - 547,
+            },
+            "test": {
+                "images": 553,
+                "annotations": 1734,
+                "negatives": 64,
+                "images_with_masks": 553 - 64,
+            },
         },
         total={
-            "images": 3578, "annotations": 9639, "negatives": 611, "images_with_masks": 2967,
+            "images": 3578,
+            "annotations": 9639,
+            "negatives": 611,
+            "images_with_masks": 2967,
             **{f"class_images.{k}": v for k, v in _CLASS_IMAGES.items()},
             **{f"class_annotations.{k}": v for k, v in _CLASS_INSTANCES.items()},
         },
@@ -100,8 +139,12 @@ chestx-det/
         self.require(self.image_dir(split), f"ChestX-Det {split} image folder")
         entries = read_json(path)
         if not isinstance(entries, list):
-            raise MetadataError(path, "top level", "expected a JSON list of image entries",
-                                "Use ChestX_Det_<split>.json from the ChestX-Det download")
+            raise MetadataError(
+                path,
+                "top level",
+                "expected a JSON list of image entries",
+                "Use ChestX_Det_<split>.json from the ChestX-Det download",
+            )
         for position, entry in enumerate(entries):
             _validate_entry(entry, position, path)
         return entries
@@ -109,8 +152,12 @@ chestx-det/
     def read_split(self, split: str) -> SplitTables:
         entries = self.read_entries(split)
         file_names = pd.Series([e["file_name"] for e in entries], dtype="string")
-        confine_paths(file_names, self.image_dir(split), self.annotation_json(split),
-                      rows=[f"entry {i}" for i in range(len(entries))])
+        confine_paths(
+            file_names,
+            self.image_dir(split),
+            self.annotation_json(split),
+            rows=[f"entry {i}" for i in range(len(entries))],
+        )
         no_view = pd.Series(pd.NA, index=file_names.index, dtype="string")
         index = index_frame(
             self.key,
@@ -158,22 +205,35 @@ chestx-det/
         entries = {_native_id(e["file_name"]): e for e in self.read_entries(split)}
         base = self.image_dir(split)
         jobs = []
-        for image_id, image_key, relative in index[["image_id", "image_key", "image_path"]].itertuples(
-            index=False
-        ):
+        for image_id, image_key, relative in index[
+            ["image_id", "image_key", "image_path"]
+        ].itertuples(index=False):
             entry = entries[image_id.removeprefix(f"{self.key}/")]
             polygons: dict[str, list] = {}
             for sym, polygon in zip(entry["syms"], entry["polygons"], strict=True):
                 polygons.setdefault(unified_class(sym), []).append(polygon)
-            jobs.append(PolygonMaskJob(image_id, base / relative, target_for(image_key),
-                                       (FRAME_SIZE, FRAME_SIZE), polygons))
+            jobs.append(
+                PolygonMaskJob(
+                    image_id,
+                    base / relative,
+                    target_for(image_key),
+                    (FRAME_SIZE, FRAME_SIZE),
+                    polygons,
+                )
+            )
         return jobs
 
     def read_boxes(self, split: str) -> pd.DataFrame:
         """One row per instance box; `[x1, y1, x2, y2]` corners become top-left + size."""
         rows = [
-            (f"{self.key}/{_native_id(entry['file_name'])}", position, unified_class(sym),
-             *box[:2], box[2] - box[0], box[3] - box[1])
+            (
+                f"{self.key}/{_native_id(entry['file_name'])}",
+                position,
+                unified_class(sym),
+                *box[:2],
+                box[2] - box[0],
+                box[3] - box[1],
+            )
             for entry in self.read_entries(split)
             for position, (sym, box) in enumerate(zip(entry["syms"], entry["boxes"], strict=True))
         ]
@@ -206,22 +266,30 @@ def _native_id(file_name: str) -> str:
 def _validate_entry(entry: object, position: int, path: Path) -> None:
     where = f"entry {position}"
     if not isinstance(entry, dict) or not isinstance(entry.get("file_name"), str):
-        raise MetadataError(path, where, "expected an object with a string 'file_name'",
-                            "Re-download the ChestX-Det annotations")
+        raise MetadataError(
+            path,
+            where,
+            "expected an object with a string 'file_name'",
+            "Re-download the ChestX-Det annotations",
+        )
     where = f"entry {position} ({entry['file_name']})"
     if "polygons" not in entry:
         raise MetadataError(
-            path, where, "has no 'polygons' key: this is ChestX-Det10 (boxes only)",
+            path,
+            where,
+            "has no 'polygons' key: this is ChestX-Det10 (boxes only)",
             "Download ChestX-Det (13 classes, with polygons) from the official Deepwise repository",
         )
     lists = [entry.get(key) for key in ("syms", "boxes", "polygons")]
     if not all(isinstance(value, list) for value in lists) or len({len(v) for v in lists}) != 1:
         raise MetadataError(
-            path, where,
+            path,
+            where,
             "'syms', 'boxes' and 'polygons' must be lists of equal length (one item per instance)",
             "Re-download the ChestX-Det annotations",
         )
     for sym in entry["syms"]:
         if sym not in CLASSES:
-            raise MetadataError(path, where, f"unknown class {sym!r}",
-                                f"Classes are {', '.join(CLASSES)}")
+            raise MetadataError(
+                path, where, f"unknown class {sym!r}", f"Classes are {', '.join(CLASSES)}"
+            )

@@ -66,14 +66,26 @@ chexlocalize/
         origin="CheXlocalize dataset page and dataset record",
         splits={
             "val": {"images": 234, "patients": 200},
-            "test": {"images": 668, "patients": 500, "images_with_segmentation": 499,
-                     "images_with_masks": 499},
+            "test": {
+                "images": 668,
+                "patients": 500,
+                "images_with_segmentation": 499,
+                "images_with_masks": 499,
+            },
         },
     )
     # The 10 pathologies of gt_segmentations_<split>.json, in the unified vocabulary.
     mask_classes = (
-        "enlarged_cardiomediastinum", "cardiomegaly", "lung_lesion", "lung_opacity", "edema",
-        "consolidation", "atelectasis", "pneumothorax", "pleural_effusion", "support_devices",
+        "enlarged_cardiomediastinum",
+        "cardiomegaly",
+        "lung_lesion",
+        "lung_opacity",
+        "edema",
+        "consolidation",
+        "atelectasis",
+        "pneumothorax",
+        "pleural_effusion",
+        "support_devices",
     )
     count_hints = {
         "images": "rows of CheXpert/{split}_labels.csv (re-download the CheXpert {split} labels)",
@@ -85,9 +97,7 @@ chexlocalize/
         base = location.base_image_dir
         self._explicit_split = split_named_in(base, self.splits) if base else None
         chexpert = base.parent if self._explicit_split else base
-        self._root = location.root or (
-            chexpert.parent if chexpert else data_root / "chexlocalize"
-        )
+        self._root = location.root or (chexpert.parent if chexpert else data_root / "chexlocalize")
         self._chexpert = chexpert or self._root / "CheXpert"
         self._csv_override = location.csv_path
         self._mask_json_override = location.mask_json_path
@@ -101,7 +111,9 @@ chexlocalize/
         return self._chexpert / split
 
     def labels_csv(self, split: str) -> Path:
-        return self._override_for(split, self._csv_override) or self._chexpert / f"{split}_labels.csv"
+        return (
+            self._override_for(split, self._csv_override) or self._chexpert / f"{split}_labels.csv"
+        )
 
     def segmentation_json(self, split: str) -> Path:
         return self._override_for(split, self._mask_json_override) or (
@@ -125,7 +137,9 @@ chexlocalize/
         require_columns(table, ("Path", *CHEXPERT_LABELS), csv_path)
         parts = _parse_paths(table["Path"], csv_path)
         segmentation_sizes = _segmentation_sizes(self.read_segmentations(split), json_path)
-        native_id = parts["patient"] + "_" + parts["study"] + "_" + parts["view"] + "_" + parts["side"]
+        native_id = (
+            parts["patient"] + "_" + parts["study"] + "_" + parts["view"] + "_" + parts["side"]
+        )
         sizes = segmentation_sizes.reindex(native_id.to_numpy())
         view_raw = parts["side"]
         if "AP/PA" in table:
@@ -147,11 +161,17 @@ chexlocalize/
                 "patient_age_years": _age(table),
             },
         )
-        native = {name_to_column(name): _label_values(table[name], csv_path, name)
-                  for name in CHEXPERT_LABELS}
+        native = {
+            name_to_column(name): _label_values(table[name], csv_path, name)
+            for name in CHEXPERT_LABELS
+        }
         # Uncertain (-1) is not negative: it stays in the native column, null in the unified one.
-        unified = {f"label_{unified_class(name)}": native[name_to_column(name)].mask(
-            native[name_to_column(name)] == -1) for name in CHEXPERT_LABELS}
+        unified = {
+            f"label_{unified_class(name)}": native[name_to_column(name)].mask(
+                native[name_to_column(name)] == -1
+            )
+            for name in CHEXPERT_LABELS
+        }
         labels = label_frame(
             index["image_id"],
             {
@@ -169,8 +189,12 @@ chexlocalize/
         path = self.require(self.segmentation_json(split), "CheXlocalize segmentation JSON")
         data = read_json(path)
         if not isinstance(data, dict):
-            raise MetadataError(path, "top level", "expected an object keyed by cxr_id",
-                                "Use gt_segmentations_<split>.json from the CheXlocalize download")
+            raise MetadataError(
+                path,
+                "top level",
+                "expected an object keyed by cxr_id",
+                "Use gt_segmentations_<split>.json from the CheXlocalize download",
+            )
         return data
 
     def mask_jobs(
@@ -180,9 +204,9 @@ chexlocalize/
         segmentations = self.read_segmentations(split)
         base = self.image_dir(split)
         jobs = []
-        for image_id, image_key, relative in index[["image_id", "image_key", "image_path"]].itertuples(
-            index=False
-        ):
+        for image_id, image_key, relative in index[
+            ["image_id", "image_key", "image_path"]
+        ].itertuples(index=False):
             entry = segmentations.get(image_id.removeprefix(f"{self.key}/"), {})
             rles = {unified_class(name): rle for name, rle in entry.items()}
             jobs.append(RleMaskJob(image_id, base / relative, target_for(image_key), rles))

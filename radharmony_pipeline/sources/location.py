@@ -19,7 +19,9 @@ class SourceLocation:
     csv_path: Path | None = None
     mask_json_path: Path | None = None
 
-    def with_environment(self, env_vars: Mapping[str, str], environ: Mapping[str, str]) -> SourceLocation:
+    def with_environment(
+        self, env_vars: Mapping[str, str], environ: Mapping[str, str]
+    ) -> SourceLocation:
         """Fill fields not set explicitly from their environment variables."""
         updates = {
             name: Path(environ[var])

@@ -25,12 +25,27 @@ from .views import normalize_view_positions
 
 CSV_NAME = "MS_CXR_Local_Alignment_v1.1.0.csv"
 CSV_COLUMNS = (
-    "dicom_id", "category_name", "label_text", "path",
-    "x", "y", "w", "h", "image_width", "image_height", "split",
+    "dicom_id",
+    "category_name",
+    "label_text",
+    "path",
+    "x",
+    "y",
+    "w",
+    "h",
+    "image_width",
+    "image_height",
+    "split",
 )
 CATEGORIES: tuple[str, ...] = (
-    "Atelectasis", "Cardiomegaly", "Consolidation", "Edema",
-    "Lung Opacity", "Pleural Effusion", "Pneumonia", "Pneumothorax",
+    "Atelectasis",
+    "Cardiomegaly",
+    "Consolidation",
+    "Edema",
+    "Lung Opacity",
+    "Pleural Effusion",
+    "Pneumonia",
+    "Pneumothorax",
 )
 _PATH = r"^files/(p\d{2}/p(\d+)/s(\d+)/([0-9a-f]{8}(?:-[0-9a-f]{8}){4}))\.(?:jpg|dcm)$"
 _SPLITS = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
@@ -103,8 +118,13 @@ mimic-cxr/files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg or .dcm   (RADHARMONY_MIM
     def read_split(self, split: str) -> SplitTables:
         self.check_split(split)
         if not self._files.is_dir():
-            raise DatasetLayoutError(self.key, self._files, self.env_vars["base_image_dir"],
-                                     self.layout, "MIMIC-CXR files/ folder not found")
+            raise DatasetLayoutError(
+                self.key,
+                self._files,
+                self.env_vars["base_image_dir"],
+                self.layout,
+                "MIMIC-CXR files/ folder not found",
+            )
         csv_path = self.csv_path()
         boxes = self._split_rows(split)
         images = _images_of(boxes, csv_path)
@@ -131,15 +151,20 @@ mimic-cxr/files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg or .dcm   (RADHARMONY_MIM
     def read_boxes(self, split: str) -> pd.DataFrame:
         """One row per CSV row of the split: top-left + size in image_width × image_height."""
         boxes = self._split_rows(split)
-        frame = pd.DataFrame({
-            "image_id": self.key + "/" + boxes["dicom_id"],
-            "box_index": boxes.groupby("dicom_id", sort=False).cumcount(),
-            "label": boxes["category_name"].map(unified_class),
-            "label_text": boxes["label_text"].astype("string"),
-            **{axis: pd.to_numeric(boxes[axis], errors="coerce") for axis in ("x", "y", "w", "h")},
-            "frame_height": pd.to_numeric(boxes["image_height"], errors="coerce"),
-            "frame_width": pd.to_numeric(boxes["image_width"], errors="coerce"),
-        })
+        frame = pd.DataFrame(
+            {
+                "image_id": self.key + "/" + boxes["dicom_id"],
+                "box_index": boxes.groupby("dicom_id", sort=False).cumcount(),
+                "label": boxes["category_name"].map(unified_class),
+                "label_text": boxes["label_text"].astype("string"),
+                **{
+                    axis: pd.to_numeric(boxes[axis], errors="coerce")
+                    for axis in ("x", "y", "w", "h")
+                },
+                "frame_height": pd.to_numeric(boxes["image_height"], errors="coerce"),
+                "frame_width": pd.to_numeric(boxes["image_width"], errors="coerce"),
+            }
+        )
         return frame.reset_index(drop=True)
 
     def _resolve_extensions(self, stems: pd.Series) -> pd.Series:
@@ -147,6 +172,7 @@ mimic-cxr/files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg or .dcm   (RADHARMONY_MIM
 
         Trees that mix JPG and DICOM exist, so the extension is never inferred from one row.
         """
+
         def resolve(stem: str) -> str:
             for suffix in (".jpg", ".dcm"):
                 if (self._files / (stem + suffix)).is_file():
@@ -171,9 +197,12 @@ def _normalized_splits(boxes: pd.DataFrame, csv_path: Path) -> pd.Series:
     bad = split.isna().to_numpy()
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise MetadataError(csv_path, f"row {row + 2}",
-                            f"split {boxes['split'].iloc[row]!r} is not train, val or test",
-                            "Use the MS-CXR CSV as downloaded")
+        raise MetadataError(
+            csv_path,
+            f"row {row + 2}",
+            f"split {boxes['split'].iloc[row]!r} is not train, val or test",
+            "Use the MS-CXR CSV as downloaded",
+        )
     return split
 
 
@@ -182,8 +211,10 @@ def _check_categories(boxes: pd.DataFrame, csv_path: Path) -> None:
     if unknown.any():
         row = int(np.flatnonzero(unknown.to_numpy())[0])
         raise MetadataError(
-            csv_path, f"row {row + 2}",
-            f"category_name {boxes['category_name'].iloc[row]!r} is not one of {', '.join(CATEGORIES)}",
+            csv_path,
+            f"row {row + 2}",
+            f"category_name {boxes['category_name'].iloc[row]!r} is not one of "
+            + ", ".join(CATEGORIES),
             "Use the MS-CXR v1.1.0 CSV as downloaded",
         )
 
@@ -196,20 +227,26 @@ def _images_of(boxes: pd.DataFrame, csv_path: Path) -> pd.DataFrame:
     if bad.any():
         row = boxes["csv_row"].iloc[int(np.flatnonzero(bad)[0])]
         raise MetadataError(
-            csv_path, f"row {row}",
+            csv_path,
+            f"row {row}",
             f"path {boxes['path'].iloc[int(np.flatnonzero(bad)[0])]!r} is not "
             "files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg with this row's dicom_id",
             "Use the MS-CXR CSV as downloaded",
         )
-    table = pd.concat([boxes[["dicom_id", "image_width", "image_height", "csv_row"]], parts], axis=1)
+    table = pd.concat(
+        [boxes[["dicom_id", "image_width", "image_height", "csv_row"]], parts], axis=1
+    )
     per_image = table.groupby("dicom_id", sort=False)
     inconsistent = per_image[["stem", "image_width", "image_height"]].nunique().gt(1).any(axis=1)
     if inconsistent.any():
         dicom_id = inconsistent[inconsistent].index[0]
         rows = table.loc[table["dicom_id"] == dicom_id, "csv_row"].tolist()
-        raise MetadataError(csv_path, f"rows {rows}",
-                            f"dicom_id {dicom_id} has differing path or image size across rows",
-                            "Every box row of one image must agree on path and size")
+        raise MetadataError(
+            csv_path,
+            f"rows {rows}",
+            f"dicom_id {dicom_id} has differing path or image size across rows",
+            "Every box row of one image must agree on path and size",
+        )
     images = per_image.first().reset_index()
     for column in ("image_width", "image_height"):
         images[column] = pd.to_numeric(images[column], errors="coerce").astype("Int64")
@@ -226,16 +263,21 @@ def _label_columns(boxes: pd.DataFrame, dicom_ids: pd.Series) -> dict[str, objec
     present = pd.crosstab(boxes["dicom_id"], boxes["category_name"]).reindex(
         index=order, columns=list(CATEGORIES), fill_value=0
     )
-    flags = {name.lower().replace(" ", "_"): (present[name] > 0).astype("Int8").to_numpy()
-             for name in CATEGORIES}
-    unified = {
-        f"label_{unified_class(name)}": pd.array(
-            np.where(present[name] > 0, 1, pd.NA), dtype="Int8")
+    flags = {
+        name.lower().replace(" ", "_"): (present[name] > 0).astype("Int8").to_numpy()
         for name in CATEGORIES
     }
-    phrases = boxes.groupby("dicom_id", sort=False)["label_text"].agg(
-        lambda texts: list(dict.fromkeys(texts.dropna().astype(str)))
-    ).reindex(order)
+    unified = {
+        f"label_{unified_class(name)}": pd.array(
+            np.where(present[name] > 0, 1, pd.NA), dtype="Int8"
+        )
+        for name in CATEGORIES
+    }
+    phrases = (
+        boxes.groupby("dicom_id", sort=False)["label_text"]
+        .agg(lambda texts: list(dict.fromkeys(texts.dropna().astype(str))))
+        .reindex(order)
+    )
     num_boxes = boxes.groupby("dicom_id", sort=False).size().reindex(order)
     return {
         **flags,

@@ -114,16 +114,25 @@ rexgradient/
         path = self.metadata_json(split)
         if path.suffix.lower() == ".csv":
             raise MetadataError(
-                path, "file type",
+                path,
+                "file type",
                 "the per-study CSV has no image paths and cannot produce per-image rows",
                 f"Pass {path.with_name(metadata_json_name(split)).name} (the JSON) instead",
             )
         if not path.exists():
             csv_twin = path.with_name(f"{_FILE_SPLIT[split]}_metadata.csv")
-            detail = (f"only {csv_twin.name} is there, which has no image paths; the JSON"
-                      if csv_twin.exists() else "metadata JSON")
-            raise DatasetLayoutError(self.key, path, self.env_vars["root"], self.layout,
-                                     f"{detail} {path.name} not found")
+            detail = (
+                f"only {csv_twin.name} is there, which has no image paths; the JSON"
+                if csv_twin.exists()
+                else "metadata JSON"
+            )
+            raise DatasetLayoutError(
+                self.key,
+                path,
+                self.env_vars["root"],
+                self.layout,
+                f"{detail} {path.name} not found",
+            )
         self.require(self._images, "deid_png image folder")
         # Collections paused: millions of objects, none of them garbage (the parsed JSON, then
         # an empty label_text list per image: 239k for train, ~0.2 s of collections).
@@ -178,8 +187,15 @@ rexgradient/
         }
 
 
-_STUDY_FIELDS = ("PatientID", "AccessionNumber", "StudyInstanceUid", "PatientSex", "PatientAge",
-                 "StudyDate", *REPORT_SECTIONS)
+_STUDY_FIELDS = (
+    "PatientID",
+    "AccessionNumber",
+    "StudyInstanceUid",
+    "PatientSex",
+    "PatientAge",
+    "StudyDate",
+    *REPORT_SECTIONS,
+)
 _ENTRY_FIELDS = ("ImagePath", "ImageViewPosition", *_STUDY_FIELDS)
 _ALL_ENTRY_FIELDS = itemgetter(*_ENTRY_FIELDS)
 
@@ -193,8 +209,12 @@ def _study_and_image_tables(
     each image's study position. Per-image lists shorter than ImagePath are padded with nulls.
     """
     if not isinstance(studies, dict):
-        raise MetadataError(path, "top level", "expected an object keyed by study",
-                            f"Use {metadata_json_name(split)} from the ReXGradient download")
+        raise MetadataError(
+            path,
+            "top level",
+            "expected an object keyed by study",
+            f"Use {metadata_json_name(split)} from the ReXGradient download",
+        )
     fields = _entry_fields(studies, path)
     path_lists = fields["ImagePath"]
     counts = list(map(len, path_lists))
@@ -230,8 +250,10 @@ def _entry_fields(studies: dict, path: Path) -> dict[str, tuple[object, ...]]:
         raise _bad_entry(studies, path) from exc
     if rows is None:
         try:
-            rows = [(study["ImagePath"], *map(study.get, _ENTRY_FIELDS[1:]))
-                    for study in studies.values()]
+            rows = [
+                (study["ImagePath"], *map(study.get, _ENTRY_FIELDS[1:]))
+                for study in studies.values()
+            ]
         except KeyError as exc:
             raise _bad_entry(studies, path) from exc
     columns = list(zip(*rows, strict=True)) or [()] * len(_ENTRY_FIELDS)
@@ -246,10 +268,15 @@ def _bad_entry(studies: dict, path: Path) -> MetadataError:
     for key, study in studies.items():
         paths = study.get("ImagePath") if isinstance(study, dict) else None
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-            return MetadataError(path, f"entry {key!r}", "has no 'ImagePath' list of strings",
-                                 "Re-download the metadata JSON")
-    return MetadataError(path, "top level", "an entry could not be read",
-                         "Re-download the metadata JSON")
+            return MetadataError(
+                path,
+                f"entry {key!r}",
+                "has no 'ImagePath' list of strings",
+                "Re-download the metadata JSON",
+            )
+    return MetadataError(
+        path, "top level", "an entry could not be read", "Re-download the metadata JSON"
+    )
 
 
 def _per_image_views(lists: Sequence[object], counts: list[int]) -> pd.arrays.ArrowStringArray:
@@ -263,7 +290,8 @@ def _per_image_views(lists: Sequence[object], counts: list[int]) -> pd.arrays.Ar
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # a value that is not a string
             nested = None
         if nested is not None and np.array_equal(
-                pc.list_value_length(nested).to_numpy(zero_copy_only=False), counts):
+            pc.list_value_length(nested).to_numpy(zero_copy_only=False), counts
+        ):
             return pd.arrays.ArrowStringArray(nested.flatten())
     views = _flattened_padded(lists, counts)
     return text_column([view if isinstance(view, str) else None for view in views])
@@ -275,10 +303,12 @@ def _flattened_padded(lists: Sequence[object], counts: list[int]) -> list[object
     if all(map(isinstance, lists, repeat(list))) and list(map(len, lists)) == counts:
         # The usual case, flattened in C.
         return list(chain.from_iterable(lists))
-    return list(chain.from_iterable(
-        values if isinstance(values, list) and len(values) == n else _padded(values, n)
-        for values, n in zip(lists, counts, strict=True)
-    ))
+    return list(
+        chain.from_iterable(
+            values if isinstance(values, list) and len(values) == n else _padded(values, n)
+            for values, n in zip(lists, counts, strict=True)
+        )
+    )
 
 
 def _derived_study_columns(fields: dict[str, Sequence[object]]) -> dict[str, object]:
@@ -293,9 +323,11 @@ def _derived_study_columns(fields: dict[str, Sequence[object]]) -> dict[str, obj
     table["report"] = text_column([format_report(parts) for parts in zip(*sections, strict=True)])
     table["patient_sex"] = _sex(fields["PatientSex"]).array
     table["patient_age_years"] = _per_unique(
-        pd.Series(table["PatientAge"]), age_in_years).to_numpy()
+        pd.Series(table["PatientAge"]), age_in_years
+    ).to_numpy()
     table["study_date"] = _per_unique(
-        pd.Series(fields["StudyDate"], dtype=object), _study_dates).to_numpy()
+        pd.Series(fields["StudyDate"], dtype=object), _study_dates
+    ).to_numpy()
     return table
 
 
@@ -317,8 +349,11 @@ def _clean_sections(values: Sequence[object]) -> list[str | None]:
     """Report sections as stripped text; empty, "None" and NaN sections become None."""
     # One pass that strips and tests together: a third faster than two on 560k sections.
     return [
-        text if isinstance(value, str) and (text := value.strip())
-        and (len(text) > 4 or text.lower() not in _EMPTY_SECTIONS) else None
+        text
+        if isinstance(value, str)
+        and (text := value.strip())
+        and (len(text) > 4 or text.lower() not in _EMPTY_SECTIONS)
+        else None
         for value in values
     ]
 
@@ -340,8 +375,9 @@ def age_in_years(ages: pd.Series) -> pd.Series:
 
 
 def _sex(values: list[object]) -> pd.Series:
-    sex = pd.Series([v.strip().upper() if isinstance(v, str) else None for v in values],
-                    dtype="string")
+    sex = pd.Series(
+        [v.strip().upper() if isinstance(v, str) else None for v in values], dtype="string"
+    )
     return sex.where(sex.isin(["M", "F"]))
 
 

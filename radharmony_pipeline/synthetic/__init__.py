@@ -16,13 +16,22 @@ DATASET_NAMES = ("chexlocalize", "ms_cxr", "chestx_det", "rexgradient")
 SCALES = ("tiny", "small")
 MIMIC_FORMATS = ms_cxr.MIMIC_FORMATS
 
-__all__ = ["DATASET_NAMES", "MIMIC_FORMATS", "SCALES", "generate_datasets",
-           "write_full_scale_rexgradient_metadata"]
+__all__ = [
+    "DATASET_NAMES",
+    "MIMIC_FORMATS",
+    "SCALES",
+    "generate_datasets",
+    "write_full_scale_rexgradient_metadata",
+]
 
 
-def generate_datasets(out: Path, scale: str = "tiny", seed: int = 0,
-                      datasets: Sequence[str] | None = None,
-                      mimic_format: str = "mixed") -> dict[str, Path]:
+def generate_datasets(
+    out: Path,
+    scale: str = "tiny",
+    seed: int = 0,
+    datasets: Sequence[str] | None = None,
+    mimic_format: str = "mixed",
+) -> dict[str, Path]:
     """Write the chosen datasets (default all) under `out`; return {dataset_key: dataset_root}.
 
     `scale` is tiny (tests: a few seconds for all four) or small (the demo); `mimic_format`
@@ -33,13 +42,13 @@ def generate_datasets(out: Path, scale: str = "tiny", seed: int = 0,
     chosen = _validated(scale, seed, datasets, mimic_format)
     out = Path(out)
     writers: dict[str, tuple[tuple[str, ...], Callable[[Path], Path]]] = {
-        "chexlocalize": (chexlocalize.ROOTS,
-                         lambda stage: chexlocalize.generate(stage, scale, seed)),
-        "ms_cxr": (ms_cxr.ROOTS,
-                   lambda stage: ms_cxr.generate(stage, scale, seed, mimic_format)),
+        "chexlocalize": (
+            chexlocalize.ROOTS,
+            lambda stage: chexlocalize.generate(stage, scale, seed),
+        ),
+        "ms_cxr": (ms_cxr.ROOTS, lambda stage: ms_cxr.generate(stage, scale, seed, mimic_format)),
         "chestx_det": (chestx_det.ROOTS, lambda stage: chestx_det.generate(stage, scale, seed)),
-        "rexgradient": (rexgradient.ROOTS,
-                        lambda stage: rexgradient.generate(stage, scale, seed)),
+        "rexgradient": (rexgradient.ROOTS, lambda stage: rexgradient.generate(stage, scale, seed)),
     }
     roots = {}
     for name in chosen:
@@ -63,21 +72,25 @@ def write_full_scale_rexgradient_metadata(out: Path, seed: int = 0) -> Path:
     return out / staged_root.relative_to(stage)
 
 
-def _validated(scale: str, seed: int, datasets: Sequence[str] | None,
-               mimic_format: str) -> list[str]:
+def _validated(
+    scale: str, seed: int, datasets: Sequence[str] | None, mimic_format: str
+) -> list[str]:
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {', '.join(SCALES)}, got {scale!r}")
     if mimic_format not in MIMIC_FORMATS:
-        raise ValueError(f"mimic_format must be one of {', '.join(MIMIC_FORMATS)}, "
-                         f"got {mimic_format!r}")
+        raise ValueError(
+            f"mimic_format must be one of {', '.join(MIMIC_FORMATS)}, got {mimic_format!r}"
+        )
     _check_seed(seed)
     if isinstance(datasets, str):
         datasets = [datasets]
     chosen = list(DATASET_NAMES if datasets is None else datasets)
     unknown = [name for name in chosen if name not in DATASET_NAMES]
     if unknown:
-        raise ValueError(f"unknown dataset(s) {', '.join(map(repr, unknown))}; "
-                         f"choose from {', '.join(DATASET_NAMES)}")
+        raise ValueError(
+            f"unknown dataset(s) {', '.join(map(repr, unknown))}; "
+            f"choose from {', '.join(DATASET_NAMES)}"
+        )
     # Keep the caller's order but write each dataset once.
     return list(dict.fromkeys(chosen))
 

@@ -25,15 +25,22 @@ SPLITS = ("train", "test")
 FIRST_FILE_NUMBER, LAST_FILE_NUMBER = 36199, 70958
 # Images per class in the released JSONs: how often each class is drawn here.
 CLASS_IMAGES = {
-    "Atelectasis": 297, "Calcification": 202, "Cardiomegaly": 293, "Consolidation": 1642,
-    "Diffuse Nodule": 169, "Effusion": 1441, "Emphysema": 176, "Fibrosis": 500,
-    "Fracture": 389, "Mass": 148, "Nodule": 392, "Pleural Thickening": 499,
+    "Atelectasis": 297,
+    "Calcification": 202,
+    "Cardiomegaly": 293,
+    "Consolidation": 1642,
+    "Diffuse Nodule": 169,
+    "Effusion": 1441,
+    "Emphysema": 176,
+    "Fibrosis": 500,
+    "Fracture": 389,
+    "Mass": 148,
+    "Nodule": 392,
+    "Pleural Thickening": 499,
     "Pneumothorax": 189,
 }
 CLASSES = tuple(sorted(CLASS_IMAGES))
 _SINGLE_INSTANCE = {"Cardiomegaly"}
-
-
 
 
 @dataclass(frozen=True)
@@ -45,8 +52,7 @@ class Sizing:
 
 SIZES = {
     "tiny": Sizing({"train": 8, "test": 4}, {"train": 2, "test": 1}, {"train": 1, "test": 1}),
-    "small": Sizing({"train": 40, "test": 16}, {"train": 7, "test": 3},
-                    {"train": 3, "test": 1}),
+    "small": Sizing({"train": 40, "test": 16}, {"train": 7, "test": 3}, {"train": 3, "test": 1}),
 }
 
 
@@ -93,8 +99,10 @@ def plan_images(rng: np.random.Generator, sizing: Sizing) -> list[DetImage]:
         findings += [_random_findings(rng) for _ in range(count - len(findings))]
         order = rng.permutation(count)
         rgba = set(rng.choice(count, size=sizing.rgba[split], replace=False).tolist())
-        images += [DetImage(f"{next(numbers)}.png", split, findings[i], position in rgba)
-                   for position, i in enumerate(order)]
+        images += [
+            DetImage(f"{next(numbers)}.png", split, findings[i], position in rgba)
+            for position, i in enumerate(order)
+        ]
     return images
 
 
@@ -110,8 +118,9 @@ def _several_of_one(rng: np.random.Generator) -> tuple[Instance, ...]:
 
 def _random_findings(rng: np.random.Generator) -> tuple[Instance, ...]:
     weights = np.array([CLASS_IMAGES[name] for name in CLASSES], dtype=float)
-    chosen = rng.choice(CLASSES, size=int(rng.integers(1, 4)), replace=False,
-                        p=weights / weights.sum())
+    chosen = rng.choice(
+        CLASSES, size=int(rng.integers(1, 4)), replace=False, p=weights / weights.sum()
+    )
     instances = []
     for class_name in (str(name) for name in chosen):
         copies = 1 if class_name in _SINGLE_INSTANCE else int(rng.integers(1, 3))
@@ -125,8 +134,13 @@ def _render(image: DetImage, rng: np.random.Generator) -> tuple[np.ndarray, dict
     pixels = radiograph.pixels
     entry: dict = {"file_name": image.file_name, "syms": [], "boxes": [], "polygons": []}
     for instance in image.instances:
-        polygon = finding_polygon(unified_class(instance.class_name), radiograph.anatomy, rng,
-                                  instance.side, instance.site)
+        polygon = finding_polygon(
+            unified_class(instance.class_name),
+            radiograph.anatomy,
+            rng,
+            instance.side,
+            instance.site,
+        )
         pixels = paint_findings(pixels, polygon_mask([polygon], SIDE, SIDE), rng)
         entry["syms"].append(instance.class_name)
         entry["boxes"].append(list(bounding_box(polygon)))
@@ -145,18 +159,22 @@ def _write_counts(root: Path, images: list[DetImage]) -> None:
             "images_with_masks": sum(bool(image.instances) for image in chosen),
             **_class_counts(chosen),
         }
-    total = {metric: sum(c[metric] for c in splits.values())
-             for metric in ("images", "annotations", "negatives", "images_with_masks")}
+    total = {
+        metric: sum(c[metric] for c in splits.values())
+        for metric in ("images", "annotations", "negatives", "images_with_masks")
+    }
     total.update(_class_counts(images))
     write_expected_counts(root, DATASET, splits, total)
 
 
 def _class_counts(images: list[DetImage]) -> dict[str, int]:
     """Images on which each class appears, and its instances."""
-    class_images = Counter(unified_class(name) for image in images
-                           for name in {i.class_name for i in image.instances})
-    class_annotations = Counter(unified_class(i.class_name) for image in images
-                                for i in image.instances)
+    class_images = Counter(
+        unified_class(name) for image in images for name in {i.class_name for i in image.instances}
+    )
+    class_annotations = Counter(
+        unified_class(i.class_name) for image in images for i in image.instances
+    )
     counts = {}
     for name in sorted(class_images):
         counts[f"class_images.{name}"] = class_images[name]

@@ -21,16 +21,37 @@ from radharmony_pipeline.synthetic.seeding import dataset_rng, image_rngs
 DATASET = "chexlocalize"
 ROOTS = ("chexlocalize",)
 
-LABELS = ("No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Opacity",
-          "Lung Lesion", "Edema", "Consolidation", "Pneumonia", "Atelectasis", "Pneumothorax",
-          "Pleural Effusion", "Pleural Other", "Fracture", "Support Devices")
+LABELS = (
+    "No Finding",
+    "Enlarged Cardiomediastinum",
+    "Cardiomegaly",
+    "Lung Opacity",
+    "Lung Lesion",
+    "Edema",
+    "Consolidation",
+    "Pneumonia",
+    "Atelectasis",
+    "Pneumothorax",
+    "Pleural Effusion",
+    "Pleural Other",
+    "Fracture",
+    "Support Devices",
+)
 # The segmentation file's pathology names, in its order; it keeps CheXpert's older name
 # "Airspace Opacity" for the label the CSV calls "Lung Opacity".
-SEGMENTED_PATHOLOGIES = ("Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Lesion",
-                         "Airspace Opacity", "Edema", "Consolidation", "Atelectasis",
-                         "Pneumothorax", "Pleural Effusion", "Support Devices")
-CSV_NAME_OF = {name: name for name in SEGMENTED_PATHOLOGIES} | {
-    "Airspace Opacity": "Lung Opacity"}
+SEGMENTED_PATHOLOGIES = (
+    "Enlarged Cardiomediastinum",
+    "Cardiomegaly",
+    "Lung Lesion",
+    "Airspace Opacity",
+    "Edema",
+    "Consolidation",
+    "Atelectasis",
+    "Pneumothorax",
+    "Pleural Effusion",
+    "Support Devices",
+)
+CSV_NAME_OF = {name: name for name in SEGMENTED_PATHOLOGIES} | {"Airspace Opacity": "Lung Opacity"}
 LOCALIZABLE = tuple(CSV_NAME_OF[name] for name in SEGMENTED_PATHOLOGIES)
 NOT_LOCALIZABLE = ("Pneumonia", "Pleural Other", "Fracture")
 VAL_DEMOGRAPHICS = ("Sex", "Age", "Frontal/Lateral", "AP/PA")
@@ -73,8 +94,10 @@ class CxrImage:
 
     @property
     def relative_path(self) -> str:
-        return (f"{self.split}/patient{self.patient}/study{self.study}/"
-                f"view{self.view_number}_{self.view}.jpg")
+        return (
+            f"{self.split}/patient{self.patient}/study{self.study}/"
+            f"view{self.view_number}_{self.view}.jpg"
+        )
 
     @property
     def cxr_id(self) -> str:
@@ -115,8 +138,10 @@ def generate(out: Path, scale: str, seed: int) -> Path:
     for split in ("val", "test"):
         rows = [image for image in images if image.split == split]
         write_text(root / "CheXpert" / f"{split}_labels.csv", _labels_csv(split, rows))
-        write_text(root / "CheXlocalize" / f"gt_segmentations_{split}.json",
-                   json.dumps(segmentations[split]))
+        write_text(
+            root / "CheXlocalize" / f"gt_segmentations_{split}.json",
+            json.dumps(segmentations[split]),
+        )
     _write_counts(root, images)
     return root
 
@@ -132,8 +157,9 @@ def plan_images(rng: np.random.Generator, sizing: Sizing) -> list[CxrImage]:
     return images
 
 
-def _patient_images(rng: np.random.Generator, sizing: Sizing, split: str, patient: int,
-                    role_name: str) -> list[CxrImage]:
+def _patient_images(
+    rng: np.random.Generator, sizing: Sizing, split: str, patient: int, role_name: str
+) -> list[CxrImage]:
     role = _ROLE_RULES[role_name]
     studies = role.studies or int(rng.integers(1, 3))
     sex, age = str(rng.choice(["Male", "Female"])), int(rng.integers(18, 91))
@@ -146,8 +172,22 @@ def _patient_images(rng: np.random.Generator, sizing: Sizing, split: str, patien
             height, width = _image_size(rng, sizing.side)
             ap_pa = str(rng.choice(["AP", "PA"], p=[0.7, 0.3])) if view == "frontal" else ""
             segmented = role.segmented and view == "frontal" and localizable
-            images.append(CxrImage(split, patient, study, number, view, height, width, sex,
-                                   age, ap_pa, positives, segmented))
+            images.append(
+                CxrImage(
+                    split,
+                    patient,
+                    study,
+                    number,
+                    view,
+                    height,
+                    width,
+                    sex,
+                    age,
+                    ap_pa,
+                    positives,
+                    segmented,
+                )
+            )
     return images
 
 
@@ -211,15 +251,25 @@ def _labels_csv(split: str, images: list[CxrImage]) -> str:
     writer.writerow(["Path", *VAL_DEMOGRAPHICS, *LABELS])
     for image in images:
         path = "CheXpert-v1.0/valid/" + image.relative_path.split("/", 1)[1]
-        writer.writerow([path, image.sex, image.age, image.view.capitalize(), image.ap_pa,
-                         *_label_values(image, "0", "1")])
+        writer.writerow(
+            [
+                path,
+                image.sex,
+                image.age,
+                image.view.capitalize(),
+                image.ap_pa,
+                *_label_values(image, "0", "1"),
+            ]
+        )
     return buffer.getvalue()
 
 
 def _label_values(image: CxrImage, negative: str, positive: str) -> list[str]:
     no_finding = not image.positives
-    return [positive if (label == "No Finding" and no_finding) or label in image.positives
-            else negative for label in LABELS]
+    return [
+        positive if (label == "No Finding" and no_finding) or label in image.positives else negative
+        for label in LABELS
+    ]
 
 
 def _write_counts(root: Path, images: list[CxrImage]) -> None:
@@ -234,6 +284,7 @@ def _write_counts(root: Path, images: list[CxrImage]) -> None:
             # Entries exist only for images with a positive localizable finding.
             "images_with_masks": sum(image.segmented for image in rows),
         }
-    total = summed(splits, ("images", "patients", "studies", "images_with_segmentation",
-                            "images_with_masks"))
+    total = summed(
+        splits, ("images", "patients", "studies", "images_with_segmentation", "images_with_masks")
+    )
     write_expected_counts(root, DATASET, splits, total)

@@ -16,7 +16,8 @@ def jpeg_bytes(gray: np.ndarray) -> bytes:
     """Baseline 8-bit single-channel JFIF JPEG of a uint8 image."""
     buffer = io.BytesIO()
     Image.fromarray(_require(gray, np.uint8)).save(
-        buffer, "JPEG", quality=JPEG_QUALITY, optimize=False, progressive=False)
+        buffer, "JPEG", quality=JPEG_QUALITY, optimize=False, progressive=False
+    )
     return buffer.getvalue()
 
 
@@ -42,6 +43,7 @@ def _png(image: Image.Image) -> bytes:
 
 def _require(pixels: np.ndarray, dtype: type) -> np.ndarray:
     if pixels.ndim != 2 or pixels.dtype != dtype:
-        raise TypeError(f"expected a 2-D {np.dtype(dtype)} array, got {pixels.dtype} "
-                        f"with shape {pixels.shape}")
+        raise TypeError(
+            f"expected a 2-D {np.dtype(dtype)} array, got {pixels.dtype} with shape {pixels.shape}"
+        )
     return pixels

@@ -9,16 +9,24 @@ from pathlib import Path
 from radharmony_pipeline.synthetic.files import write_text
 
 EXPECTED_COUNTS_NAME = "expected_counts.json"
-METRICS = ("images", "patients", "studies", "images_with_segmentation", "images_with_masks",
-           "annotations", "negatives")
+METRICS = (
+    "images",
+    "patients",
+    "studies",
+    "images_with_segmentation",
+    "images_with_masks",
+    "annotations",
+    "negatives",
+)
 CLASS_METRIC_PREFIXES = ("class_images.", "class_annotations.")
 SPLITS = ("train", "val", "test")
 
 Counts = Mapping[str, int]
 
 
-def write_expected_counts(root: Path, dataset: str, splits: Mapping[str, Counts],
-                          total: Counts) -> Path:
+def write_expected_counts(
+    root: Path, dataset: str, splits: Mapping[str, Counts], total: Counts
+) -> Path:
     """Write `root/expected_counts.json` after checking split keys and metric names."""
     for split, counts in splits.items():
         if split not in SPLITS:
@@ -43,7 +51,9 @@ def summed(splits: Mapping[str, Counts], metrics: tuple[str, ...]) -> dict[str, 
 def _check_metrics(counts: Counts) -> None:
     for name, value in counts.items():
         if name not in METRICS and not name.startswith(CLASS_METRIC_PREFIXES):
-            raise ValueError(f"unknown metric {name!r}; allowed: {', '.join(METRICS)} and "
-                             f"{'<class>, '.join(CLASS_METRIC_PREFIXES)}<class>")
+            raise ValueError(
+                f"unknown metric {name!r}; allowed: {', '.join(METRICS)} and "
+                f"{'<class>, '.join(CLASS_METRIC_PREFIXES)}<class>"
+            )
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"metric {name!r} must be a non-negative int, got {value!r}")

@@ -33,8 +33,13 @@ FINDING_SITES: dict[str, str] = {
 Polygon = np.ndarray  # (n, 2) int32 array of (x, y) vertices
 
 
-def finding_polygon(finding: str, anatomy: Anatomy, rng: np.random.Generator,
-                    side: int | None = None, site: str | None = None) -> Polygon:
+def finding_polygon(
+    finding: str,
+    anatomy: Anatomy,
+    rng: np.random.Generator,
+    side: int | None = None,
+    site: str | None = None,
+) -> Polygon:
     """One outline of `finding`; `side` picks the lung (0 = image left), random if None.
 
     `site` overrides where the finding is drawn (one of FINDING_SITES' values, e.g. `lung_base`).
@@ -72,20 +77,40 @@ def _site_ellipse(site: str, anatomy: Anatomy, side: int, rng: np.random.Generat
         grow = u(1.05, 1.2)
         return Ellipse(heart.cx, heart.cy, heart.rx * grow, heart.ry * grow)
     if site == "mediastinum":
-        return Ellipse(anatomy.spine_x, anatomy.heart.cy - anatomy.heart.ry * u(1.6, 2.0),
-                       anatomy.width * u(0.07, 0.1), anatomy.height * u(0.12, 0.16))
+        return Ellipse(
+            anatomy.spine_x,
+            anatomy.heart.cy - anatomy.heart.ry * u(1.6, 2.0),
+            anatomy.width * u(0.07, 0.1),
+            anatomy.height * u(0.12, 0.16),
+        )
     if site == "lung_base":
-        return Ellipse(lung.cx + outward * lung.rx * u(0.0, 0.2), lung.cy + lung.ry * u(0.6, 0.75),
-                       lung.rx * u(0.55, 0.8), lung.ry * u(0.15, 0.25))
+        return Ellipse(
+            lung.cx + outward * lung.rx * u(0.0, 0.2),
+            lung.cy + lung.ry * u(0.6, 0.75),
+            lung.rx * u(0.55, 0.8),
+            lung.ry * u(0.15, 0.25),
+        )
     if site == "apex":
-        return Ellipse(lung.cx + outward * lung.rx * u(0.2, 0.4), lung.cy - lung.ry * u(0.5, 0.7),
-                       lung.rx * u(0.25, 0.4), lung.ry * u(0.15, 0.25))
+        return Ellipse(
+            lung.cx + outward * lung.rx * u(0.2, 0.4),
+            lung.cy - lung.ry * u(0.5, 0.7),
+            lung.rx * u(0.25, 0.4),
+            lung.ry * u(0.15, 0.25),
+        )
     if site == "pleura":
-        return Ellipse(lung.cx + outward * lung.rx * u(0.8, 0.9), lung.cy + lung.ry * u(-0.3, 0.3),
-                       lung.rx * u(0.06, 0.1), lung.ry * u(0.25, 0.45))
+        return Ellipse(
+            lung.cx + outward * lung.rx * u(0.8, 0.9),
+            lung.cy + lung.ry * u(-0.3, 0.3),
+            lung.rx * u(0.06, 0.1),
+            lung.ry * u(0.25, 0.45),
+        )
     if site == "rib":
-        return Ellipse(lung.cx + outward * lung.rx * u(0.7, 0.95), lung.cy + lung.ry * u(-0.5, 0.5),
-                       lung.rx * u(0.08, 0.14), lung.ry * u(0.04, 0.07))
+        return Ellipse(
+            lung.cx + outward * lung.rx * u(0.7, 0.95),
+            lung.cy + lung.ry * u(-0.5, 0.5),
+            lung.rx * u(0.08, 0.14),
+            lung.ry * u(0.04, 0.07),
+        )
     cx, cy = _point_in(lung, rng, reach=0.55)
     if site == "nodule":
         r = lung.rx * u(0.07, 0.12)
@@ -101,8 +126,10 @@ def _site_ellipse(site: str, anatomy: Anatomy, side: int, rng: np.random.Generat
 def _point_in(ellipse: Ellipse, rng: np.random.Generator, reach: float) -> tuple[float, float]:
     angle = rng.uniform(0.0, 2 * np.pi)
     radius = reach * np.sqrt(rng.uniform(0.0, 1.0))
-    return (ellipse.cx + radius * ellipse.rx * np.cos(angle),
-            ellipse.cy + radius * ellipse.ry * np.sin(angle))
+    return (
+        ellipse.cx + radius * ellipse.rx * np.cos(angle),
+        ellipse.cy + radius * ellipse.ry * np.sin(angle),
+    )
 
 
 def _blob(ellipse: Ellipse, rng: np.random.Generator) -> np.ndarray:
@@ -117,8 +144,13 @@ def _blob(ellipse: Ellipse, rng: np.random.Generator) -> np.ndarray:
     tilt = rng.uniform(-0.3, 0.3)
     x = rx * wobble * np.cos(theta)
     y = ry * wobble * np.sin(theta)
-    return np.stack([ellipse.cx + x * np.cos(tilt) - y * np.sin(tilt),
-                     ellipse.cy + x * np.sin(tilt) + y * np.cos(tilt)], axis=1)
+    return np.stack(
+        [
+            ellipse.cx + x * np.cos(tilt) - y * np.sin(tilt),
+            ellipse.cy + x * np.sin(tilt) + y * np.cos(tilt),
+        ],
+        axis=1,
+    )
 
 
 def _tube(anatomy: Anatomy, rng: np.random.Generator) -> np.ndarray:

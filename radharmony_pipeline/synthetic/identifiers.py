@@ -15,8 +15,7 @@ _LOWER_HEX = b"0123456789abcdef"
 _DIGITS = b"0123456789"
 
 
-def random_strings(rng: np.random.Generator, count: int, length: int,
-                   alphabet: bytes) -> list[str]:
+def random_strings(rng: np.random.Generator, count: int, length: int, alphabet: bytes) -> list[str]:
     """`count` strings of `length` characters drawn from `alphabet`, built in one array."""
     letters = np.frombuffer(alphabet, dtype=np.uint8)
     codes = np.ascontiguousarray(letters[rng.integers(0, len(letters), (count, length))])
@@ -33,12 +32,12 @@ def unique(make: Callable[[int], list[str]], count: int) -> list[str]:
 
 def grdn_codes(rng: np.random.Generator, count: int) -> list[str]:
     """Distinct ReXGradient PatientID/AccessionNumber codes: `GRDN` + 12 of [A-Z0-9]."""
-    return unique(lambda n: ["GRDN" + s for s in random_strings(rng, n, 12, _UPPER_ALNUM)],
-                  count)
+    return unique(lambda n: ["GRDN" + s for s in random_strings(rng, n, 12, _UPPER_ALNUM)], count)
 
 
-def dicom_uids(rng: np.random.Generator, count: int, root: str = REXGRADIENT_UID_ROOT,
-               digits: int = 36) -> list[str]:
+def dicom_uids(
+    rng: np.random.Generator, count: int, root: str = REXGRADIENT_UID_ROOT, digits: int = 36
+) -> list[str]:
     """Distinct UIDs under `root`: a decimal suffix without a leading zero (PS3.5 9.1)."""
     if len(root) + digits > 64:
         raise ValueError(f"a UID is at most 64 characters; {root!r} + {digits} digits is longer")
@@ -53,9 +52,10 @@ def dicom_uids(rng: np.random.Generator, count: int, root: str = REXGRADIENT_UID
 
 def mimic_dicom_ids(rng: np.random.Generator, count: int) -> list[str]:
     """Distinct MIMIC-CXR dicom_ids: five groups of eight lowercase hex digits."""
+
     def make(n: int) -> list[str]:
         flat = random_strings(rng, n, 40, _LOWER_HEX)
-        return ["-".join(s[i:i + 8] for i in range(0, 40, 8)) for s in flat]
+        return ["-".join(s[i : i + 8] for i in range(0, 40, 8)) for s in flat]
 
     return unique(make, count)
 

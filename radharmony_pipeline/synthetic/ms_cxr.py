@@ -27,11 +27,30 @@ from radharmony_pipeline.synthetic.seeding import dataset_rng, image_rngs
 DATASET = "ms_cxr"
 ROOTS = ("ms-cxr", "mimic-cxr")
 CSV_NAME = "MS_CXR_Local_Alignment_v1.1.0.csv"
-COLUMNS = ("dicom_id", "category_name", "label_text", "path", "x", "y", "w", "h",
-           "image_width", "image_height", "split")
+COLUMNS = (
+    "dicom_id",
+    "category_name",
+    "label_text",
+    "path",
+    "x",
+    "y",
+    "w",
+    "h",
+    "image_width",
+    "image_height",
+    "split",
+)
 MIMIC_FORMATS = ("jpg", "dcm", "mixed")
-CATEGORIES = ("Atelectasis", "Cardiomegaly", "Consolidation", "Edema", "Lung Opacity",
-              "Pleural Effusion", "Pneumonia", "Pneumothorax")
+CATEGORIES = (
+    "Atelectasis",
+    "Cardiomegaly",
+    "Consolidation",
+    "Edema",
+    "Lung Opacity",
+    "Pleural Effusion",
+    "Pneumonia",
+    "Pneumothorax",
+)
 
 # Phrases name the patient's side: image left (side 0) is the patient's right.
 _SIDE_NAMES = ("right", "left")
@@ -108,16 +127,18 @@ class MimicImage:
 def generate(out: Path, scale: str, seed: int, mimic_format: str = "mixed") -> Path:
     """Write `out/ms-cxr/<CSV>` and the images under `out/mimic-cxr/files`; return ms-cxr."""
     if mimic_format not in MIMIC_FORMATS:
-        raise ValueError(f"mimic_format must be one of {', '.join(MIMIC_FORMATS)}, "
-                         f"got {mimic_format!r}")
+        raise ValueError(
+            f"mimic_format must be one of {', '.join(MIMIC_FORMATS)}, got {mimic_format!r}"
+        )
     rng = dataset_rng(seed, DATASET, 0)
     images = plan_images(rng, SIZES[scale], mimic_format)
     uids = iter(dicom_uids(rng, 3 * len(images), root=UUID_UID_ROOT, digits=38))
     rows = []
     for image, image_rng in zip(images, image_rngs(seed, DATASET, len(images)), strict=True):
         pixels, boxes = _render(image, image_rng)
-        identity = DicomIdentity(str(image.subject), next(uids), next(uids), next(uids),
-                                 image.view_position)
+        identity = DicomIdentity(
+            str(image.subject), next(uids), next(uids), next(uids), image.view_position
+        )
         write_bytes(out / "mimic-cxr" / image.disk_path, _encode(pixels, image, identity))
         rows += _csv_rows(image, boxes, image_rng)
     root = out / "ms-cxr"
@@ -142,8 +163,19 @@ def plan_images(rng: np.random.Generator, sizing: Sizing, mimic_format: str) -> 
             height, width = (int(v) for v in rng.integers(sizing.side[0], sizing.side[1] + 1, 2))
             width += int(width == height)
             view = str(rng.choice(["PA", "AP"]))
-            images.append(MimicImage(next(dicom_ids), subject, next(study_ids), split, height,
-                                     width, next(phrase_sets), next(variants), view))
+            images.append(
+                MimicImage(
+                    next(dicom_ids),
+                    subject,
+                    next(study_ids),
+                    split,
+                    height,
+                    width,
+                    next(phrase_sets),
+                    next(variants),
+                    view,
+                )
+            )
     return images
 
 
@@ -164,8 +196,11 @@ def _phrase_sets(rng: np.random.Generator, count: int) -> list[tuple[Phrase, ...
         for number in range(phrases):
             # The first image has a two-box phrase, the second a three-box one.
             forced = {(0, 0): 2, (1, 0): 3}.get((index, number))
-            category = next(c for c in cycle if c not in {p.category for p in chosen}
-                            and not (forced and c in _SINGLE_BOX))
+            category = next(
+                c
+                for c in cycle
+                if c not in {p.category for p in chosen} and not (forced and c in _SINGLE_BOX)
+            )
             cycle.remove(category)
             cycle.append(category)
             boxes = forced or (1 if category in _SINGLE_BOX else 1 + int(rng.random() < 0.2))
@@ -178,8 +213,9 @@ def _phrase_sets(rng: np.random.Generator, count: int) -> list[tuple[Phrase, ...
     return sets
 
 
-def _file_variants(rng: np.random.Generator, count: int,
-                   mimic_format: str) -> list[DicomVariant | None]:
+def _file_variants(
+    rng: np.random.Generator, count: int, mimic_format: str
+) -> list[DicomVariant | None]:
     """Per image: None for JPEG, else how the DICOM stores pixels; mixed covers every kind."""
     if mimic_format == "jpg":
         return [None] * count
@@ -195,8 +231,9 @@ def _file_variants(rng: np.random.Generator, count: int,
     return [chosen[i] for i in rng.permutation(count)]
 
 
-def _render(image: MimicImage,
-            rng: np.random.Generator) -> tuple[np.ndarray, list[list[tuple[int, int, int, int]]]]:
+def _render(
+    image: MimicImage, rng: np.random.Generator
+) -> tuple[np.ndarray, list[list[tuple[int, int, int, int]]]]:
     """Pixels with each box's finding painted, and the (x, y, w, h) boxes of each phrase."""
     radiograph = render_radiograph(rng, image.height, image.width)
     pixels, boxes = radiograph.pixels, []
@@ -218,14 +255,28 @@ def _encode(pixels: np.ndarray, image: MimicImage, identity: DicomIdentity) -> b
     return encode_dicom(pixels, image.variant, identity)
 
 
-def _csv_rows(image: MimicImage, boxes: list[list[tuple[int, int, int, int]]],
-              rng: np.random.Generator) -> list[list[object]]:
+def _csv_rows(
+    image: MimicImage, boxes: list[list[tuple[int, int, int, int]]], rng: np.random.Generator
+) -> list[list[object]]:
     rows = []
     for phrase, phrase_boxes in zip(image.phrases, boxes, strict=True):
         text = phrase.text(rng)
         for x, y, w, h in phrase_boxes:
-            rows.append([image.dicom_id, phrase.category, text, image.csv_path, x, y, w, h,
-                         image.width, image.height, image.split])
+            rows.append(
+                [
+                    image.dicom_id,
+                    phrase.category,
+                    text,
+                    image.csv_path,
+                    x,
+                    y,
+                    w,
+                    h,
+                    image.width,
+                    image.height,
+                    image.split,
+                ]
+            )
     return rows
 
 
@@ -247,6 +298,5 @@ def _write_counts(root: Path, images: list[MimicImage]) -> None:
             "studies": len({image.study for image in chosen}),
             "annotations": sum(len(p.sides) for image in chosen for p in image.phrases),
         }
-    total = {"images": len(images),
-             "annotations": sum(c["annotations"] for c in splits.values())}
+    total = {"images": len(images), "annotations": sum(c["annotations"] for c in splits.values())}
     write_expected_counts(root, DATASET, splits, total)

@@ -54,11 +54,15 @@ class Radiograph:
     anatomy: Anatomy
 
 
-def render_radiograph(rng: np.random.Generator, height: int, width: int,
-                      view: str = "frontal") -> Radiograph:
+def render_radiograph(
+    rng: np.random.Generator, height: int, width: int, view: str = "frontal"
+) -> Radiograph:
     """Render a chest radiograph of `height` x `width` pixels; `view` is frontal or lateral."""
-    anatomy = _frontal_anatomy(rng, height, width) if view == "frontal" else (
-        _lateral_anatomy(rng, height, width))
+    anatomy = (
+        _frontal_anatomy(rng, height, width)
+        if view == "frontal"
+        else (_lateral_anatomy(rng, height, width))
+    )
     scale = min(1.0, _COARSE_SIDE / max(height, width))
     coarse_h, coarse_w = max(8, round(height * scale)), max(8, round(width * scale))
     yy, xx = np.mgrid[0:coarse_h, 0:coarse_w].astype(np.float32)
@@ -110,22 +114,35 @@ def _frontal_anatomy(rng: np.random.Generator, h: int, w: int) -> Anatomy:
     right = Ellipse(mid - offset, lung_cy, lung_rx, lung_ry)
     # The patient's left lung is a little smaller: the heart takes its place.
     left = Ellipse(mid + offset, lung_cy + 0.02 * h, lung_rx * 0.92, lung_ry * 0.95)
-    heart = Ellipse(mid + w * rng.uniform(0.03, 0.07), h * rng.uniform(0.6, 0.65),
-                    w * rng.uniform(0.14, 0.18), h * rng.uniform(0.1, 0.12))
+    heart = Ellipse(
+        mid + w * rng.uniform(0.03, 0.07),
+        h * rng.uniform(0.6, 0.65),
+        w * rng.uniform(0.14, 0.18),
+        h * rng.uniform(0.1, 0.12),
+    )
     return Anatomy(h, w, "frontal", (right, left), heart, mid)
 
 
 def _lateral_anatomy(rng: np.random.Generator, h: int, w: int) -> Anatomy:
-    lung = Ellipse(w * rng.uniform(0.48, 0.54), h * rng.uniform(0.44, 0.5),
-                   w * rng.uniform(0.26, 0.3), h * rng.uniform(0.3, 0.34))
+    lung = Ellipse(
+        w * rng.uniform(0.48, 0.54),
+        h * rng.uniform(0.44, 0.5),
+        w * rng.uniform(0.26, 0.3),
+        h * rng.uniform(0.3, 0.34),
+    )
     # Patients face image-left on a lateral: heart anterior (left), spine posterior (right).
-    heart = Ellipse(w * rng.uniform(0.34, 0.4), h * rng.uniform(0.62, 0.68),
-                    w * rng.uniform(0.14, 0.18), h * rng.uniform(0.11, 0.14))
+    heart = Ellipse(
+        w * rng.uniform(0.34, 0.4),
+        h * rng.uniform(0.62, 0.68),
+        w * rng.uniform(0.14, 0.18),
+        h * rng.uniform(0.11, 0.14),
+    )
     return Anatomy(h, w, "lateral", (lung,), heart, w * rng.uniform(0.76, 0.8))
 
 
-def _anatomy_intensity(rng: np.random.Generator, anatomy: Anatomy,
-                       xx: np.ndarray, yy: np.ndarray) -> np.ndarray:
+def _anatomy_intensity(
+    rng: np.random.Generator, anatomy: Anatomy, xx: np.ndarray, yy: np.ndarray
+) -> np.ndarray:
     h, w = anatomy.height, anatomy.width
     body = Ellipse(w * 0.5, h * 0.58, w * rng.uniform(0.5, 0.56), h * rng.uniform(0.62, 0.7))
     soft_tissue = body.falloff(xx, yy, softness=0.25)
@@ -155,8 +172,7 @@ def _tapered_lung(lung: Ellipse, xx: np.ndarray, yy: np.ndarray) -> np.ndarray:
     return narrowed.falloff(lung.cx + (xx - lung.cx) * squeeze, yy, softness=0.2)
 
 
-def _ribs(rng: np.random.Generator, anatomy: Anatomy, xx: np.ndarray,
-          yy: np.ndarray) -> np.ndarray:
+def _ribs(rng: np.random.Generator, anatomy: Anatomy, xx: np.ndarray, yy: np.ndarray) -> np.ndarray:
     """Arcs that sag away from the spine, one band per rib."""
     h, w = anatomy.height, anatomy.width
     spacing = h * rng.uniform(0.07, 0.085)
@@ -166,7 +182,8 @@ def _ribs(rng: np.random.Generator, anatomy: Anatomy, xx: np.ndarray,
     return np.clip(np.cos(2 * np.pi * phase) * 1.3 - 0.3, 0.0, 1.0)
 
 
-def _smooth_noise(rng: np.random.Generator, h: int, w: int, cells: int,
-                  amplitude: float) -> np.ndarray:
+def _smooth_noise(
+    rng: np.random.Generator, h: int, w: int, cells: int, amplitude: float
+) -> np.ndarray:
     grid = rng.standard_normal((cells, cells)).astype(np.float32)
     return amplitude * cv2.resize(grid, (w, h), interpolation=cv2.INTER_CUBIC)

@@ -5,10 +5,20 @@ from __future__ import annotations
 import numpy as np
 
 INDICATIONS = (
-    "Cough and fever.", "Shortness of breath.", "Chest pain.", "Preoperative evaluation.",
-    "Follow-up of pneumonia.", "Hypoxia.", "Trauma, rule out pneumothorax.",
-    "Line placement.", "Wheezing.", "Fever of unknown origin.", "Status post intubation.",
-    "Congestive heart failure exacerbation.", "Abnormal breath sounds.", "Weakness.",
+    "Cough and fever.",
+    "Shortness of breath.",
+    "Chest pain.",
+    "Preoperative evaluation.",
+    "Follow-up of pneumonia.",
+    "Hypoxia.",
+    "Trauma, rule out pneumothorax.",
+    "Line placement.",
+    "Wheezing.",
+    "Fever of unknown origin.",
+    "Status post intubation.",
+    "Congestive heart failure exacerbation.",
+    "Abnormal breath sounds.",
+    "Weakness.",
 )
 FINDINGS = (
     "The lungs are clear without focal consolidation.",
@@ -39,12 +49,18 @@ IMPRESSIONS = (
     "Stable chest radiograph.",
     "Left upper lobe nodule; CT chest recommended for further evaluation.",
 )
-COMPARISONS = ("None.", "Prior chest radiograph.", "Chest radiograph from 2 days prior.",
-               "CT chest from last year.", "Outside films not available.")
+COMPARISONS = (
+    "None.",
+    "Prior chest radiograph.",
+    "Chest radiograph from 2 days prior.",
+    "CT chest from last year.",
+    "Outside films not available.",
+)
 
 
-def sentences(rng: np.random.Generator, pool: tuple[str, ...], count: int,
-              low: int, high: int) -> list[str]:
+def sentences(
+    rng: np.random.Generator, pool: tuple[str, ...], count: int, low: int, high: int
+) -> list[str]:
     """`count` texts, each of `low` to `high` different sentences drawn from `pool`."""
     lengths = rng.integers(low, high + 1, size=count).tolist()
     # Sorting random keys gives each text its own order of the pool without repeats.

@@ -32,13 +32,35 @@ METADATA_DIR = "download/metadata"
 IMAGE_PREFIX = "../deid_png/"
 # Split keys are normalized (`val`); the files keep the release's `valid`.
 SPLIT_FILES = {"train": "train", "val": "valid", "test": "test"}
-VIEW_POSITIONS = ("PA", "AP", "LATERAL", "LL", "POSTERO_ANTERIOR", "LAO", "RAO", "UNKNOWN",
-                  "N/A", "AP (KUB)", None)
+VIEW_POSITIONS = (
+    "PA",
+    "AP",
+    "LATERAL",
+    "LL",
+    "POSTERO_ANTERIOR",
+    "LAO",
+    "RAO",
+    "UNKNOWN",
+    "N/A",
+    "AP (KUB)",
+    None,
+)
 VIEW_WEIGHTS = (0.375, 0.3, 0.24, 0.02, 0.015, 0.005, 0.005, 0.01, 0.005, 0.005, 0.02)
 LATERAL_VIEWS = {"LATERAL", "LL"}
 ETHNIC_GROUPS = ("White", "Black or African American", "Hispanic", "Asian", "Other")
-CSV_COLUMNS = ("id", "PatientID", "AccessionNumber", "StudyInstanceUid", "PatientSex",
-               "PatientAge", "StudyDate", "Indication", "Comparison", "Findings", "Impression")
+CSV_COLUMNS = (
+    "id",
+    "PatientID",
+    "AccessionNumber",
+    "StudyInstanceUid",
+    "PatientSex",
+    "PatientAge",
+    "StudyDate",
+    "Indication",
+    "Comparison",
+    "Findings",
+    "Impression",
+)
 _SECTIONS = ("Indication", "Comparison", "Findings", "Impression")
 _AGE_UNITS = (("Y", 1, 90, 0.94), ("M", 1, 24, 0.04), ("W", 1, 9, 0.01), ("D", 1, 31, 0.01))
 
@@ -51,14 +73,18 @@ class SplitSize:
 
 
 SIZES = {
-    "tiny": {"train": SplitSize(6, 10, 4), "val": SplitSize(3, 5, 2),
-             "test": SplitSize(3, 5, 2)},
-    "small": {"train": SplitSize(30, 50, 20), "val": SplitSize(8, 14, 6),
-              "test": SplitSize(8, 14, 6)},
+    "tiny": {"train": SplitSize(6, 10, 4), "val": SplitSize(3, 5, 2), "test": SplitSize(3, 5, 2)},
+    "small": {
+        "train": SplitSize(30, 50, 20),
+        "val": SplitSize(8, 14, 6),
+        "test": SplitSize(8, 14, 6),
+    },
 }
-FULL_SCALE = {"train": SplitSize(140_000, 238_968, 95_716),
-              "val": SplitSize(10_000, 17_007, 6_964),
-              "test": SplitSize(10_000, 17_029, 6_807)}
+FULL_SCALE = {
+    "train": SplitSize(140_000, 238_968, 95_716),
+    "val": SplitSize(10_000, 17_007, 6_964),
+    "test": SplitSize(10_000, 17_029, 6_807),
+}
 # PNG sides after the release's 25 % downsampling (tiny/small keep tests and demos fast).
 IMAGE_SIDES = {"tiny": (200, 360), "small": (400, 700), "full": (480, 1100)}
 
@@ -81,25 +107,27 @@ def write_full_scale(out: Path, seed: int) -> Path:
     return root
 
 
-def write_metadata(root: Path, seed: int, sizes: dict[str, SplitSize],
-                   sides: tuple[int, int]) -> dict[str, list[tuple[str, Study]]]:
+def write_metadata(
+    root: Path, seed: int, sizes: dict[str, SplitSize], sides: tuple[int, int]
+) -> dict[str, list[tuple[str, Study]]]:
     """Per split the view-position JSON and the study CSV, plus expected_counts.json."""
     metadata = root / METADATA_DIR
     studies, counts = {}, {}
     for split_index, (split, stem) in enumerate(SPLIT_FILES.items()):
         rng = dataset_rng(seed, DATASET, 0, split_index)
         studies[split] = plan_split(rng, sizes[split], sides)
-        write_text_chunks(metadata / f"{stem}_metadata_view_position.json",
-                          _json_chunks(studies[split]))
+        write_text_chunks(
+            metadata / f"{stem}_metadata_view_position.json", _json_chunks(studies[split])
+        )
         write_text(metadata / f"{stem}_metadata.csv", _csv_text(studies[split]))
         counts[split] = _split_counts(studies[split])
-    write_expected_counts(root, DATASET, counts, summed(counts, ("images", "studies",
-                                                                  "patients")))
+    write_expected_counts(root, DATASET, counts, summed(counts, ("images", "studies", "patients")))
     return studies
 
 
-def plan_split(rng: np.random.Generator, size: SplitSize,
-               sides: tuple[int, int]) -> list[tuple[str, Study]]:
+def plan_split(
+    rng: np.random.Generator, size: SplitSize, sides: tuple[int, int]
+) -> list[tuple[str, Study]]:
     """Studies of one split keyed `p<PatientID>_a<AccessionNumber>_s<StudyInstanceUid>`."""
     if not size.patients <= size.studies <= size.images:
         raise ValueError(f"need patients <= studies <= images, got {size}")
@@ -120,15 +148,19 @@ def plan_split(rng: np.random.Generator, size: SplitSize,
         patient, accession, uid = patients[owners[s]], accessions[s], study_uids[s]
         folder = f"{IMAGE_PREFIX}{patient}/{accession}/studies/{uid}/series/"
         study: Study = {
-            "ImagePath": [f"{folder}{series_uids[i]}/instances/{instance_uids[i]}.png"
-                          for i in range(lo, hi)],
+            "ImagePath": [
+                f"{folder}{series_uids[i]}/instances/{instance_uids[i]}.png" for i in range(lo, hi)
+            ],
             **{key: values[lo:hi] for key, values in images.items()},
             **{key: values[s] for key, values in sections.items()},
             "PatientID": patient,
             "AccessionNumber": accession,
             "StudyInstanceUid": uid,
-            **{key: values[owners[s]] for key, values in people.items()
-               if values[owners[s]] is not None},
+            **{
+                key: values[owners[s]]
+                for key, values in people.items()
+                if values[owners[s]] is not None
+            },
             "StudyDate": dates[s],
         }
         studies.append((f"p{patient}_a{accession}_s{uid}", study))
@@ -156,8 +188,7 @@ def _images_per_study(rng: np.random.Generator, size: SplitSize) -> np.ndarray:
     return counts
 
 
-def _image_columns(rng: np.random.Generator, count: int,
-                   sides: tuple[int, int]) -> dict[str, list]:
+def _image_columns(rng: np.random.Generator, count: int, sides: tuple[int, int]) -> dict[str, list]:
     views = rng.choice(len(VIEW_POSITIONS), size=count, p=VIEW_WEIGHTS).tolist()
     view_positions = [VIEW_POSITIONS[v] for v in views]
     # Rare spellings would seldom be drawn in a small split: place each once where room allows
@@ -170,9 +201,14 @@ def _image_columns(rng: np.random.Generator, count: int,
     shapes = rng.integers(sides[0], sides[1] + 1, size=(count, 2)).tolist()
     modality = np.where(rng.random(count) < 0.7, "DX", "CR").tolist()
     body_part = np.array(["CHEST", "PORT CHEST", "THORAX"])[
-        rng.choice(3, size=count, p=[0.9, 0.07, 0.03])].tolist()
-    return {"ImageViewPosition": view_positions, "ImageShape": shapes,
-            "ImageModality": modality, "ImageBodyPart": body_part}
+        rng.choice(3, size=count, p=[0.9, 0.07, 0.03])
+    ].tolist()
+    return {
+        "ImageViewPosition": view_positions,
+        "ImageShape": shapes,
+        "ImageModality": modality,
+        "ImageBodyPart": body_part,
+    }
 
 
 def _patient_columns(rng: np.random.Generator, count: int) -> dict[str, list]:
@@ -211,12 +247,20 @@ def _report_sections(rng: np.random.Generator, count: int) -> dict[str, list]:
     return sections
 
 
-def _with_gaps(rng: np.random.Generator, texts: list[str], empty: float, none: float,
-               nan: float) -> list:
+def _with_gaps(
+    rng: np.random.Generator, texts: list[str], empty: float, none: float, nan: float
+) -> list:
     draws = rng.random(len(texts)).tolist()
-    return ["" if d < empty else "None" if d < empty + none else
-            math.nan if d < empty + none + nan else text for d, text in zip(draws, texts,
-                                                                           strict=True)]
+    return [
+        ""
+        if d < empty
+        else "None"
+        if d < empty + none
+        else math.nan
+        if d < empty + none + nan
+        else text
+        for d, text in zip(draws, texts, strict=True)
+    ]
 
 
 def _study_dates(rng: np.random.Generator, count: int) -> list[int | str]:
@@ -264,15 +308,17 @@ def _split_counts(studies: list[tuple[str, Study]]) -> dict[str, int]:
     }
 
 
-def _write_images(root: Path, seed: int, split_index: int,
-                  studies: list[tuple[str, Study]]) -> None:
+def _write_images(
+    root: Path, seed: int, split_index: int, studies: list[tuple[str, Study]]
+) -> None:
     """One PNG per ImagePath, of its ImageShape; 8-bit or 16-bit (first two: one of each)."""
     index = 0
     for _, study in studies:
         # ImageViewPosition may be one short: the missing view renders as a frontal film.
         views = study["ImageViewPosition"] + [None] * len(study["ImagePath"])
-        for path, view, (height, width) in zip(study["ImagePath"], views,
-                                              study["ImageShape"], strict=False):
+        for path, view, (height, width) in zip(
+            study["ImagePath"], views, study["ImageShape"], strict=False
+        ):
             rng = dataset_rng(seed, DATASET, 1, split_index, index)
             view_kind = "lateral" if view in LATERAL_VIEWS else "frontal"
             pixels = render_radiograph(rng, height, width, view_kind).pixels

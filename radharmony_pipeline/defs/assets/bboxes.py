@@ -35,11 +35,16 @@ def bboxes(
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
     native = source.read_boxes(split)
-    converted = normalize_xywh(native["x"], native["y"], native["w"], native["h"],
-                               native["frame_width"], native["frame_height"])
+    converted = normalize_xywh(
+        native["x"],
+        native["y"],
+        native["w"],
+        native["h"],
+        native["frame_width"],
+        native["frame_height"],
+    )
     table = pd.concat(
-        [native[list(BOX_COLUMNS)].reset_index(drop=True),
-         converted.table.reset_index(drop=True)],
+        [native[list(BOX_COLUMNS)].reset_index(drop=True), converted.table.reset_index(drop=True)],
         axis=1,
     )
     degenerate = pd.Series(converted.degenerate, index=table.index)
@@ -52,16 +57,31 @@ def bboxes(
         "status": dg.MetadataValue.json(status_counts(table)),
     }
     if len(table):
-        metadata.update(box_preview(source, split, raw_index, table, outputs.local_root(),
-                                    context.partition_key))
+        metadata.update(
+            box_preview(
+                source, split, raw_index, table, outputs.local_root(), context.partition_key
+            )
+        )
     return dg.Output(table, metadata=metadata)
 
 
 def _degenerate_messages(native: pd.DataFrame) -> pd.Series:
     return (
-        "box " + native["box_index"].astype(str) + " of " + native["image_id"].astype(str)
-        + ": no area inside the " + native["frame_width"].astype(str) + "x"
-        + native["frame_height"].astype(str) + " image after clipping (x="
-        + native["x"].astype(str) + ", y=" + native["y"].astype(str) + ", w="
-        + native["w"].astype(str) + ", h=" + native["h"].astype(str) + ")"
+        "box "
+        + native["box_index"].astype(str)
+        + " of "
+        + native["image_id"].astype(str)
+        + ": no area inside the "
+        + native["frame_width"].astype(str)
+        + "x"
+        + native["frame_height"].astype(str)
+        + " image after clipping (x="
+        + native["x"].astype(str)
+        + ", y="
+        + native["y"].astype(str)
+        + ", w="
+        + native["w"].astype(str)
+        + ", h="
+        + native["h"].astype(str)
+        + ")"
     ).astype("string")

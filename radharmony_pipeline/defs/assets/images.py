@@ -1,4 +1,5 @@
-"""`images`: every image decoded, resized to S×S with its geometry recorded, packed per partition."""
+"""`images`: every image decoded, resized to S×S with its geometry recorded, packed per
+partition."""
 
 import os
 from pathlib import Path
@@ -11,8 +12,13 @@ from pydantic import Field
 
 from ...processing.atomic import TEMP_MARKER, temporary_sibling
 from ...processing.geometry import letterbox_geometry, squash_geometry
-from ...processing.image_jobs import IMAGE_CODE_VERSION, ImageJob, image_table, run_image_job
-from ...processing.parallel import map_in_chunks, worker_count
+from ...processing.image_jobs import (
+    IMAGE_CODE_VERSION,
+    ImageJob,
+    image_table,
+    run_image_jobs,
+)
+from ...processing.parallel import worker_count
 from ...processing.progress import ProgressLog
 from ...sources import parse_partition_key
 from ..partitions import dataset_split_partitions
@@ -76,19 +82,23 @@ def images(
             union_mask_file=unions.get(image_id),
             output_root=root,
             image_relative=f"images/{context.partition_key}/{image_key}.png",
-            mask_relative=(f"images/{context.partition_key}/{image_key}.mask.png"
-                           if image_id in unions else None),
+            mask_relative=(
+                f"images/{context.partition_key}/{image_key}.mask.png"
+                if image_id in unions
+                else None
+            ),
             size=config.size,
             geometry_of=GEOMETRIES[config.resize],
             packed_file=packed_temp,
             row=row,
         )
         for row, (image_id, image_key, relative) in enumerate(
-            raw_index[["image_id", "image_key", "image_path"]].itertuples(index=False))
+            raw_index[["image_id", "image_key", "image_path"]].itertuples(index=False)
+        )
     ]
-    progress = ProgressLog(context.log, "images", len(jobs))
     try:
-        rows = map_in_chunks(run_image_job, jobs, worker_count(), on_progress=progress.update)
+        progress = ProgressLog(context.log, "images to decode", len(jobs))
+        rows = run_image_jobs(jobs, worker_count(), on_progress=progress.update)
         os.replace(packed_temp, packed)
     finally:
         packed_temp.unlink(missing_ok=True)
@@ -109,11 +119,14 @@ def images(
 
 def _union_masks(masks: pd.DataFrame, root: Path) -> dict[str, Path]:
     ok = masks[(masks["mask_class"] == "any") & (masks["status"] == "ok")]
-    return {image_id: root / path for image_id, path in zip(ok["image_id"], ok["mask_path"],
-                                                            strict=True)}
+    return {
+        image_id: root / path
+        for image_id, path in zip(ok["image_id"], ok["mask_path"], strict=True)
+    }
 
 
 def _remove_interrupted_writes(folder: Path, packed: Path) -> None:
     """A killed run leaves temporary files (never partial outputs); clear them before resuming."""
-    for stale in [*folder.glob(f"{TEMP_MARKER}*"), *packed.parent.glob(f"{TEMP_MARKER}*{packed.name}")]:
-        stale.unlink(missing_ok=True)
+    stale = [*folder.glob(f"{TEMP_MARKER}*"), *packed.parent.glob(f"{TEMP_MARKER}*{packed.name}")]
+    for path in stale:
+        path.unlink(missing_ok=True)

@@ -4,7 +4,6 @@ Both come from one read of the native metadata (one step, two assets): ReXGradie
 JSON is hundreds of megabytes, and parsing it once instead of twice halves the stage's time.
 """
 
-
 import dagster as dg
 
 from ...processing.vocabulary import LABEL_COLUMNS
@@ -62,8 +61,9 @@ def raw_index_and_labels(context: dg.AssetExecutionContext, datasets: DatasetsRe
         try:
             tables = source.read_split(split)
         except SourceError as exc:
-            raise dg.Failure(description=str(exc),
-                             metadata={"partition": context.partition_key}) from exc
+            raise dg.Failure(
+                description=str(exc), metadata={"partition": context.partition_key}
+            ) from exc
         metrics = source.count_metrics(tables)
         outputs = _outputs(source, split, tables, metrics)
     context.log.info(f"{context.partition_key}: {len(tables.index)} images, {metrics}")
@@ -73,24 +73,35 @@ def raw_index_and_labels(context: dg.AssetExecutionContext, datasets: DatasetsRe
             yield dg.Output(value, output_name=name, metadata=metadata)
 
 
-def _outputs(source: DatasetSource, split: str, tables: SplitTables,
-             metrics: dict[str, int]) -> dict[str, tuple]:
+def _outputs(
+    source: DatasetSource, split: str, tables: SplitTables, metrics: dict[str, int]
+) -> dict[str, tuple]:
     """Each output's table and its materialization metadata."""
     return {
-        "raw_index": (tables.index, {
-            "image_dir": dg.MetadataValue.path(str(source.image_dir(split))),
-            "image_formats": dg.MetadataValue.json(_value_counts(tables.index["image_format"])),
-            "view_positions": dg.MetadataValue.json(
-                _value_counts(tables.index["view_position"])),
-        }),
-        "labels": (tables.labels, {
-            "counts": dg.MetadataValue.json(metrics),
-            "positives": dg.MetadataValue.json({
-                column: int(tables.labels[column].eq(1).sum())
-                for column in LABEL_COLUMNS if tables.labels[column].notna().any()
-            }),
-            "reports": int(tables.labels["report"].notna().sum()),
-        }),
+        "raw_index": (
+            tables.index,
+            {
+                "image_dir": dg.MetadataValue.path(str(source.image_dir(split))),
+                "image_formats": dg.MetadataValue.json(_value_counts(tables.index["image_format"])),
+                "view_positions": dg.MetadataValue.json(
+                    _value_counts(tables.index["view_position"])
+                ),
+            },
+        ),
+        "labels": (
+            tables.labels,
+            {
+                "counts": dg.MetadataValue.json(metrics),
+                "positives": dg.MetadataValue.json(
+                    {
+                        column: int(tables.labels[column].eq(1).sum())
+                        for column in LABEL_COLUMNS
+                        if tables.labels[column].notna().any()
+                    }
+                ),
+                "reports": int(tables.labels["report"].notna().sum()),
+            },
+        ),
     }
 
 

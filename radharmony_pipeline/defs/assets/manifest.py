@@ -11,8 +11,17 @@ UPSTREAM = ("raw_index", "labels", "masks", "bboxes", "images")
 
 # Where each manifest column comes from (shown as column lineage in the UI).
 _SOURCES = {
-    "raw_index": ("image_id", "dataset", "split", "patient_id", "study_id", "view_position",
-                  "patient_sex", "patient_age_years", "study_date"),
+    "raw_index": (
+        "image_id",
+        "dataset",
+        "split",
+        "patient_id",
+        "study_id",
+        "view_position",
+        "patient_sex",
+        "patient_age_years",
+        "study_date",
+    ),
     "images": ("image_path", "tensor_index", "orig_height", "orig_width", "mask_path"),
     "labels": ("label_text", "report", *LABEL_COLUMNS),
     "masks": ("mask_classes", "has_mask"),
@@ -23,8 +32,11 @@ _SOURCES = {
 @dg.asset(
     group_name="manifest",
     ins={
-        name: dg.AssetIn(name, partition_mapping=dg.AllPartitionMapping(),
-                         metadata={"allow_missing_partitions": True})
+        name: dg.AssetIn(
+            name,
+            partition_mapping=dg.AllPartitionMapping(),
+            metadata={"allow_missing_partitions": True},
+        )
         for name in UPSTREAM
     },
     description=(
@@ -49,21 +61,28 @@ def unified_manifest(
     parts, excluded = {}, {}
     for partition in complete:
         parts[partition], excluded[partition] = partition_manifest(
-            partition, raw_index[partition], labels[partition], masks[partition],
-            bboxes[partition], images[partition])
+            partition,
+            raw_index[partition],
+            labels[partition],
+            masks[partition],
+            bboxes[partition],
+            images[partition],
+        )
     manifest = combine(parts)
     context.log.info(f"{len(manifest)} images from {len(complete)} partitions")
     return dg.Output(
         manifest,
         metadata={
             "partitions": dg.MetadataValue.json(complete),
-            "images_per_partition": dg.MetadataValue.json(
-                {k: len(v) for k, v in parts.items()}),
+            "images_per_partition": dg.MetadataValue.json({k: len(v) for k, v in parts.items()}),
             "excluded": dg.MetadataValue.json({k: v for k, v in excluded.items() if v}),
-            "dagster/column_lineage": dg.TableColumnLineage(deps_by_column={
-                column: [dg.TableColumnDep(asset_key=dg.AssetKey(asset), column_name=column)]
-                for asset, columns in _SOURCES.items() for column in columns
-                if column in MANIFEST_COLUMNS
-            }),
+            "dagster/column_lineage": dg.TableColumnLineage(
+                deps_by_column={
+                    column: [dg.TableColumnDep(asset_key=dg.AssetKey(asset), column_name=column)]
+                    for asset, columns in _SOURCES.items()
+                    for column in columns
+                    if column in MANIFEST_COLUMNS
+                }
+            ),
         },
     )

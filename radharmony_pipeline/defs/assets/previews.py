@@ -22,7 +22,11 @@ INLINE_WIDTH = 640
 
 
 def mask_preview(
-    source: DatasetSource, split: str, index: pd.DataFrame, table: pd.DataFrame, root: Path,
+    source: DatasetSource,
+    split: str,
+    index: pd.DataFrame,
+    table: pd.DataFrame,
+    root: Path,
     partition: str,
 ) -> dict:
     """Sheet of ~16 images with their class masks blended in (the union is not drawn)."""
@@ -37,26 +41,44 @@ def mask_preview(
             for path in masks_by_image.get(image_id, [])
         }
 
-    return _write_sheet(source, split, index, root, f"previews/masks/{partition}.png",
-                        prefer=index["image_id"].isin(masks_by_image), masks_of=masks_of,
-                        boxes_of=lambda image_id: [])
+    return _write_sheet(
+        source,
+        split,
+        index,
+        root,
+        f"previews/masks/{partition}.png",
+        prefer=index["image_id"].isin(masks_by_image),
+        masks_of=masks_of,
+        boxes_of=lambda image_id: [],
+    )
 
 
 def box_preview(
-    source: DatasetSource, split: str, index: pd.DataFrame, table: pd.DataFrame, root: Path,
+    source: DatasetSource,
+    split: str,
+    index: pd.DataFrame,
+    table: pd.DataFrame,
+    root: Path,
     partition: str,
 ) -> dict:
     """Sheet of ~16 images with their boxes and labels drawn."""
     ok = table[table["status"] == "ok"]
     boxes = {
-        image_id: list(group[["y_min", "y_max", "x_min", "x_max", "label"]].itertuples(
-            index=False, name=None))
+        image_id: list(
+            group[["y_min", "y_max", "x_min", "x_max", "label"]].itertuples(index=False, name=None)
+        )
         for image_id, group in ok.groupby("image_id")
     }
-    return _write_sheet(source, split, index, root, f"previews/bboxes/{partition}.png",
-                        prefer=index["image_id"].isin(boxes),
-                        masks_of=lambda image_id, shape: {},
-                        boxes_of=lambda image_id: boxes.get(image_id, []))
+    return _write_sheet(
+        source,
+        split,
+        index,
+        root,
+        f"previews/bboxes/{partition}.png",
+        prefer=index["image_id"].isin(boxes),
+        masks_of=lambda image_id, shape: {},
+        boxes_of=lambda image_id: boxes.get(image_id, []),
+    )
 
 
 def _write_sheet(source, split, index, root, relative, prefer, masks_of, boxes_of) -> dict:
@@ -69,10 +91,14 @@ def _write_sheet(source, split, index, root, relative, prefer, masks_of, boxes_o
             pixels = display_pixels(image_file)
         except (OSError, ValueError):
             continue  # the images stage reports unreadable files; a preview just skips them
-        samples.append(PreviewSample(
-            title=row["image_id"], image=pixels, masks=masks_of(row["image_id"], pixels.shape),
-            boxes=boxes_of(row["image_id"]),
-        ))
+        samples.append(
+            PreviewSample(
+                title=row["image_id"],
+                image=pixels,
+                masks=masks_of(row["image_id"], pixels.shape),
+                boxes=boxes_of(row["image_id"]),
+            )
+        )
     if not samples:
         return {}
     sheet = contact_sheet(samples)

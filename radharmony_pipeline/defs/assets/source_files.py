@@ -1,6 +1,5 @@
 """`source_files`: the downloaded files of each partition, observed for changes."""
 
-
 import dagster as dg
 
 from ...processing.fingerprint import combined_version, file_sha256, tree_fingerprint
@@ -17,8 +16,9 @@ def partition_version(source: DatasetSource, split: str) -> str:
         parts.append(file_sha256(path) if path.is_file() else f"absent:{path}")
     try:
         base = source.image_dir(split)
-        parts.append(tree_fingerprint(source.image_files(split), base) if base.is_dir()
-                     else f"absent:{base}")
+        parts.append(
+            tree_fingerprint(source.image_files(split), base) if base.is_dir() else f"absent:{base}"
+        )
     except SourceError as exc:
         parts.append(f"unreadable:{exc}")
     return combined_version(parts)

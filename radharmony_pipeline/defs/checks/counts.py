@@ -1,6 +1,5 @@
 """Per-partition counts checked against the dataset documentation (or expected_counts.json)."""
 
-
 import dagster as dg
 import pandas as pd
 

@@ -1,6 +1,5 @@
 """Great Expectations suites on the table assets: ids, paths, value sets, never "None"."""
 
-
 import dagster as dg
 import pandas as pd
 

@@ -20,8 +20,7 @@ def manifest_totals(rows: pd.DataFrame) -> dict[str, int]:
         "images": len(rows),
         "annotations": int(rows["bboxes"].map(len).sum()),
         "negatives": int((~positives.any(axis=1)).sum()),
-        **{f"class_images.{c.removeprefix('label_')}": int(positives[c].sum())
-           for c in annotated},
+        **{f"class_images.{c.removeprefix('label_')}": int(positives[c].sum()) for c in annotated},
     }
 
 
@@ -58,8 +57,10 @@ def manifest_totals_match_documentation(
             "comparison": dg.MetadataValue.md(comparison_table(comparisons)),
             "datasets_not_complete": dg.MetadataValue.json(pending),
         },
-        description="; ".join(f"{c.metric}: expected {c.expected}, found {c.found}"
-                              for c in mismatches) or f"{len(comparisons)} totals match",
+        description="; ".join(
+            f"{c.metric}: expected {c.expected}, found {c.found}" for c in mismatches
+        )
+        or f"{len(comparisons)} totals match",
     )
 
 
@@ -89,8 +90,9 @@ def manifest_paths_exist(
     " labels in {0, 1, null}, report never 'None', sizes positive.",
 )
 def manifest_suite(unified_manifest: pd.DataFrame) -> dg.AssetCheckResult:
-    return suite_result(validate_table(unified_manifest, "unified_manifest",
-                                       manifest_expectations(LABEL_COLUMNS)))
+    return suite_result(
+        validate_table(unified_manifest, "unified_manifest", manifest_expectations(LABEL_COLUMNS))
+    )
 
 
 @dg.asset_check(

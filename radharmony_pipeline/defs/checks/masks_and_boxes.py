@@ -28,13 +28,16 @@ def masks_match_documentation(
     classes = ok[ok["mask_class"] != "any"]
     found = {
         "images_with_masks": int(classes["image_id"].nunique()),
-        **{f"class_images.{name}": int(n)
-           for name, n in classes.groupby("mask_class")["image_id"].nunique().items()},
+        **{
+            f"class_images.{name}": int(n)
+            for name, n in classes.groupby("mask_class")["image_id"].nunique().items()
+        },
         "mask_errors": int((masks["status"] == "error").sum()),
     }
     expected = source.expected_counts()
     wanted = {
-        metric: value for metric, value in expected.for_split(split).items()
+        metric: value
+        for metric, value in expected.for_split(split).items()
         if metric in MASK_METRICS or metric.startswith("class_images.")
     }
     if len(masks):
@@ -120,4 +123,3 @@ def masks_suite(masks: pd.DataFrame, outputs: OutputsResource) -> dg.AssetCheckR
 def bboxes_suite(bboxes: pd.DataFrame) -> dg.AssetCheckResult:
     valid = bboxes[bboxes["status"] == "ok"]
     return suite_result(validate_table(valid, "bboxes", bbox_expectations()))
-
