@@ -40,6 +40,8 @@ lint: install-dev
 
 bench: install
 	$(BIN)/python benchmarks/bench_index.py
+	$(BIN)/python benchmarks/bench_masks.py
+	$(BIN)/python benchmarks/bench_images.py
 
 clean-demo:
 	rm -rf data/demo data/output
