@@ -31,25 +31,34 @@ def resources(data_root, output) -> dict:
 def corpus(tiny_root, tmp_path_factory):
     output = tmp_path_factory.mktemp("corpus")
     partition_job = dg.define_asset_job(
-        "partitions", selection=dg.AssetSelection.all() - dg.AssetSelection.groups("manifest")
-        - dg.AssetSelection.assets(source_files.key))
+        "partitions",
+        selection=dg.AssetSelection.all()
+        - dg.AssetSelection.groups("manifest")
+        - dg.AssetSelection.assets(source_files.key),
+    )
     manifest_job = dg.define_asset_job("joined", selection=dg.AssetSelection.groups("manifest"))
-    built = dg.Definitions(assets=[d for d in defs.assets if d is not source_files],
-                           asset_checks=list(defs.asset_checks),
-                           jobs=[partition_job, manifest_job],
-                           resources=resources(tiny_root, output))
+    built = dg.Definitions(
+        assets=[d for d in defs.assets if d is not source_files],
+        asset_checks=list(defs.asset_checks),
+        jobs=[partition_job, manifest_job],
+        resources=resources(tiny_root, output),
+    )
     instance = dg.DagsterInstance.ephemeral()
     first = {}
     for key in partition_keys():
         first[key] = built.resolve_job_def("partitions").execute_in_process(
-            partition_key=key, instance=instance)
+            partition_key=key, instance=instance
+        )
     manifest = built.resolve_job_def("joined").execute_in_process(instance=instance)
     return output, first, manifest, built, instance
 
 
 def images_metadata(result) -> dict:
-    event = next(e for e in result.get_asset_materialization_events()
-                 if e.materialization.asset_key == dg.AssetKey("images"))
+    event = next(
+        e
+        for e in result.get_asset_materialization_events()
+        if e.materialization.asset_key == dg.AssetKey("images")
+    )
     return {k: v.value for k, v in event.materialization.metadata.items()}
 
 
@@ -69,9 +78,10 @@ def test_every_image_is_packed_and_written_at_the_target_size(corpus):
 
 
 def test_second_run_of_an_unchanged_partition_decodes_at_most_5_percent(corpus):
-    output, first, _, built, instance = corpus
+    _output, first, _, built, instance = corpus
     again = built.resolve_job_def("partitions").execute_in_process(
-        partition_key="chexlocalize.test", instance=instance)
+        partition_key="chexlocalize.test", instance=instance
+    )
     before = images_metadata(first["chexlocalize.test"])["decoded"]
     assert images_metadata(again)["decoded"] <= 0.05 * before
     assert images_metadata(again)["reused"] == before
@@ -99,8 +109,9 @@ def test_manifest_has_the_contract_columns_and_every_usable_image(corpus):
             assert evaluation.passed, (evaluation.check_name, evaluation.metadata)
     manifest = pd.read_parquet(output / "tables" / "unified_manifest.parquet")
     assert list(manifest.columns) == list(MANIFEST_COLUMNS)
-    images = sum(len(pd.read_parquet(output / "tables" / "raw_index" / f"{k}.parquet"))
-                 for k in first)
+    images = sum(
+        len(pd.read_parquet(output / "tables" / "raw_index" / f"{k}.parquet")) for k in first
+    )
     assert len(manifest) == images and manifest["image_id"].is_unique
     assert manifest["report"].dropna().ne("None").all()
     ms_cxr = manifest[manifest["dataset"] == "ms_cxr"]
@@ -117,19 +128,20 @@ def test_resized_boxes_account_for_letterbox_padding(corpus):
     pad_top = (224 - round(height * scale)) // 2
     y_min = row["bboxes"][0][0]
     assert row["bboxes_resized"][0][0] == pytest.approx(
-        (pad_top + y_min * round(height * scale)) / 224, abs=1 / 224)
+        (pad_top + y_min * round(height * scale)) / 224, abs=1 / 224
+    )
 
 
 def test_loader_reads_the_manifest(corpus):
     output, _, _, _, _ = corpus
-    dataset = ManifestDataset(output / "tables" / "unified_manifest.parquet",
-                              datasets="chexlocalize", splits="test")
+    dataset = ManifestDataset(
+        output / "tables" / "unified_manifest.parquet", datasets="chexlocalize", splits="test"
+    )
     sample = dataset[0]
     img, mask, cls = (np.asarray(sample[k]) for k in ("img", "mask", "cls"))
     assert img.shape == (1, 224, 224) and img.min() >= -1 and img.max() <= 1
     assert set(np.unique(mask)) <= {0.0, 1.0}
     assert cls.shape == (21,) and np.isnan(cls).sum() == 7
-    rex = ManifestDataset(output / "tables" / "unified_manifest.parquet",
-                          datasets="rexgradient")
+    rex = ManifestDataset(output / "tables" / "unified_manifest.parquet", datasets="rexgradient")
     reports = [rex[i]["report"] for i in range(len(rex))]
     assert None in reports and "None" not in reports

@@ -34,7 +34,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .vocabulary import UNIFIED_LABELS
+from .vocabulary import (
+    IMAGE_FORMATS,
+    INDEX_COLUMNS,
+    SPLITS,
+    UNIFIED_LABELS,
+    VIEW_POSITIONS,
+)
 
 SAMPLE_SIZE = 5
 """Maximum number of offending values kept per outcome."""
@@ -57,23 +63,7 @@ _WHOLE_TABLE_KINDS = frozenset(
 )
 _META_INDEX = "radharmony_index"
 
-RAW_INDEX_COLUMNS: tuple[str, ...] = (
-    "image_id",
-    "image_key",
-    "dataset",
-    "split",
-    "patient_id",
-    "study_id",
-    "image_path",
-    "image_format",
-    "view_position",
-    "view_position_raw",
-    "source_height",
-    "source_width",
-)
-SPLITS: tuple[str, ...] = ("train", "val", "test")
-IMAGE_FORMATS: tuple[str, ...] = ("jpg", "png", "dcm")
-VIEW_POSITIONS: tuple[str, ...] = ("PA", "AP", "LATERAL", "LL", "OTHER", "UNKNOWN")
+RAW_INDEX_COLUMNS = INDEX_COLUMNS
 IMAGE_KEY_REGEX = r"^[A-Za-z0-9._-]+$"
 MAX_IMAGE_SIDE = 100_000
 # Textual spellings of "missing" that must have been normalised to a real null upstream.

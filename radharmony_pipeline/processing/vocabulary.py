@@ -30,6 +30,26 @@ UNIFIED_LABELS: tuple[str, ...] = (
 
 LABEL_COLUMNS: tuple[str, ...] = tuple(f"label_{name}" for name in UNIFIED_LABELS)
 
+# Normalized values every table uses.
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+VIEW_POSITIONS: tuple[str, ...] = ("PA", "AP", "LATERAL", "LL", "OTHER", "UNKNOWN")
+IMAGE_FORMATS: tuple[str, ...] = ("jpg", "png", "dcm")
+# The raw_index contract's columns, in order (datasets may add documented extras after them).
+INDEX_COLUMNS: tuple[str, ...] = (
+    "image_id",
+    "image_key",
+    "dataset",
+    "split",
+    "patient_id",
+    "study_id",
+    "image_path",
+    "image_format",
+    "view_position",
+    "view_position_raw",
+    "source_height",
+    "source_width",
+)
+
 # Names whose snake_case form is not already a unified name.
 _SYNONYMS = {
     "airspace_opacity": "lung_opacity",

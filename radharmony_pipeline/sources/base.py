@@ -20,24 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..processing.mask_jobs import MaskJob, MaskTarget
-from ..processing.vocabulary import LABEL_COLUMNS
+from ..processing.vocabulary import INDEX_COLUMNS, LABEL_COLUMNS
 from .counts import ExpectedCounts, load_expected_counts
 from .errors import DatasetLayoutError, MetadataError
-
-INDEX_COLUMNS: tuple[str, ...] = (
-    "image_id",
-    "image_key",
-    "dataset",
-    "split",
-    "patient_id",
-    "study_id",
-    "image_path",
-    "image_format",
-    "view_position",
-    "view_position_raw",
-    "source_height",
-    "source_width",
-)
 
 IMAGE_FORMATS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".dcm": "dcm"}
 _UNSAFE_KEY_CHARACTER = r"[^A-Za-z0-9._-]"

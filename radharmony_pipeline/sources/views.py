@@ -6,8 +6,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-VIEW_POSITIONS: tuple[str, ...] = ("PA", "AP", "LATERAL", "LL", "OTHER", "UNKNOWN")
-
 _VIEW_SYNONYMS = {
     "PA": "PA",
     "POSTERO_ANTERIOR": "PA",
