@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from radharmony_pipeline.sources.chexlocalize import CHEXPERT_LABELS
 from radharmony_pipeline.synthetic.encoding import jpeg_bytes
 from radharmony_pipeline.synthetic.expected import summed, write_expected_counts
 from radharmony_pipeline.synthetic.files import write_bytes, write_text
@@ -21,22 +22,8 @@ from radharmony_pipeline.synthetic.seeding import dataset_rng, image_rngs
 DATASET = "chexlocalize"
 ROOTS = ("chexlocalize",)
 
-LABELS = (
-    "No Finding",
-    "Enlarged Cardiomediastinum",
-    "Cardiomegaly",
-    "Lung Opacity",
-    "Lung Lesion",
-    "Edema",
-    "Consolidation",
-    "Pneumonia",
-    "Atelectasis",
-    "Pneumothorax",
-    "Pleural Effusion",
-    "Pleural Other",
-    "Fracture",
-    "Support Devices",
-)
+# The label CSV columns are the reader's: both sides follow the one documented header.
+LABELS = CHEXPERT_LABELS
 # The segmentation file's pathology names, in its order; it keeps CheXpert's older name
 # "Airspace Opacity" for the label the CSV calls "Lung Opacity".
 SEGMENTED_PATHOLOGIES = (

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from radharmony_pipeline.sources.ms_cxr import CATEGORIES, CSV_COLUMNS, CSV_NAME
 from radharmony_pipeline.synthetic.dicom import COVERING_VARIANTS, DicomIdentity, DicomVariant
 from radharmony_pipeline.synthetic.dicom import dicom_bytes as encode_dicom
 from radharmony_pipeline.synthetic.encoding import jpeg_bytes
@@ -26,31 +27,8 @@ from radharmony_pipeline.synthetic.seeding import dataset_rng, image_rngs
 
 DATASET = "ms_cxr"
 ROOTS = ("ms-cxr", "mimic-cxr")
-CSV_NAME = "MS_CXR_Local_Alignment_v1.1.0.csv"
-COLUMNS = (
-    "dicom_id",
-    "category_name",
-    "label_text",
-    "path",
-    "x",
-    "y",
-    "w",
-    "h",
-    "image_width",
-    "image_height",
-    "split",
-)
+COLUMNS = CSV_COLUMNS
 MIMIC_FORMATS = ("jpg", "dcm", "mixed")
-CATEGORIES = (
-    "Atelectasis",
-    "Cardiomegaly",
-    "Consolidation",
-    "Edema",
-    "Lung Opacity",
-    "Pleural Effusion",
-    "Pneumonia",
-    "Pneumothorax",
-)
 
 # Phrases name the patient's side: image left (side 0) is the patient's right.
 _SIDE_NAMES = ("right", "left")
