@@ -52,8 +52,8 @@ from radharmony_pipeline.processing.geometry import letterbox_geometry
 from radharmony_pipeline.processing.image_jobs import (
     ImageJob,
     ImageRow,
+    build_packed_images,
     image_table,
-    run_image_jobs,
 )
 from radharmony_pipeline.processing.parallel import map_in_chunks
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
@@ -134,15 +134,12 @@ class StageRun:
 
 
 def run_stage(sources: Sequence[Path], output_root: Path, workers: int) -> StageRun:
-    """What `images` does for one partition, minus Dagster: timed from folder to os.replace."""
+    """What `images` does for one partition, minus Dagster: jobs built as the asset builds
+    them, then build_packed_images (the asset's own call)."""
     folder = output_root / "images" / PARTITION
     packed = output_root / "images" / f"{PARTITION}.npy"
     start = time.perf_counter()
     folder.mkdir(parents=True, exist_ok=True)
-    packed_temp = temporary_sibling(packed)
-    np.lib.format.open_memmap(
-        packed_temp, mode="w+", dtype=np.uint8, shape=(len(sources), SIZE, SIZE)
-    ).flush()
     jobs = [
         ImageJob(
             image_id=source.stem,
@@ -153,16 +150,12 @@ def run_stage(sources: Sequence[Path], output_root: Path, workers: int) -> Stage
             mask_relative=None,
             size=SIZE,
             geometry_of=letterbox_geometry,
-            packed_file=packed_temp,
+            packed_file=packed,
             row=row,
         )
         for row, source in enumerate(sources)
     ]
-    try:
-        rows = run_image_jobs(jobs, workers)
-        os.replace(packed_temp, packed)
-    finally:
-        packed_temp.unlink(missing_ok=True)
+    rows = build_packed_images(jobs, packed, SIZE, workers)
     seconds = time.perf_counter() - start
     failed = [row for row in rows if row.status != "ok"]
     if failed:

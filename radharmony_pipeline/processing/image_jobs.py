@@ -9,21 +9,23 @@ decoding the source again.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from PIL import Image
 
+from .atomic import temporary_sibling, write_atomically
 from .decode import DecodeError, decode_grayscale
 from .fingerprint import file_sha256
 from .geometry import ResizeGeometry, resize_image, resize_mask
 from .masks import mask_input_key, read_mask_png, write_mask_png
 from .parallel import Progress, map_in_chunks
-from .tagged_png import INPUT_KEY_TAG, stored_input_key, write_tagged_png
+from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
 
 # Bumped when decoding or resizing changes, so every image is redone once.
 IMAGE_CODE_VERSION = "1"
@@ -89,6 +91,13 @@ class ImageJob:
             return self._reuse(self.input_key())
         except OSError:
             return None
+
+    def current_row(self, key: str) -> ImageRow | None:
+        """The row from the outputs' headers when they carry `key` (pixels untouched)."""
+        tags = read_png_tags(self.output_root / self.image_relative)
+        if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
+            return None
+        return self._row(tags, decoded=False)
 
     def process(self) -> ImageRow:
         """Decode the source, resize, write the PNGs and pack the pixels; errors become rows."""
@@ -185,6 +194,55 @@ def _packed_array(path: Path) -> np.memmap:
 def process_image_job(job: ImageJob) -> ImageRow:
     """Top-level (picklable) entry point for the process pool."""
     return job.process()
+
+
+def build_packed_images(
+    jobs: Sequence[ImageJob],
+    packed: Path,
+    size: int,
+    workers: int,
+    on_progress: Progress | None = None,
+) -> list[ImageRow]:
+    """Rows of the partition's images and its packed N×S×S array at `packed`.
+
+    When the array exists and every image's input key equals the one recorded beside it
+    (`<name>.keys.json`) and in its PNG, nothing is read beyond file headers. Otherwise the
+    array is rebuilt in a temporary file (current PNGs re-used, the rest decoded in the pool)
+    and renamed into place, then its keys are recorded.
+    """
+    keys_file = packed.with_name(packed.name + ".keys.json")
+    keys = [_input_key_or_none(job) for job in jobs]
+    if packed.exists() and _recorded_keys(keys_file) == keys:
+        rows = [job.current_row(key) for job, key in zip(jobs, keys, strict=True)]
+        if all(row is not None for row in rows):
+            return rows
+    temp = temporary_sibling(packed)
+    try:
+        np.lib.format.open_memmap(
+            temp, mode="w+", dtype=np.uint8, shape=(len(jobs), size, size)
+        ).flush()
+        rows = run_image_jobs(
+            [replace(job, packed_file=temp) for job in jobs], workers, on_progress
+        )
+        os.replace(temp, packed)
+    finally:
+        temp.unlink(missing_ok=True)
+    write_atomically(keys_file, lambda path: path.write_text(json.dumps(keys)))
+    return rows
+
+
+def _input_key_or_none(job: ImageJob) -> str | None:
+    try:
+        return job.input_key()
+    except OSError:
+        return None
+
+
+def _recorded_keys(path: Path) -> list | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def run_image_jobs(

@@ -6,17 +6,16 @@ from pathlib import Path
 from typing import Literal
 
 import dagster as dg
-import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from ...processing.atomic import TEMP_MARKER, temporary_sibling
+from ...processing.atomic import TEMP_MARKER
 from ...processing.geometry import letterbox_geometry, squash_geometry
 from ...processing.image_jobs import (
     IMAGE_CODE_VERSION,
     ImageJob,
+    build_packed_images,
     image_table,
-    run_image_jobs,
 )
 from ...processing.parallel import worker_count
 from ...processing.progress import ProgressLog
@@ -70,10 +69,6 @@ def images(
     packed = root / "images" / f"{context.partition_key}.npy"
     folder.mkdir(parents=True, exist_ok=True)
     _remove_interrupted_writes(folder, packed)
-    packed_temp = temporary_sibling(packed)
-    np.lib.format.open_memmap(
-        packed_temp, mode="w+", dtype=np.uint8, shape=(len(raw_index), config.size, config.size)
-    ).flush()
     unions = _union_masks(masks, root)
     jobs = [
         ImageJob(
@@ -89,19 +84,15 @@ def images(
             ),
             size=config.size,
             geometry_of=GEOMETRIES[config.resize],
-            packed_file=packed_temp,
+            packed_file=packed,
             row=row,
         )
         for row, (image_id, image_key, relative) in enumerate(
             raw_index[["image_id", "image_key", "image_path"]].itertuples(index=False)
         )
     ]
-    try:
-        progress = ProgressLog(context.log, "images to decode", len(jobs))
-        rows = run_image_jobs(jobs, worker_count(), on_progress=progress.update)
-        os.replace(packed_temp, packed)
-    finally:
-        packed_temp.unlink(missing_ok=True)
+    progress = ProgressLog(context.log, "images to decode", len(jobs))
+    rows = build_packed_images(jobs, packed, config.size, worker_count(), progress.update)
     table = image_table(rows)
     return dg.Output(
         table.drop(columns="decoded"),
@@ -127,6 +118,6 @@ def _union_masks(masks: pd.DataFrame, root: Path) -> dict[str, Path]:
 
 def _remove_interrupted_writes(folder: Path, packed: Path) -> None:
     """A killed run leaves temporary files (never partial outputs); clear them before resuming."""
-    stale = [*folder.glob(f"{TEMP_MARKER}*"), *packed.parent.glob(f"{TEMP_MARKER}*{packed.name}")]
+    stale = [*folder.glob(f"{TEMP_MARKER}*"), *packed.parent.glob(f"{TEMP_MARKER}*{packed.name}*")]
     for path in stale:
         path.unlink(missing_ok=True)

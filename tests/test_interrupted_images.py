@@ -1,0 +1,98 @@
+"""A killed `images` materialization resumes to the same bytes and leaves no temporary file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from PIL import Image
+
+PARTITION = "rexgradient.train"
+# Materializes every partitioned stage of one partition, as `dagster asset materialize` would.
+SCRIPT = """
+import sys
+import dagster as dg
+from radharmony_pipeline.definitions import defs
+from radharmony_pipeline.defs.assets.source_files import source_files
+from radharmony_pipeline.defs.io_managers import ParquetIOManager
+from radharmony_pipeline.defs.resources import DatasetsResource, OutputsResource
+
+if __name__ == "__main__":
+    data_root, output, partition = sys.argv[1:]
+    assets = [d for d in [*defs.assets, *defs.asset_checks] if d is not source_files]
+    resources = {"datasets": DatasetsResource(data_root=data_root),
+                 "outputs": OutputsResource(output_root=output),
+                 "io_manager": ParquetIOManager(output_root=output)}
+    stages = dg.AssetSelection.all() - dg.AssetSelection.groups("manifest")
+    result = dg.materialize(assets, partition_key=partition, resources=resources,
+                            selection=stages)
+    sys.exit(0 if result.success else 1)
+"""
+
+
+def materialize(data_root: Path, output: Path, script: Path) -> subprocess.Popen:
+    environ = {**os.environ, "RADHARMONY_WORKERS": "1"}
+    return subprocess.Popen(
+        [sys.executable, str(script), str(data_root), str(output), PARTITION],
+        env=environ,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def outputs_of(output: Path) -> dict[str, bytes]:
+    """Every image, mask and packed-array file of the partition, by relative path."""
+    folder = output / "images"
+    return {
+        str(p.relative_to(output)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def test_killed_run_resumes_byte_identical_without_temporary_files(tiny_copy, tmp_path):
+    script = tmp_path / "materialize.py"
+    script.write_text(SCRIPT)
+    index_path = tiny_copy / "rexgradient"
+    clean = tmp_path / "clean"
+    assert materialize(tiny_copy, clean, script).wait(timeout=300) == 0
+    expected = outputs_of(clean)
+    table = pd.read_parquet(clean / "tables" / "raw_index" / f"{PARTITION}.parquet")
+    assert len(table) >= 4
+
+    # A very large image in the middle keeps the worker busy for seconds: the run is killed
+    # while it decodes, after the images before it were written.
+    middle = len(table) // 2
+    victim = index_path / "deid_png" / table["image_path"].iloc[middle]
+    saved = tmp_path / "saved.png"
+    shutil.copy2(victim, saved)
+    noise = np.random.default_rng(0).integers(0, 65535, (9000, 9000), dtype=np.uint16)
+    Image.fromarray(noise).save(victim, compress_level=1)
+    before = clean / "images" / PARTITION / f"{table['image_key'].iloc[middle - 1]}.png"
+    killed = tmp_path / "killed"
+    process = materialize(tiny_copy, killed, script)
+    written = killed / before.relative_to(clean)
+    deadline = time.monotonic() + 120
+    while not written.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    assert written.exists() and list((killed / "images").glob(".partial-*")), (
+        "the run must be killed mid-way"
+    )
+    assert not (killed / "images" / f"{PARTITION}.npy").exists()
+
+    victim.unlink()
+    shutil.copy2(saved, victim)
+    rerun = materialize(tiny_copy, killed, script)
+    assert rerun.wait(timeout=300) == 0, rerun.stderr.read()[-3000:]
+    assert outputs_of(killed) == expected
+    assert not list(killed.rglob(".partial-*"))
+    packed = np.load(killed / "images" / f"{PARTITION}.npy")
+    assert packed.shape[0] == len(table)
