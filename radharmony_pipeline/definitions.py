@@ -54,6 +54,6 @@ defs = dg.Definitions(
     resources={
         "datasets": DatasetsResource(),
         "outputs": outputs,
-        "io_manager": ParquetIOManager(output_root=outputs.output_root),
+        "io_manager": ParquetIOManager(outputs=outputs),
     },
 )

@@ -23,7 +23,7 @@ def resources(data_root, output) -> dict:
     return {
         "datasets": DatasetsResource(data_root=str(data_root)),
         "outputs": OutputsResource(output_root=str(output)),
-        "io_manager": ParquetIOManager(output_root=str(output)),
+        "io_manager": ParquetIOManager(outputs=OutputsResource(output_root=str(output))),
     }
 
 

@@ -29,7 +29,7 @@ if __name__ == "__main__":
     assets = [d for d in [*defs.assets, *defs.asset_checks] if d is not source_files]
     resources = {"datasets": DatasetsResource(data_root=data_root),
                  "outputs": OutputsResource(output_root=output),
-                 "io_manager": ParquetIOManager(output_root=output)}
+                 "io_manager": ParquetIOManager(outputs=OutputsResource(output_root=output))}
     stages = dg.AssetSelection.all() - dg.AssetSelection.groups("manifest")
     result = dg.materialize(assets, partition_key=partition, resources=resources,
                             selection=stages)

@@ -32,7 +32,7 @@ def run(data_root, output, partition) -> dg.ExecuteInProcessResult:
     resources = {
         "datasets": DatasetsResource(data_root=str(data_root)),
         "outputs": OutputsResource(output_root=str(output)),
-        "io_manager": ParquetIOManager(output_root=str(output)),
+        "io_manager": ParquetIOManager(outputs=OutputsResource(output_root=str(output))),
     }
     return dg.materialize(
         ASSETS, partition_key=partition, resources=resources, raise_on_error=False

@@ -16,7 +16,7 @@ from radharmony_pipeline.defs.assets.index_and_labels import raw_index_and_label
 from radharmony_pipeline.defs.checks.counts import counts_match_documentation
 from radharmony_pipeline.defs.checks.expectations import labels_suite, raw_index_suite
 from radharmony_pipeline.defs.io_managers import ParquetIOManager
-from radharmony_pipeline.defs.resources import DatasetsResource
+from radharmony_pipeline.defs.resources import DatasetsResource, OutputsResource
 from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
 from radharmony_pipeline.sources import partition_keys
 
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 def materialize(data_root: Path, output: Path, partition: str) -> dg.ExecuteInProcessResult:
     resources = {
         "datasets": DatasetsResource(data_root=str(data_root)),
-        "io_manager": ParquetIOManager(output_root=str(output)),
+        "io_manager": ParquetIOManager(outputs=OutputsResource(output_root=str(output))),
     }
     return dg.materialize(
         ASSETS, partition_key=partition, resources=resources, raise_on_error=False

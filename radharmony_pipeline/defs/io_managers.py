@@ -1,17 +1,16 @@
 """Parquet tables at `<output>/tables/<asset>/<partition>.parquet`, local or on object storage."""
 
-import os
 from pathlib import Path
 
 import dagster as dg
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import Field
 from upath import UPath
 
 from ..processing.atomic import write_atomically
 from .metadata import table_metadata
+from .resources import OutputsResource
 
 
 class ParquetTableIOManager(dg.UPathIOManager):
@@ -41,12 +40,13 @@ def _is_local(path: UPath) -> bool:
 
 
 class ParquetIOManager(dg.ConfigurableIOManagerFactory):
-    """Tables under `<output_root>/tables`; `output_root` may be a local folder or `s3://...`."""
+    """Tables under `<output_root>/tables`; `output_root` may be a local folder or `s3://...`.
 
-    output_root: str = Field(
-        default_factory=lambda: os.environ.get("RADHARMONY_OUTPUT_ROOT") or "data/output",
-        description="Folder or URL of all outputs; default RADHARMONY_OUTPUT_ROOT.",
-    )
+    The root comes from the shared `outputs` resource, so tables, masks and images always land
+    under the same root whatever the launchpad sets.
+    """
+
+    outputs: OutputsResource
 
     def create_io_manager(self, context: dg.InitResourceContext) -> ParquetTableIOManager:
-        return ParquetTableIOManager(base_path=UPath(self.output_root) / "tables")
+        return ParquetTableIOManager(base_path=UPath(self.outputs.output_root) / "tables")
