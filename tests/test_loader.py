@@ -167,6 +167,13 @@ def output_root(tmp_path: Path) -> Path:
     return output
 
 
+@pytest.fixture(autouse=True)
+def numpy_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check the numpy samples; the torch path has its own test below, so the
+    suite behaves the same with or without torch installed."""
+    monkeypatch.setattr(loader, "torch", None)
+
+
 @pytest.fixture
 def manifest_path(output_root: Path) -> Path:
     return output_root / "tables" / "unified_manifest.parquet"
