@@ -8,6 +8,7 @@ from .defs.assets.index_and_labels import raw_index_and_labels
 from .defs.assets.manifest import unified_manifest
 from .defs.assets.masks import masks
 from .defs.assets.source_files import source_files
+from .defs.automation import nightly_observation, rebuild_sensor
 from .defs.checks.counts import counts_match_documentation
 from .defs.checks.expectations import labels_suite, raw_index_suite
 from .defs.checks.manifest import (
@@ -51,6 +52,8 @@ defs = dg.Definitions(
         no_patient_in_train_and_test,
     ],
     jobs=[observe_source_files_job, all_stages_job, index_and_labels_job, manifest_job],
+    schedules=[nightly_observation],
+    sensors=[rebuild_sensor],
     resources={
         "datasets": DatasetsResource(),
         "outputs": outputs,

@@ -75,3 +75,16 @@ def test_importing_the_readers_does_not_load_dagster():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_nightly_observation_and_rebuild_sensor_run_by_default():
+    schedule = defs.resolve_schedule_def("observe_source_files_nightly")
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+    assert schedule.cron_schedule == "0 2 * * *"
+    sensor = defs.resolve_sensor_def("rebuild_changed_partitions")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    graph = defs.resolve_asset_graph()
+    for key in ("raw_index", "labels", "masks", "bboxes", "images", "unified_manifest"):
+        node = graph.get(dg.AssetKey(key))
+        assert node.automation_condition is not None and node.code_version, key
+    assert graph.get(dg.AssetKey("images")).pools == {"heavy_image_work"}

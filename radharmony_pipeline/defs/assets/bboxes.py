@@ -5,6 +5,7 @@ import pandas as pd
 
 from ...processing.boxes import normalize_xywh
 from ...sources import parse_partition_key
+from ..automation import REBUILD_WHEN_CHANGED
 from ..partitions import dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
 from .previews import box_preview, status_counts
@@ -23,6 +24,7 @@ BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")
         "the image are clipped and counted; a box with no area after clipping is kept as a "
         "row with status `error`, never dropped. Datasets without boxes give an empty table."
     ),
+    automation_condition=REBUILD_WHEN_CHANGED,
     code_version=CODE_VERSION,
     kinds={"parquet", "png"},
 )

@@ -20,6 +20,7 @@ from ...processing.image_jobs import (
 from ...processing.parallel import worker_count
 from ...processing.progress import ProgressLog
 from ...sources import parse_partition_key
+from ..automation import REBUILD_WHEN_CHANGED
 from ..partitions import dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
 from .previews import status_counts
@@ -50,6 +51,7 @@ class ImagesConfig(dg.Config):
         "`images/<partition>.npy` (N×S×S uint8, row = tensor_index). Unchanged images are "
         "re-used after a cheap check; undecodable ones are rows with status `error`."
     ),
+    automation_condition=REBUILD_WHEN_CHANGED,
     code_version=IMAGE_CODE_VERSION,
     kinds={"png", "numpy", "parquet"},
     pool="heavy_image_work",

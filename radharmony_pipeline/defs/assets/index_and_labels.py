@@ -9,6 +9,7 @@ import dagster as dg
 from ...processing.vocabulary import LABEL_COLUMNS
 from ...sources import DatasetSource, SourceError, SplitTables, parse_partition_key
 from ...sources.base import arrow_system_allocator
+from ..automation import REBUILD_WHEN_CHANGED
 from ..partitions import dataset_split_partitions
 from ..resources import DatasetsResource
 from .source_files import source_files
@@ -30,6 +31,7 @@ _OUTPUT_ORDER = ("raw_index", "labels")
             ),
             is_required=False,
             code_version=CODE_VERSION,
+            automation_condition=REBUILD_WHEN_CHANGED,
             kinds={"parquet", "pandas"},
         ),
         "labels": dg.AssetOut(
@@ -41,6 +43,7 @@ _OUTPUT_ORDER = ("raw_index", "labels")
             ),
             is_required=False,
             code_version=CODE_VERSION,
+            automation_condition=REBUILD_WHEN_CHANGED,
             kinds={"parquet", "pandas"},
         ),
     },

@@ -7,6 +7,7 @@ from ...processing.mask_jobs import MASK_CODE_VERSION, MaskTarget, mask_table, r
 from ...processing.parallel import map_in_chunks, worker_count
 from ...processing.progress import ProgressLog
 from ...sources import parse_partition_key
+from ..automation import REBUILD_WHEN_CHANGED
 from ..partitions import dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
 from .previews import mask_preview, status_counts
@@ -23,6 +24,7 @@ from .previews import mask_preview, status_counts
         "before one decode; ChestX-Det polygons are filled per class, overlaps kept. Unchanged "
         "masks are not rewritten. Datasets without masks give an empty table."
     ),
+    automation_condition=REBUILD_WHEN_CHANGED,
     code_version=MASK_CODE_VERSION,
     kinds={"png", "parquet"},
     pool="heavy_image_work",

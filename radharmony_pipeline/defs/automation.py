@@ -1,0 +1,29 @@
+"""Incremental rebuilds: observe the downloads on a schedule, rebuild what changed eagerly."""
+
+import os
+
+import dagster as dg
+
+from .jobs import observe_source_files_job
+
+OBSERVE_CRON_ENV = "RADHARMONY_OBSERVE_CRON"
+DEFAULT_OBSERVE_CRON = "0 2 * * *"  # nightly, 02:00
+
+# Downstream stages run when an upstream partition's data version changes (or is newly
+# materialized), once each upstream is present; code_version changes count as changes too.
+REBUILD_WHEN_CHANGED = dg.AutomationCondition.eager()
+
+nightly_observation = dg.ScheduleDefinition(
+    name="observe_source_files_nightly",
+    job=observe_source_files_job,
+    cron_schedule=os.environ.get(OBSERVE_CRON_ENV) or DEFAULT_OBSERVE_CRON,
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description=f"Fingerprint every partition's downloads (cron from {OBSERVE_CRON_ENV}).",
+)
+
+rebuild_sensor = dg.AutomationConditionSensorDefinition(
+    "rebuild_changed_partitions",
+    target=dg.AssetSelection.all(),
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Requests runs for the partitions whose sources or upstream tables changed.",
+)
