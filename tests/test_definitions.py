@@ -49,6 +49,9 @@ def test_every_asset_has_a_description_and_a_stage_group():
         node = graph.get(key)
         assert node.description, key
         assert node.group_name != "default", key
+        assert node.kinds, key
+        if node.is_materializable:
+            assert node.owners == ["team:radharmony"], key
 
 
 def _imported_modules(path: Path) -> set[str]:

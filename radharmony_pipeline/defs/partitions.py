@@ -5,3 +5,6 @@ import dagster as dg
 from ..sources import partition_keys
 
 dataset_split_partitions = dg.StaticPartitionsDefinition(partition_keys())
+
+# Who answers for the stages in the UI (asset owners).
+OWNERS = ["team:radharmony"]

@@ -6,7 +6,7 @@ import pandas as pd
 from ...processing.boxes import normalize_xywh
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
-from ..partitions import dataset_split_partitions
+from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
 from .previews import box_preview, status_counts
 
@@ -16,6 +16,7 @@ BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")
 
 @dg.asset(
     partitions_def=dataset_split_partitions,
+    owners=OWNERS,
     group_name="bboxes",
     description=(
         "One row per box: unified class `label`, phrase `label_text` (MS-CXR), the box "

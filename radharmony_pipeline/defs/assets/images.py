@@ -21,7 +21,7 @@ from ...processing.parallel import worker_count
 from ...processing.progress import ProgressLog
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
-from ..partitions import dataset_split_partitions
+from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
 from .previews import status_counts
 
@@ -42,6 +42,7 @@ class ImagesConfig(dg.Config):
 
 @dg.asset(
     partitions_def=dataset_split_partitions,
+    owners=OWNERS,
     group_name="images",
     description=(
         "Every image of the partition decoded to 8-bit grayscale (JPEG at reduced DCT scale "

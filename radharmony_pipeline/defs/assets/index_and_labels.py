@@ -10,7 +10,7 @@ from ...processing.vocabulary import LABEL_COLUMNS
 from ...sources import DatasetSource, SourceError, SplitTables, parse_partition_key
 from ...sources.base import arrow_system_allocator
 from ..automation import REBUILD_WHEN_CHANGED
-from ..partitions import dataset_split_partitions
+from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource
 from .source_files import source_files
 
@@ -30,6 +30,7 @@ _OUTPUT_ORDER = ("raw_index", "labels")
                 "and documented dataset-specific columns."
             ),
             is_required=False,
+            owners=OWNERS,
             code_version=CODE_VERSION,
             automation_condition=REBUILD_WHEN_CHANGED,
             kinds={"parquet", "pandas"},
@@ -42,6 +43,7 @@ _OUTPUT_ORDER = ("raw_index", "labels")
                 "(1 positive, 0 negative, null not annotated)."
             ),
             is_required=False,
+            owners=OWNERS,
             code_version=CODE_VERSION,
             automation_condition=REBUILD_WHEN_CHANGED,
             kinds={"parquet", "pandas"},

@@ -6,6 +6,7 @@ import pandas as pd
 from ...processing.manifest import MANIFEST_COLUMNS, combine, partition_manifest
 from ...processing.vocabulary import LABEL_COLUMNS
 from ..automation import REBUILD_WHEN_CHANGED
+from ..partitions import OWNERS
 
 CODE_VERSION = "1"
 UPSTREAM = ("raw_index", "labels", "masks", "bboxes", "images")
@@ -32,6 +33,7 @@ _SOURCES = {
 
 @dg.asset(
     group_name="manifest",
+    owners=OWNERS,
     ins={
         name: dg.AssetIn(
             name,

@@ -8,13 +8,14 @@ from ...processing.parallel import map_in_chunks, worker_count
 from ...processing.progress import ProgressLog
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
-from ..partitions import dataset_split_partitions
+from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
 from .previews import mask_preview, status_counts
 
 
 @dg.asset(
     partitions_def=dataset_split_partitions,
+    owners=OWNERS,
     group_name="masks",
     description=(
         "Binary masks at the source image's native resolution, written as 0/255 PNGs under "

@@ -24,6 +24,9 @@ def partition_version(source: DatasetSource, split: str) -> str:
     return combined_version(parts)
 
 
+SOURCE_KINDS = ("jpeg", "png", "dicom", "json", "csv")
+
+
 @dg.observable_source_asset(
     partitions_def=dataset_split_partitions,
     group_name="sources",
@@ -32,7 +35,8 @@ def partition_version(source: DatasetSource, split: str) -> str:
         "files' content and fingerprints its image tree (names, sizes, modification times), "
         "so a re-download or a replaced image marks exactly that partition as changed."
     ),
-    kinds={"jpeg", "png", "dicom", "json", "csv"},
+    # Observable sources take kinds as tags (the `kinds=` argument is not kept for them).
+    tags={"stage": "sources", **{f"dagster/kind/{kind}": "" for kind in SOURCE_KINDS}},
 )
 def source_files(
     context: dg.AssetExecutionContext, datasets: DatasetsResource
