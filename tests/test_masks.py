@@ -20,10 +20,10 @@ from radharmony_pipeline.processing.masks import (
     rasterize_polygons,
     read_mask_png,
     rle_area,
-    stored_input_key,
     union_rle_masks,
     write_mask_png,
 )
+from radharmony_pipeline.processing.tagged_png import stored_input_key
 
 # pycocotools 2.0.11's Cython decode trips a NumPy 2 DeprecationWarning on every call; it is
 # theirs, harmless, and would bury our own warnings.

@@ -3,6 +3,8 @@
 import dagster as dg
 import pandas as pd
 
+from ..processing.reasons import error_reasons
+
 
 def column_type(series: pd.Series) -> str:
     """A readable type: pandas dtype, or `list<...>` for list-valued object columns."""
@@ -26,3 +28,11 @@ def table_metadata(frame: pd.DataFrame) -> dict:
         "dagster/column_schema": dg.MetadataValue.table_schema(table_schema(frame)),
         "dagster/row_count": dg.MetadataValue.int(len(frame)),
     }
+
+
+def status_counts(table: pd.DataFrame) -> dict[str, int]:
+    """Rows by status, and error rows by reason."""
+    counts = {str(k): int(v) for k, v in table["status"].value_counts().items()}
+    errors = error_reasons(table.loc[table["status"] == "error", "error"])
+    counts.update({f"error: {reason}": n for reason, n in errors.items()})
+    return counts

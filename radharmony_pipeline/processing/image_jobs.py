@@ -80,10 +80,6 @@ class ImageJob:
             self.geometry_of.__name__,
         )
 
-    def run(self) -> ImageRow:
-        """Re-use the current outputs, or decode and write them."""
-        return self.reuse() or self.process()
-
     def reuse(self) -> ImageRow | None:
         """The row from existing outputs that carry the current input key (their pixels are
         packed), else None. Cheap: a stat, a PNG header and a small PNG decode."""
@@ -126,7 +122,9 @@ class ImageJob:
             "pad_left": str(geometry.pad_left),
             "source_sha256": file_sha256(self.source_file),
         }
-        write_tagged_png(self.output_root / self.image_relative, Image.fromarray(pixels), key, tags)
+        write_tagged_png(
+            self.output_root / self.image_relative, lambda: Image.fromarray(pixels), key, tags
+        )
         self._pack(pixels)
         return self._row(tags, decoded=True)
 

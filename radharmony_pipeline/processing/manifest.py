@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from .geometry import boxes_to_resized_frame, letterbox_geometry, squash_geometry
+from .reasons import error_reasons
 from .vocabulary import LABEL_COLUMNS
 
 GEOMETRIES = {"letterbox": letterbox_geometry, "squash": squash_geometry}
@@ -58,7 +59,7 @@ def partition_manifest(
             rows[column] = rows[column].astype(dtype)
     rows = rows.merge(images, on="image_id", how="left", validate="one_to_one")
     usable = rows["status"] == "ok"
-    excluded = _reasons(rows.loc[~usable])
+    excluded = error_reasons(rows.loc[~usable, "error"].fillna("image stage did not run"))
     rows = rows.loc[usable].copy()
     rows["tensor_path"] = f"images/{partition}.npy"
     rows = rows.merge(
@@ -85,12 +86,6 @@ def partition_manifest(
     ]
     rows["label_text"] = [list(v) if v is not None else [] for v in rows["label_text"]]
     return rows[list(MANIFEST_COLUMNS)].reset_index(drop=True), excluded
-
-
-def _reasons(rows: pd.DataFrame) -> dict[str, int]:
-    reasons = rows["error"].fillna("image stage did not run").astype(str)
-    short = reasons.str.split(": ", n=1).str[-1].str.replace(r"\d+", "N", regex=True)
-    return {str(k): int(v) for k, v in short.value_counts().items()}
 
 
 def _mask_classes(masks: pd.DataFrame) -> pd.DataFrame:

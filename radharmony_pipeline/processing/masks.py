@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 from pycocotools import mask as coco_mask
 
-from radharmony_pipeline.processing.tagged_png import stored_input_key, write_tagged_png
+from radharmony_pipeline.processing.tagged_png import write_tagged_png
 
 INPUT_KEY_HEX_DIGITS = 16  # 64 bits: collisions are negligible for a per-mask change check
 MASK_FOREGROUND = 255
@@ -156,9 +156,7 @@ def write_mask_png(path: Path, mask: np.ndarray, input_key: str) -> bool:
     A file already tagged with the same key is left untouched (its mtime too), so masks
     whose inputs did not change are never rewritten.
     """
-    if stored_input_key(Path(path)) == input_key:
-        return False
-    return write_tagged_png(Path(path), _mask_image(mask), input_key)
+    return write_tagged_png(Path(path), lambda: _mask_image(mask), input_key)
 
 
 def read_mask_png(path: Path) -> np.ndarray:

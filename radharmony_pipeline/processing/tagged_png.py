@@ -6,7 +6,7 @@ Tags live in tEXt chunks, which Pillow writes before the image data and parses o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from PIL import Image, PngImagePlugin
@@ -35,10 +35,14 @@ def stored_input_key(path: Path) -> str | None:
 
 
 def write_tagged_png(
-    path: Path, image: Image.Image, input_key: str, tags: Mapping[str, str] | None = None
+    path: Path,
+    image: Callable[[], Image.Image],
+    input_key: str,
+    tags: Mapping[str, str] | None = None,
 ) -> bool:
-    """Write `image` with its input key (and other tags) atomically; False if the file
-    already carries the same key and was left untouched (mtime included)."""
+    """Write `image()` with its input key (and other tags) atomically; False if the file
+    already carries the same key and was left untouched (mtime included). The image is only
+    built when it is written."""
     path = Path(path)
     if stored_input_key(path) == input_key:
         return False
@@ -46,5 +50,6 @@ def write_tagged_png(
     header.add_text(INPUT_KEY_TAG, input_key)
     for name, value in (tags or {}).items():
         header.add_text(name, value)
-    write_atomically(path, lambda temp: image.save(temp, format="PNG", pnginfo=header))
+    picture = image()
+    write_atomically(path, lambda temp: picture.save(temp, format="PNG", pnginfo=header))
     return True

@@ -6,9 +6,10 @@ import pandas as pd
 from ...processing.boxes import normalize_xywh
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
+from ..metadata import status_counts
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
-from .previews import box_preview, status_counts
+from .previews import box_preview
 
 CODE_VERSION = "1"
 BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")

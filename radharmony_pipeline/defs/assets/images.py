@@ -21,9 +21,9 @@ from ...processing.parallel import worker_count
 from ...processing.progress import ProgressLog
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
+from ..metadata import status_counts
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
-from .previews import status_counts
 
 GEOMETRIES = {"letterbox": letterbox_geometry, "squash": squash_geometry}
 

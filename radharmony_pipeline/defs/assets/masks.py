@@ -8,9 +8,10 @@ from ...processing.parallel import map_in_chunks, worker_count
 from ...processing.progress import ProgressLog
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
+from ..metadata import status_counts
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
-from .previews import mask_preview, status_counts
+from .previews import mask_preview
 
 
 @dg.asset(

@@ -3,7 +3,6 @@ materialization metadata so they open from the Dagster UI."""
 
 import base64
 import io
-from collections.abc import Mapping
 from pathlib import Path
 
 import cv2
@@ -12,12 +11,14 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from ...processing.display import display_pixels
+from ...processing.decode import decode_grayscale
 from ...processing.masks import read_mask_png
 from ...processing.previews import PreviewSample, choose_samples, contact_sheet, save_png
 from ...sources.base import DatasetSource
 
 SAMPLES = 16
+# Images are decoded for a tile of a few hundred pixels: JPEGs at a reduced DCT scale.
+PREVIEW_SIDE = 512
 INLINE_WIDTH = 640
 
 
@@ -88,7 +89,7 @@ def _write_sheet(source, split, index, root, relative, prefer, masks_of, boxes_o
         row = index.iloc[position]
         image_file = source.image_dir(split) / row["image_path"]
         try:
-            pixels = display_pixels(image_file)
+            pixels = decode_grayscale(image_file, target_size=PREVIEW_SIDE).pixels
         except (OSError, ValueError):
             continue  # the images stage reports unreadable files; a preview just skips them
         samples.append(
@@ -123,12 +124,3 @@ def _inline_markdown(sheet: Image.Image) -> str:
     small.save(buffer, format="JPEG", quality=80)
     encoded = base64.b64encode(buffer.getvalue()).decode()
     return f"![contact sheet](data:image/jpeg;base64,{encoded})"
-
-
-def status_counts(table: pd.DataFrame) -> Mapping[str, int]:
-    """Rows by status, and errors by reason (the message after the file name, numbers masked)."""
-    counts = {str(k): int(v) for k, v in table["status"].value_counts().items()}
-    messages = table.loc[table["status"] == "error", "error"]
-    errors = messages.str.split(": ", n=1).str[-1].str.replace(r"\d+", "N", regex=True)
-    counts.update({f"error: {k}": int(v) for k, v in errors.value_counts().items()})
-    return counts
