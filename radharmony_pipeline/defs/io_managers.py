@@ -9,17 +9,20 @@ import pyarrow.parquet as pq
 from upath import UPath
 
 from ..processing.atomic import write_atomically
+from ..processing.table_schemas import PARTITION_COLUMNS, TABLE_SCHEMAS, conform
+from ..sources import parse_partition_key
 from .metadata import table_metadata
 from .resources import OutputsResource
 
 
 class ParquetTableIOManager(dg.UPathIOManager):
-    """Writes each partition's DataFrame as one Parquet file, atomically on local disks."""
+    """Writes each partition's DataFrame as one Parquet file of its table's declared schema,
+    atomically on local disks. A frame that does not fit the declaration fails the write."""
 
     extension = ".parquet"
 
     def dump_to_path(self, context: dg.OutputContext, obj: pd.DataFrame, path: UPath) -> None:
-        table = pa.Table.from_pandas(obj, preserve_index=False)
+        table = declared_table(context, obj)
         if _is_local(path):
             write_atomically(Path(path.path), lambda temp: pq.write_table(table, temp))
         else:
@@ -32,7 +35,24 @@ class ParquetTableIOManager(dg.UPathIOManager):
             return pq.read_table(handle).to_pandas()
 
     def get_metadata(self, context: dg.OutputContext, obj: pd.DataFrame) -> dict:
-        return table_metadata(obj)
+        return table_metadata(obj, TABLE_SCHEMAS.get(_table_name(context)))
+
+
+def declared_table(context: dg.OutputContext, frame: pd.DataFrame) -> pa.Table:
+    """The frame conformed to its table's schema; a partition's dataset and split filled in."""
+    schema = TABLE_SCHEMAS.get(_table_name(context))
+    if schema is None:
+        return pa.Table.from_pandas(frame, preserve_index=False)
+    constants = {}
+    if context.has_partition_key:
+        constants = dict(
+            zip(PARTITION_COLUMNS, parse_partition_key(context.partition_key), strict=True)
+        )
+    return conform(frame, schema, constants)
+
+
+def _table_name(context: dg.OutputContext) -> str:
+    return context.asset_key.path[-1]
 
 
 def _is_local(path: UPath) -> bool:

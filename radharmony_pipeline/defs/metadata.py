@@ -4,6 +4,7 @@ import dagster as dg
 import pandas as pd
 
 from ..processing.reasons import error_reasons
+from ..processing.table_schemas import SCHEMA_VERSION, TableSchema
 
 
 def column_type(series: pd.Series) -> str:
@@ -22,12 +23,36 @@ def table_schema(frame: pd.DataFrame) -> dg.TableSchema:
     )
 
 
-def table_metadata(frame: pd.DataFrame) -> dict:
-    """The standard keys the UI shows as a table's columns and row count."""
-    return {
-        "dagster/column_schema": dg.MetadataValue.table_schema(table_schema(frame)),
+def declared_column_schema(schema: TableSchema) -> dg.TableSchema:
+    """The declared columns with their Arrow types and descriptions, as the UI shows them."""
+    return dg.TableSchema(
+        columns=[
+            dg.TableColumn(
+                name=column.name,
+                type=str(column.type),
+                description=column.description,
+            )
+            for column in schema.columns
+        ]
+    )
+
+
+def table_metadata(frame: pd.DataFrame, schema: TableSchema | None = None) -> dict:
+    """The standard keys the UI shows as a table's columns and row count (the declared
+    schema, with descriptions, for tables that have one)."""
+    columns = declared_column_schema(schema) if schema is not None else table_schema(frame)
+    metadata = {
+        "dagster/column_schema": dg.MetadataValue.table_schema(columns),
         "dagster/row_count": dg.MetadataValue.int(len(frame)),
     }
+    if schema is not None:
+        metadata["schema_version"] = SCHEMA_VERSION
+    return metadata
+
+
+def definition_metadata(schema: TableSchema) -> dict:
+    """Asset-definition metadata: the declared columns show before anything is materialized."""
+    return {"dagster/column_schema": dg.MetadataValue.table_schema(declared_column_schema(schema))}
 
 
 def status_counts(table: pd.DataFrame) -> dict[str, int]:

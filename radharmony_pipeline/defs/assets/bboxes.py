@@ -4,9 +4,10 @@ import dagster as dg
 import pandas as pd
 
 from ...processing.boxes import normalize_xywh
+from ...processing.table_schemas import BBOXES
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
-from ..metadata import status_counts
+from ..metadata import definition_metadata, status_counts
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
 from .previews import box_preview
@@ -29,6 +30,7 @@ BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")
     automation_condition=REBUILD_WHEN_CHANGED,
     code_version=CODE_VERSION,
     kinds={"parquet", "png"},
+    metadata=definition_metadata(BBOXES),
 )
 def bboxes(
     context: dg.AssetExecutionContext,

@@ -19,9 +19,10 @@ from ...processing.image_jobs import (
 )
 from ...processing.parallel import worker_count
 from ...processing.progress import ProgressLog
+from ...processing.table_schemas import IMAGES
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
-from ..metadata import status_counts
+from ..metadata import definition_metadata, status_counts
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
 
@@ -55,6 +56,7 @@ class ImagesConfig(dg.Config):
     automation_condition=REBUILD_WHEN_CHANGED,
     code_version=IMAGE_CODE_VERSION,
     kinds={"png", "numpy", "parquet"},
+    metadata=definition_metadata(IMAGES),
     pool="heavy_image_work",
 )
 def images(

@@ -6,10 +6,12 @@ JSON is hundreds of megabytes, and parsing it once instead of twice halves the s
 
 import dagster as dg
 
+from ...processing.table_schemas import LABELS, RAW_INDEX
 from ...processing.vocabulary import LABEL_COLUMNS
 from ...sources import DatasetSource, SourceError, SplitTables, parse_partition_key
 from ...sources.base import arrow_system_allocator
 from ..automation import REBUILD_WHEN_CHANGED
+from ..metadata import definition_metadata
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource
 from .source_files import source_files
@@ -34,6 +36,7 @@ _OUTPUT_ORDER = ("raw_index", "labels")
             code_version=CODE_VERSION,
             automation_condition=REBUILD_WHEN_CHANGED,
             kinds={"parquet", "pandas"},
+            metadata=definition_metadata(RAW_INDEX),
         ),
         "labels": dg.AssetOut(
             group_name="labels",
@@ -47,6 +50,7 @@ _OUTPUT_ORDER = ("raw_index", "labels")
             code_version=CODE_VERSION,
             automation_condition=REBUILD_WHEN_CHANGED,
             kinds={"parquet", "pandas"},
+            metadata=definition_metadata(LABELS),
         ),
     },
     internal_asset_deps={

@@ -4,8 +4,10 @@ import dagster as dg
 import pandas as pd
 
 from ...processing.manifest import MANIFEST_COLUMNS, combine, partition_manifest
+from ...processing.table_schemas import UNIFIED_MANIFEST
 from ...processing.vocabulary import LABEL_COLUMNS
 from ..automation import REBUILD_WHEN_CHANGED
+from ..metadata import definition_metadata
 from ..partitions import OWNERS
 
 CODE_VERSION = "1"
@@ -52,6 +54,7 @@ _SOURCES = {
     automation_condition=REBUILD_WHEN_CHANGED,
     code_version=CODE_VERSION,
     kinds={"parquet", "pandas"},
+    metadata=definition_metadata(UNIFIED_MANIFEST),
 )
 def unified_manifest(
     context: dg.AssetExecutionContext,

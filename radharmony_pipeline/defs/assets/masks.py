@@ -6,9 +6,10 @@ import pandas as pd
 from ...processing.mask_jobs import MASK_CODE_VERSION, MaskTarget, mask_table, run_mask_job
 from ...processing.parallel import map_in_chunks, worker_count
 from ...processing.progress import ProgressLog
+from ...processing.table_schemas import MASKS
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
-from ..metadata import status_counts
+from ..metadata import definition_metadata, status_counts
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
 from .previews import mask_preview
@@ -29,6 +30,7 @@ from .previews import mask_preview
     automation_condition=REBUILD_WHEN_CHANGED,
     code_version=MASK_CODE_VERSION,
     kinds={"png", "parquet"},
+    metadata=definition_metadata(MASKS),
     pool="heavy_image_work",
 )
 def masks(

@@ -1,0 +1,396 @@
+"""The declared Arrow schema of every table: the one place that documents the contract.
+
+Every partition of a table is written with exactly these columns, in this order, with these
+types (`conform` enforces it), so a whole table folder reads as one table in any Parquet
+reader. A column only some datasets have is an `extra`: null in the other datasets'
+partitions. Adding a column is one line here (then bump SCHEMA_VERSION).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pandas as pd
+import pyarrow as pa
+
+from .vocabulary import INDEX_COLUMNS, LABEL_COLUMNS, UNIFIED_LABELS
+
+# Written into each file's key-value metadata; bumped whenever a declaration changes.
+SCHEMA_VERSION = "2"
+SCHEMA_VERSION_KEY = b"radharmony.schema_version"
+TABLE_NAME_KEY = b"radharmony.table"
+
+STRING = pa.string()
+INT8 = pa.int8()
+INT32 = pa.int32()
+INT64 = pa.int64()
+FLOAT64 = pa.float64()
+BOOL = pa.bool_()
+TIMESTAMP = pa.timestamp("ms")
+STRINGS = pa.list_(STRING)
+BOXES = pa.list_(pa.list_(FLOAT64))
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    description: str
+    # False for dataset-specific extras: a frame without them gets nulls.
+    required: bool = True
+
+
+def col(name: str, type_: pa.DataType, description: str) -> Column:
+    return Column(name, type_, description)
+
+
+def extra(name: str, type_: pa.DataType, description: str) -> Column:
+    return Column(name, type_, description, required=False)
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    name: str
+    columns: tuple[Column, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def column(self, name: str) -> Column:
+        return next(c for c in self.columns if c.name == name)
+
+    def arrow(self) -> pa.Schema:
+        """The Arrow schema with the pandas and schema-version metadata every file carries."""
+        return _arrow_schema(self)
+
+
+_IMAGE_ID = col("image_id", STRING, "`<dataset>/<native id>`, unique across the corpus")
+_DATASET = col("dataset", STRING, "Dataset key: chexlocalize, ms_cxr, chestx_det or rexgradient")
+_SPLIT = col("split", STRING, "Normalized split: train, val or test")
+_STATUS = col("status", STRING, "`ok`, or `error` when this row could not be produced")
+_ERROR = col("error", STRING, "Why the row is an error (file, cause); null when ok")
+_PARTITION = (_IMAGE_ID, _DATASET, _SPLIT)
+
+
+def _label_columns() -> tuple[Column, ...]:
+    return tuple(
+        col(
+            f"label_{name}",
+            INT8,
+            f"Unified tri-state label `{name}`: 1 positive, 0 negative, null not annotated",
+        )
+        for name in UNIFIED_LABELS
+    )
+
+
+def _native(name: str, datasets: str) -> Column:
+    return extra(name, INT8, f"Native label of {datasets} (see the dataset's page for values)")
+
+
+RAW_INDEX = TableSchema(
+    "raw_index",
+    (
+        _IMAGE_ID,
+        col("image_key", STRING, "Filesystem-safe form of image_id, used in file names"),
+        _DATASET,
+        _SPLIT,
+        col("patient_id", STRING, "Patient identifier from the source; null when unknown"),
+        col("study_id", STRING, "Study identifier from the source; null when unknown"),
+        col("image_path", STRING, "Source image path, relative to the dataset's image folder"),
+        col("image_format", STRING, "Source file format: jpg, png or dcm"),
+        col("view_position", STRING, "Normalized view: PA, AP, LATERAL, LL, OTHER or UNKNOWN"),
+        col("view_position_raw", STRING, "View position as the source states it"),
+        col("source_height", INT64, "Source image height in pixels, when the metadata gives it"),
+        col("source_width", INT64, "Source image width in pixels, when the metadata gives it"),
+        extra("accession_number", STRING, "ReXGradient accession number"),
+        extra("patient_sex", STRING, "M or F (CheXlocalize, ReXGradient)"),
+        extra("patient_age", STRING, "Age as the source writes it, e.g. `014Y` (ReXGradient)"),
+        extra("patient_age_years", FLOAT64, "Age in years (CheXlocalize, ReXGradient)"),
+        extra("study_date", TIMESTAMP, "Study date (ReXGradient)"),
+    ),
+)
+
+_CHEXPERT = "CheXlocalize (CheXpert 1, 0, -1 uncertain, null blank)"
+_MS_CXR = "MS-CXR (1 when a phrase box of the category exists, else 0)"
+_CHESTX_DET = "ChestX-Det (1 present, 0 absent)"
+_SHARED = "CheXlocalize (1, 0, -1 uncertain), MS-CXR (1 boxed) and ChestX-Det (1/0)"
+
+LABELS = TableSchema(
+    "labels",
+    (
+        *_PARTITION,
+        _native("no_finding", _CHEXPERT),
+        _native("enlarged_cardiomediastinum", _CHEXPERT),
+        _native("cardiomegaly", _SHARED),
+        _native("lung_opacity", f"{_CHEXPERT} and {_MS_CXR}"),
+        _native("lung_lesion", _CHEXPERT),
+        _native("edema", f"{_CHEXPERT} and {_MS_CXR}"),
+        _native("consolidation", _SHARED),
+        _native("pneumonia", f"{_CHEXPERT} and {_MS_CXR}"),
+        _native("atelectasis", _SHARED),
+        _native("pneumothorax", _SHARED),
+        _native("pleural_effusion", f"{_CHEXPERT} and {_MS_CXR}"),
+        _native("pleural_other", _CHEXPERT),
+        _native("fracture", f"{_CHEXPERT} and {_CHESTX_DET}"),
+        _native("support_devices", _CHEXPERT),
+        extra("has_segmentation", BOOL, "CheXlocalize: the segmentation JSON has an entry"),
+        extra("num_boxes", INT32, "MS-CXR: box rows of the image in the CSV"),
+        _native("calcification", _CHESTX_DET),
+        _native("diffuse_nodule", _CHESTX_DET),
+        _native("effusion", _CHESTX_DET),
+        _native("emphysema", _CHESTX_DET),
+        _native("fibrosis", _CHESTX_DET),
+        _native("mass", _CHESTX_DET),
+        _native("nodule", _CHESTX_DET),
+        _native("pleural_thickening", _CHESTX_DET),
+        extra("syms", STRINGS, "ChestX-Det: class name of each instance, in JSON order"),
+        extra("num_instances", INT32, "ChestX-Det: annotated instances on the image"),
+        extra("num_classes_present", INT32, "ChestX-Det: distinct classes on the image"),
+        extra("is_negative", BOOL, "ChestX-Det: the image has no finding"),
+        col("report", STRING, "Report text (ReXGradient); null when none, never 'None'"),
+        col(
+            "label_text",
+            STRINGS,
+            "One entry per annotation, parallel to the image's boxes in box_index order: the "
+            "MS-CXR phrase (duplicates kept), null for a ChestX-Det box; empty without boxes",
+        ),
+        *_label_columns(),
+    ),
+)
+
+MASKS = TableSchema(
+    "masks",
+    (
+        *_PARTITION,
+        col("mask_class", STRING, "Unified class name, or `any` for the union of the image"),
+        col("mask_path", STRING, "0/255 PNG at native resolution, relative to the output root"),
+        col("height", INT64, "Mask height in pixels (the source image's)"),
+        col("width", INT64, "Mask width in pixels (the source image's)"),
+        col("area_fraction", FLOAT64, "Share of the frame's pixels inside the mask"),
+        col("source", STRING, "rle, polygon, or empty (an annotated image without findings)"),
+        _STATUS,
+        _ERROR,
+    ),
+)
+
+BBOXES = TableSchema(
+    "bboxes",
+    (
+        *_PARTITION,
+        col("box_index", INT64, "Position of the box among the image's boxes (source order)"),
+        col("label", STRING, "Unified class name of the box"),
+        col("label_text", STRING, "The box's phrase (MS-CXR); null when the source has none"),
+        col("y_min", FLOAT64, "Top edge, normalized to the source image height, in [0, 1]"),
+        col("y_max", FLOAT64, "Bottom edge, normalized to the source image height, in [0, 1]"),
+        col("x_min", FLOAT64, "Left edge, normalized to the source image width, in [0, 1]"),
+        col("x_max", FLOAT64, "Right edge, normalized to the source image width, in [0, 1]"),
+        col("x_px", FLOAT64, "Left edge in source pixels (after clipping)"),
+        col("y_px", FLOAT64, "Top edge in source pixels (after clipping)"),
+        col("w_px", FLOAT64, "Width in source pixels (after clipping)"),
+        col("h_px", FLOAT64, "Height in source pixels (after clipping)"),
+        _STATUS,
+        _ERROR,
+    ),
+)
+
+IMAGES = TableSchema(
+    "images",
+    (
+        *_PARTITION,
+        col("image_path", STRING, "Resized S×S PNG, relative to the output root"),
+        col("mask_path", STRING, "Resized union mask PNG; null when no mask was annotated"),
+        col("size", INT64, "Output side S in pixels"),
+        col("orig_height", INT64, "Decoded source height in pixels"),
+        col("orig_width", INT64, "Decoded source width in pixels"),
+        col("scale", FLOAT64, "Resize factor from source to output pixels"),
+        col("pad_top", INT64, "Letterbox padding above the image, output pixels"),
+        col("pad_left", INT64, "Letterbox padding left of the image, output pixels"),
+        col("tensor_index", INT64, "Row of the image in the partition's packed .npy array"),
+        col("source_sha256", STRING, "SHA-256 of the source file"),
+        col("resize", STRING, "letterbox or squash"),
+        _STATUS,
+        _ERROR,
+    ),
+)
+
+UNIFIED_MANIFEST = TableSchema(
+    "unified_manifest",
+    (
+        *_PARTITION,
+        col("patient_id", STRING, "Patient identifier; null when the source has none"),
+        col("study_id", STRING, "Study identifier; null when the source has none"),
+        col("view_position", STRING, "Normalized view: PA, AP, LATERAL, LL, OTHER or UNKNOWN"),
+        col("source_image_path", STRING, "Source image, relative to the dataset's image folder"),
+        col("image_path", STRING, "Resized S×S PNG, relative to the output root"),
+        col("tensor_path", STRING, "Packed N×S×S uint8 array of the partition (.npy)"),
+        col("tensor_index", INT64, "Row of the image in tensor_path"),
+        col("orig_height", INT64, "Source height in pixels"),
+        col("orig_width", INT64, "Source width in pixels"),
+        col("mask_path", STRING, "Resized union mask PNG; null when has_mask is false"),
+        col(
+            "has_mask",
+            BOOL,
+            "A mask was annotated for this image (possibly empty); false means not annotated, "
+            "not negative",
+        ),
+        col("mask_classes", STRINGS, "Classes with a non-empty mask"),
+        col("bboxes", BOXES, "Boxes as [y_min, y_max, x_min, x_max], normalized source frame"),
+        col("bboxes_resized", BOXES, "The same boxes in the resized frame (padding included)"),
+        col("bbox_labels", STRINGS, "Unified class of each box, parallel to bboxes"),
+        col("label_text", STRINGS, "Phrase of each box (null where none), parallel to bboxes"),
+        col("report", STRING, "Report text; null when none"),
+        *_label_columns(),
+        col("patient_sex", STRING, "M or F; null when unknown"),
+        col("patient_age_years", FLOAT64, "Age in years; null when unknown"),
+        col("study_date", TIMESTAMP, "Study date; null when unknown"),
+    ),
+)
+
+TABLE_SCHEMAS: dict[str, TableSchema] = {
+    schema.name: schema for schema in (RAW_INDEX, LABELS, MASKS, BBOXES, IMAGES, UNIFIED_MANIFEST)
+}
+# Partitioned tables carry the partition's dataset and split in every row.
+PARTITION_COLUMNS = ("dataset", "split")
+
+assert all(c in LABELS.names for c in LABEL_COLUMNS)
+assert tuple(RAW_INDEX.names[: len(INDEX_COLUMNS)]) == INDEX_COLUMNS
+
+
+class SchemaMismatchError(ValueError):
+    """A frame that does not fit its table's declared schema."""
+
+
+def conform(
+    frame: pd.DataFrame, schema: TableSchema, constants: Mapping[str, str] | None = None
+) -> pa.Table:
+    """The frame as an Arrow table of exactly the declared schema.
+
+    Declared extras the frame lacks become nulls; `constants` fills columns the frame lacks
+    with one value (a partition's dataset and split) and must agree with them where present.
+    Raises SchemaMismatchError naming the column and both types when a column cannot be
+    represented in its declared type without loss, or is missing or undeclared.
+    """
+    constants = dict(constants or {})
+    undeclared = [str(c) for c in frame.columns if c not in schema.names]
+    if undeclared:
+        raise SchemaMismatchError(
+            f"{schema.name}: column(s) {', '.join(undeclared)} are not declared; declare them "
+            "in radharmony_pipeline/processing/table_schemas.py (and bump SCHEMA_VERSION)"
+        )
+    arrays = []
+    for column in schema.columns:
+        if column.name in frame.columns:
+            array = _column_array(frame[column.name], column, schema.name)
+            if column.name in constants:
+                _check_constant(array, column.name, constants[column.name], schema.name)
+        elif column.name in constants:
+            array = pa.array([constants[column.name]] * len(frame), type=column.type)
+        elif not column.required:
+            array = pa.nulls(len(frame), column.type)
+        else:
+            raise SchemaMismatchError(
+                f"{schema.name}: required column {column.name} ({column.type}) is missing from "
+                f"the frame (columns: {', '.join(map(str, frame.columns))})"
+            )
+        arrays.append(array)
+    return pa.Table.from_arrays(arrays, schema=schema.arrow())
+
+
+def _column_array(series: pd.Series, column: Column, table: str) -> pa.Array:
+    declared = column.type
+    try:
+        array = pa.array(series, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        # Mixed Python objects that Arrow cannot infer one type for: try the declared type.
+        array = _as_declared(series, column, table, "values of mixed types")
+    if array.type == declared:
+        return array
+    if not _same_kind(array.type, declared):
+        raise _mismatch(series, column, table, array.type, "a different kind of value")
+    try:
+        return array.cast(declared, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise _mismatch(series, column, table, array.type, str(exc)) from exc
+
+
+def _as_declared(series: pd.Series, column: Column, table: str, why: str) -> pa.Array:
+    try:
+        return pa.array(series.tolist(), type=column.type, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise _mismatch(series, column, table, None, f"{why}: {exc}") from exc
+
+
+def _mismatch(
+    series: pd.Series, column: Column, table: str, actual: pa.DataType | None, detail: str
+) -> SchemaMismatchError:
+    found = f"{series.dtype}" + (f" (Arrow {actual})" if actual is not None else "")
+    return SchemaMismatchError(
+        f"{table}.{column.name}: declared type {column.type}, but the frame's column is "
+        f"{found}; {detail}"
+    )
+
+
+def _kind(type_: pa.DataType) -> str:
+    if pa.types.is_integer(type_) or pa.types.is_floating(type_):
+        return "number"
+    if pa.types.is_string(type_) or pa.types.is_large_string(type_):
+        return "string"
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_):
+        return "list"
+    if pa.types.is_timestamp(type_) or pa.types.is_date(type_):
+        return "time"
+    return str(type_)
+
+
+def _same_kind(actual: pa.DataType, declared: pa.DataType) -> bool:
+    """Whether a safe cast may turn `actual` into `declared` (all-null fits anything)."""
+    if pa.types.is_null(actual):
+        return True
+    if _kind(actual) != _kind(declared):
+        return False
+    if _kind(declared) == "list":
+        return _same_kind(actual.value_type, declared.value_type)
+    return True
+
+
+def _check_constant(array: pa.Array, name: str, value: str, table: str) -> None:
+    other = [v for v in array.unique().to_pylist() if v != value]
+    if other:
+        raise SchemaMismatchError(
+            f"{table}.{name}: every row must be {value!r} (the partition's), found {other[:3]}"
+        )
+
+
+_PANDAS_NULLABLE = {
+    INT8: pd.Int8Dtype(),
+    INT32: pd.Int32Dtype(),
+    INT64: pd.Int64Dtype(),
+    BOOL: pd.BooleanDtype(),
+    STRING: pd.StringDtype(),
+}
+
+
+def pandas_types(type_: pa.DataType) -> object:
+    """The pandas dtype a declared column reads back as: nullable ints, booleans, strings."""
+    return _PANDAS_NULLABLE.get(type_)
+
+
+_ARROW_SCHEMAS: dict[str, pa.Schema] = {}
+
+
+def _arrow_schema(schema: TableSchema) -> pa.Schema:
+    if schema.name not in _ARROW_SCHEMAS:
+        plain = pa.schema([pa.field(c.name, c.type, nullable=True) for c in schema.columns])
+        # pandas metadata from an empty frame of the nullable dtypes, so pandas readers get
+        # Int8/boolean/string columns back instead of float and object.
+        empty = plain.empty_table().to_pandas(types_mapper=pandas_types)
+        pandas_metadata = pa.Table.from_pandas(empty, schema=plain, preserve_index=False)
+        metadata = {
+            **(pandas_metadata.schema.metadata or {}),
+            SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode(),
+            TABLE_NAME_KEY: schema.name.encode(),
+        }
+        _ARROW_SCHEMAS[schema.name] = plain.with_metadata(metadata)
+    return _ARROW_SCHEMAS[schema.name]
