@@ -5,9 +5,15 @@ Each sample is a dict:
 - `img`: float32 1×S×S in [-1, 1] (pixel / 127.5 − 1), from the partition's packed uint8
   array (`tensor_path`, row `tensor_index`, memory-mapped once per file) or, when that file is
   absent or `use_packed=False`, from the resized PNG `image_path`.
-- `mask`: float32 1×S×S in {0, 1}, the resized union mask; all zeros when the image has none.
+- `mask`: float32 1×S×S in {0, 1}, the resized union mask.
+- `has_mask`: bool. True: the dataset segmented this image and `mask` is its annotation (all
+  zeros = annotated negative). False: no mask was annotated (laterals, MS-CXR, ReXGradient);
+  `mask` is then all zeros only so that batches stack, and must be left out of a
+  segmentation loss — weight the per-sample loss by `has_mask` (see the README snippet).
 - `bboxes`: float32 (n, 4) `[y_min, y_max, x_min, x_max]` normalized to the resized S×S frame
-  (letterbox padding included), (0, 4) when none; `bbox_labels`: list[str], one per box.
+  (letterbox padding included), (0, 4) when none; `bbox_labels`: list[str] and `label_text`:
+  list[str | None], parallel to `bboxes` (entry i of each describes box i; MS-CXR phrases,
+  duplicates kept; None where the dataset has no phrase).
 - `cls`: float32 (21,) of the `label_*` columns in `UNIFIED_LABELS` order, NaN where the
   dataset did not annotate the class (unknown is not negative: mask NaNs out of the loss).
 - `report`: str or None. `image_id`, `dataset`, `split`: str.
@@ -20,7 +26,9 @@ keeps the rest as lists:
     from torch.utils.data import DataLoader, default_collate
 
     def collate(samples):
-        fixed = default_collate([{k: s[k] for k in ("img", "mask", "cls")} for s in samples])
+        fixed = default_collate(
+            [{k: s[k] for k in ("img", "mask", "has_mask", "cls")} for s in samples]
+        )
         rest = {k: [s[k] for s in samples] for k in samples[0] if k not in fixed}
         return {**fixed, **rest}
 
@@ -28,6 +36,7 @@ keeps the rest as lists:
     loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=4, collate_fn=collate)
     for batch in loader:
         known = ~batch["cls"].isnan()  # a loss only over annotated classes
+        annotated = batch["has_mask"]  # a segmentation loss only over annotated masks
         ...
 
 (or `batch_size=1`, or `batch_size=None` for unbatched samples). Each worker process opens its
@@ -65,8 +74,10 @@ MANIFEST_COLUMNS: tuple[str, ...] = (
     "tensor_path",
     "tensor_index",
     "mask_path",
+    "has_mask",
     "bboxes_resized",
     "bbox_labels",
+    "label_text",
     "report",
     *LABEL_COLUMNS,
 )
@@ -110,8 +121,10 @@ class ManifestDataset(_DatasetBase):
         sample = {
             "img": img,
             "mask": self._mask(row, img.shape[-2:]),
+            "has_mask": bool(row["has_mask"]),
             "bboxes": _boxes(row["bboxes_resized"]),
             "bbox_labels": _strings(row["bbox_labels"]),
+            "label_text": _optional_strings(row["label_text"]),
             "cls": self._labels[position].copy(),
             "report": _optional_str(row["report"]),
             "image_id": str(row["image_id"]),
@@ -143,7 +156,8 @@ class ManifestDataset(_DatasetBase):
         return self._packed[path]
 
     def _mask(self, row: pd.Series, shape: tuple[int, int]) -> np.ndarray:
-        if _is_missing(row["mask_path"]):
+        # Not annotated: zeros so batches stack; has_mask=False keeps them out of the loss.
+        if not bool(row["has_mask"]) or _is_missing(row["mask_path"]):
             return np.zeros((1, *shape), dtype=np.float32)
         mask = _read_png(self.output_root / row["mask_path"])
         if mask.shape != shape:
@@ -242,6 +256,10 @@ def _boxes(value: Any) -> np.ndarray:
 
 def _strings(value: Any) -> list[str]:
     return [] if _is_missing(value) else [str(item) for item in value]
+
+
+def _optional_strings(value: Any) -> list[str | None]:
+    return [] if _is_missing(value) else [_optional_str(item) for item in value]
 
 
 def _optional_str(value: Any) -> str | None:

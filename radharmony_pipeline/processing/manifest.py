@@ -57,13 +57,15 @@ def partition_manifest(
             rows[column] = pd.Series(None, index=rows.index, dtype=dtype)
         else:
             rows[column] = rows[column].astype(dtype)
+    # dataset and split come from raw_index; every partitioned table repeats them.
+    images = images.drop(columns=["dataset", "split"], errors="ignore")
     rows = rows.merge(images, on="image_id", how="left", validate="one_to_one")
     usable = rows["status"] == "ok"
     excluded = error_reasons(rows.loc[~usable, "error"].fillna("image stage did not run"))
     rows = rows.loc[usable].copy()
     rows["tensor_path"] = f"images/{partition}.npy"
     rows = rows.merge(
-        labels[["image_id", "label_text", "report", *LABEL_COLUMNS]],
+        labels[["image_id", "report", *LABEL_COLUMNS]],
         on="image_id",
         how="left",
         validate="one_to_one",
@@ -72,9 +74,10 @@ def partition_manifest(
     rows["mask_classes"] = [
         list(v) if isinstance(v, (list, np.ndarray)) else [] for v in rows["mask_classes"]
     ]
-    rows["has_mask"] = rows["mask_classes"].map(len) > 0
+    # Annotated (an `any` mask exists, possibly empty), not "has a finding".
+    rows["has_mask"] = rows["image_id"].isin(_annotated(masks)).astype(bool)
     rows = rows.merge(_box_lists(bboxes), on="image_id", how="left")
-    for column in ("bboxes", "bbox_labels"):
+    for column in ("bboxes", "bbox_labels", "label_text"):
         rows[column] = [list(v) if isinstance(v, list) else [] for v in rows[column]]
     rows["bboxes_resized"] = [
         _resized_boxes(boxes, row)
@@ -84,7 +87,6 @@ def partition_manifest(
             strict=True,
         )
     ]
-    rows["label_text"] = [list(v) if v is not None else [] for v in rows["label_text"]]
     return rows[list(MANIFEST_COLUMNS)].reset_index(drop=True), excluded
 
 
@@ -94,11 +96,22 @@ def _mask_classes(masks: pd.DataFrame) -> pd.DataFrame:
     return grouped.rename("mask_classes").reset_index()
 
 
+def _annotated(masks: pd.DataFrame) -> set[str]:
+    """Images with a usable union mask: the dataset segmented them."""
+    return set(masks.loc[(masks["status"] == "ok") & (masks["mask_class"] == "any"), "image_id"])
+
+
 def _box_lists(bboxes: pd.DataFrame) -> pd.DataFrame:
+    """Per image, parallel lists in box_index order: boxes, their classes, their phrases."""
     ok = bboxes[bboxes["status"] == "ok"].sort_values(["image_id", "box_index"])
     if ok.empty:
         return pd.DataFrame(
-            {"image_id": pd.Series(dtype="string"), "bboxes": [], "bbox_labels": []}
+            {
+                "image_id": pd.Series(dtype="string"),
+                "bboxes": [],
+                "bbox_labels": [],
+                "label_text": [],
+            }
         )
     coordinates = ok[["y_min", "y_max", "x_min", "x_max"]].to_numpy(dtype=float).tolist()
     frame = pd.DataFrame(
@@ -106,6 +119,7 @@ def _box_lists(bboxes: pd.DataFrame) -> pd.DataFrame:
             "image_id": ok["image_id"].to_numpy(),
             "box": coordinates,
             "label": ok["label"].astype(str).to_numpy(),
+            "phrase": [None if pd.isna(text) else str(text) for text in ok["label_text"]],
         }
     )
     grouped = frame.groupby("image_id", sort=False)
@@ -114,6 +128,7 @@ def _box_lists(bboxes: pd.DataFrame) -> pd.DataFrame:
             "image_id": list(grouped.groups),
             "bboxes": grouped["box"].apply(list).tolist(),
             "bbox_labels": grouped["label"].apply(list).tolist(),
+            "label_text": grouped["phrase"].apply(list).tolist(),
         }
     )
 

@@ -83,7 +83,8 @@ class DatasetSource(ABC):
         return []
 
     def localizable_images(self, index: pd.DataFrame) -> pd.Series:
-        """Which images the dataset would draw masks on when a finding is positive."""
+        """Which images the dataset segments: they get masks, and an `any` mask that is
+        all-zero when nothing was found. Other images' masks are not annotated."""
         return pd.Series(bool(self.mask_classes), index=index.index)
 
     def read_boxes(self, split: str) -> pd.DataFrame:

@@ -14,7 +14,6 @@ from .base import (
     DatasetSource,
     SplitTables,
     confine_paths,
-    empty_phrase_lists,
     index_frame,
     label_frame,
     read_json,
@@ -192,7 +191,8 @@ chestx-det/
                 "num_classes_present": pd.array([len(set(s)) for s in syms], dtype="int32"),
                 "is_negative": [not s for s in syms],
                 "report": pd.array([None] * len(entries), dtype="string"),
-                "label_text": empty_phrase_lists(len(entries)),
+                # One entry per instance box, parallel to the bboxes table: no phrases here.
+                "label_text": [[None] * len(s) for s in syms],
                 **unified,
             },
         )

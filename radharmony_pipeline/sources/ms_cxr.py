@@ -21,6 +21,7 @@ from .base import (
 from .counts import ExpectedCounts
 from .errors import DatasetLayoutError, MetadataError
 from .location import SourceLocation
+from .mimic_views import metadata_csv, raw_view_positions
 from .views import normalize_view_positions
 
 CSV_NAME = "MS_CXR_Local_Alignment_v1.1.0.csv"
@@ -57,7 +58,8 @@ class MsCxrSource(DatasetSource):
     env_vars = {"csv_path": "RADHARMONY_MS_CXR_CSV", "base_image_dir": "RADHARMONY_MIMIC_FILES_DIR"}
     layout = f"""\
 ms-cxr/{CSV_NAME}              (RADHARMONY_MS_CXR_CSV)
-mimic-cxr/files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg or .dcm   (RADHARMONY_MIMIC_FILES_DIR)"""
+mimic-cxr/files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg or .dcm   (RADHARMONY_MIMIC_FILES_DIR)
+mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICOM headers)"""
     documented_counts = ExpectedCounts(
         origin="MS-CXR dataset page",
         total={"images": 1047, "annotations": 1448},
@@ -105,7 +107,8 @@ mimic-cxr/files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg or .dcm   (RADHARMONY_MIM
         return self._files
 
     def annotation_files(self, split: str) -> list[Path]:
-        return [self.csv_path()]
+        views = metadata_csv(self._files.parent)
+        return [self.csv_path(), *([views] if views is not None else [])]
 
     def image_files(self, split: str) -> Iterator[Path]:
         # The files/ tree is all of MIMIC-CXR; only the images the CSV names belong to the split.
@@ -130,7 +133,7 @@ mimic-cxr/files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg or .dcm   (RADHARMONY_MIM
         images = _images_of(boxes, csv_path)
         relative = self._resolve_extensions(images["stem"])
         confine_paths(relative, self._files, csv_path, rows=images["csv_row"].tolist())
-        view_raw = pd.Series(pd.NA, index=images.index, dtype="string")
+        view_raw = raw_view_positions(self._files, images["dicom_id"], relative)
         index = index_frame(
             self.key,
             split,
@@ -273,9 +276,11 @@ def _label_columns(boxes: pd.DataFrame, dicom_ids: pd.Series) -> dict[str, objec
         )
         for name in CATEGORIES
     }
+    # One phrase per CSV row (= per box, in box_index order), duplicates kept: entry i
+    # describes box i. A phrase grounded by two boxes appears twice.
     phrases = (
         boxes.groupby("dicom_id", sort=False)["label_text"]
-        .agg(lambda texts: list(dict.fromkeys(texts.dropna().astype(str))))
+        .agg(lambda texts: [None if pd.isna(t) else str(t) for t in texts])
         .reindex(order)
     )
     num_boxes = boxes.groupby("dicom_id", sort=False).size().reindex(order)

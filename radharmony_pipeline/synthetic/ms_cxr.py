@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,22 @@ DATASET = "ms_cxr"
 ROOTS = ("ms-cxr", "mimic-cxr")
 COLUMNS = CSV_COLUMNS
 MIMIC_FORMATS = ("jpg", "dcm", "mixed")
+VIEW_METADATA_NAME = "mimic-cxr-2.0.0-metadata.csv.gz"
+VIEW_METADATA_COLUMNS = (
+    "dicom_id",
+    "subject_id",
+    "study_id",
+    "PerformedProcedureStepDescription",
+    "ViewPosition",
+    "Rows",
+    "Columns",
+    "StudyDate",
+    "StudyTime",
+    "ProcedureCodeSequence_CodeMeaning",
+    "ViewCodeSequence_CodeMeaning",
+    "PatientOrientationCodeSequence_CodeMeaning",
+)
+_VIEW_CODE_MEANINGS = {"PA": "postero-anterior", "AP": "antero-posterior"}
 
 # Phrases name the patient's side: image left (side 0) is the patient's right.
 _SIDE_NAMES = ("right", "left")
@@ -119,6 +136,7 @@ def generate(out: Path, scale: str, seed: int, mimic_format: str = "mixed") -> P
         )
         write_bytes(out / "mimic-cxr" / image.disk_path, _encode(pixels, image, identity))
         rows += _csv_rows(image, boxes, image_rng)
+    _write_view_metadata(out / "mimic-cxr", images)
     root = out / "ms-cxr"
     write_text(root / CSV_NAME, _csv_text(rows))
     _write_counts(root, images)
@@ -258,12 +276,42 @@ def _csv_rows(
     return rows
 
 
-def _csv_text(rows: list[list[object]]) -> str:
+def _csv_text(rows: list[list[object]], columns: tuple[str, ...] = COLUMNS) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(COLUMNS)
+    writer.writerow(columns)
     writer.writerows(rows)
     return buffer.getvalue()
+
+
+def _write_view_metadata(mimic_root: Path, images: list[MimicImage]) -> None:
+    """`mimic-cxr-2.0.0-metadata.csv.gz` as MIMIC-CXR-JPG ships it, listing the JPG images.
+
+    DICOM images are left out on purpose: their view position then comes from the header
+    tag, so one mixed tree exercises both sources. A DICOM-only tree has no such file.
+    """
+    listed = [image for image in images if image.variant is None]
+    if not listed:
+        return
+    rows = [
+        [
+            image.dicom_id,
+            image.subject,
+            image.study,
+            "CHEST (PA AND LAT)",
+            image.view_position,
+            image.height,
+            image.width,
+            "21800101",
+            "120000.000",
+            "CHEST (PA AND LAT)",
+            _VIEW_CODE_MEANINGS[image.view_position],
+            "Erect",
+        ]
+        for image in listed
+    ]
+    text = _csv_text(rows, VIEW_METADATA_COLUMNS)
+    write_bytes(mimic_root / VIEW_METADATA_NAME, gzip.compress(text.encode(), mtime=0))
 
 
 def _write_counts(root: Path, images: list[MimicImage]) -> None:

@@ -27,9 +27,9 @@ _SOURCES = {
         "study_date",
     ),
     "images": ("image_path", "tensor_index", "orig_height", "orig_width", "mask_path"),
-    "labels": ("label_text", "report", *LABEL_COLUMNS),
+    "labels": ("report", *LABEL_COLUMNS),
     "masks": ("mask_classes", "has_mask"),
-    "bboxes": ("bboxes", "bbox_labels", "bboxes_resized"),
+    "bboxes": ("bboxes", "bbox_labels", "bboxes_resized", "label_text"),
 }
 
 

@@ -22,8 +22,9 @@ from .previews import mask_preview
     description=(
         "Binary masks at the source image's native resolution, written as 0/255 PNGs under "
         "`masks/<partition>/<image_key>/<class>.png`: one per class present (unified names, "
-        "`Airspace Opacity` → `lung_opacity`) and the union `any` for every image of a dataset "
-        "with masks (all-zero when nothing is found). CheXlocalize RLEs are unioned by merging "
+        "`Airspace Opacity` → `lung_opacity`) and the union `any` for every image the dataset "
+        "segments (all-zero when nothing is found; none for laterals, MS-CXR, ReXGradient). "
+        "CheXlocalize RLEs are unioned by merging "
         "before one decode; ChestX-Det polygons are filled per class, overlaps kept. Unchanged "
         "masks are not rewritten. Datasets without masks give an empty table."
     ),
@@ -43,7 +44,10 @@ def masks(
     source = datasets.source(dataset)
     root = outputs.local_root()
     folder = f"masks/{context.partition_key}"
-    jobs = source.mask_jobs(split, raw_index, lambda key: MaskTarget(root, f"{folder}/{key}"))
+    # Only images the dataset segments get masks (and an `any` row): a lateral view or an
+    # image of a dataset without masks is "not annotated", never an all-zero negative.
+    segmented = raw_index[source.localizable_images(raw_index).to_numpy()]
+    jobs = source.mask_jobs(split, segmented, lambda key: MaskTarget(root, f"{folder}/{key}"))
     progress = ProgressLog(context.log, "images", len(jobs))
     rows = map_in_chunks(run_mask_job, jobs, worker_count(), on_progress=progress.update)
     table = mask_table([row for image_rows in rows for row in image_rows])

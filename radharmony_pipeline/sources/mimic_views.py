@@ -1,0 +1,52 @@
+"""View positions of MIMIC-CXR images: the JPG release's metadata CSV, else DICOM headers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pydicom
+from pydicom.errors import InvalidDicomError
+from pydicom.tag import Tag
+
+from .base import read_csv, require_columns
+
+METADATA_NAMES = ("mimic-cxr-2.0.0-metadata.csv.gz", "mimic-cxr-2.0.0-metadata.csv")
+VIEW_POSITION_TAG = Tag(0x0018, 0x5101)
+
+
+def metadata_csv(mimic_root: Path) -> Path | None:
+    """The metadata CSV at the MIMIC-CXR root (beside `files/`), when there is one."""
+    return next((mimic_root / n for n in METADATA_NAMES if (mimic_root / n).is_file()), None)
+
+
+def raw_view_positions(files_dir: Path, dicom_ids: pd.Series, paths: pd.Series) -> pd.Series:
+    """`ViewPosition` per image as the source states it (null when nothing states it).
+
+    The metadata CSV wins when it names the image; otherwise a `.dcm` file's header tag
+    (0018,5101) is read without its pixel data; a JPG the CSV does not name stays null.
+    """
+    views = pd.Series(pd.NA, index=dicom_ids.index, dtype="string")
+    csv_path = metadata_csv(files_dir.parent)
+    listed = pd.Series(False, index=dicom_ids.index)
+    if csv_path is not None:
+        table = read_csv(csv_path, dtype={"dicom_id": "string", "ViewPosition": "string"})
+        require_columns(table, ("dicom_id", "ViewPosition"), csv_path)
+        by_id = table.drop_duplicates("dicom_id").set_index("dicom_id")["ViewPosition"]
+        listed = dicom_ids.isin(by_id.index)
+        views = views.mask(listed, dicom_ids.map(by_id).astype("string"))
+    for position in views.index[~listed.to_numpy() & paths.str.endswith(".dcm").to_numpy()]:
+        views.loc[position] = dicom_view_position(files_dir / paths.loc[position])
+    return views
+
+
+def dicom_view_position(path: Path) -> str | None:
+    """The header's ViewPosition, read without the pixel data; None when absent or unreadable
+    (the images stage reports unreadable files)."""
+    try:
+        header = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=[VIEW_POSITION_TAG])
+    except (OSError, InvalidDicomError):
+        return None
+    value = header.get(VIEW_POSITION_TAG)
+    text = str(value.value).strip() if value is not None and value.value is not None else ""
+    return text or None
