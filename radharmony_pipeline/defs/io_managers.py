@@ -44,9 +44,9 @@ def declared_table(context: dg.OutputContext, frame: pd.DataFrame) -> pa.Table:
     if schema is None:
         return pa.Table.from_pandas(frame, preserve_index=False)
     constants = {}
-    if context.has_partition_key:
+    if context.has_asset_partitions:
         constants = dict(
-            zip(PARTITION_COLUMNS, parse_partition_key(context.partition_key), strict=True)
+            zip(PARTITION_COLUMNS, parse_partition_key(context.asset_partition_key), strict=True)
         )
     return conform(frame, schema, constants)
 

@@ -27,6 +27,19 @@ from .errors import MetadataError
 from .location import SourceLocation
 from .views import normalize_view_positions
 
+# The pathology keys of every gt_segmentations_<split>.json entry, as the JSON spells them.
+SEGMENTED_PATHOLOGIES: tuple[str, ...] = (
+    "Enlarged Cardiomediastinum",
+    "Cardiomegaly",
+    "Lung Lesion",
+    "Airspace Opacity",
+    "Edema",
+    "Consolidation",
+    "Atelectasis",
+    "Pneumothorax",
+    "Pleural Effusion",
+    "Support Devices",
+)
 CHEXPERT_LABELS: tuple[str, ...] = (
     "No Finding",
     "Enlarged Cardiomediastinum",
@@ -65,12 +78,15 @@ chexlocalize/
     documented_counts = ExpectedCounts(
         origin="CheXlocalize dataset page and dataset record",
         splits={
-            "val": {"images": 234, "patients": 200},
+            "val": {"images": 234, "patients": 200, "entries_without_the_10_pathologies": 0},
             "test": {
                 "images": 668,
                 "patients": 500,
                 "images_with_segmentation": 499,
                 "images_with_masks": 499,
+                # The test labels are radiologist consensus: no uncertain (-1) value.
+                "uncertain_labels": 0,
+                "entries_without_the_10_pathologies": 0,
             },
         },
     )
@@ -91,6 +107,12 @@ chexlocalize/
         "images": "rows of CheXpert/{split}_labels.csv (re-download the CheXpert {split} labels)",
         "patients": "patient folders under CheXpert/{split}/ or rows of {split}_labels.csv",
         "images_with_segmentation": "entries of CheXlocalize/gt_segmentations_{split}.json",
+        "uncertain_labels": "-1 values in CheXpert/{split}_labels.csv: the test labels are "
+        "consensus labels without -1, so this is probably the val or an uncertainty-labelled "
+        "CSV under the test name",
+        "entries_without_the_10_pathologies": "entries of CheXlocalize/gt_segmentations_{split}"
+        ".json whose keys are not exactly the 10 documented pathologies (a renamed, missing or "
+        "extra key; see the check's `found` entries)",
     }
 
     def __init__(self, location: SourceLocation, data_root: Path):
@@ -223,7 +245,25 @@ chexlocalize/
             "patients": int(index["patient_id"].nunique()),
             "studies": int(index["study_id"].nunique()),
             "images_with_segmentation": int(tables.labels["has_segmentation"].sum()),
+            "uncertain_labels": int(
+                sum(tables.labels[name_to_column(n)].eq(-1).sum() for n in CHEXPERT_LABELS)
+            ),
+            "entries_without_the_10_pathologies": len(self.irregular_entries(_split_of(index))),
         }
+
+    def irregular_entries(self, split: str) -> list[str]:
+        """Segmentation entries whose pathology keys are not exactly the documented ten."""
+        documented = set(SEGMENTED_PATHOLOGIES)
+        return [
+            cxr_id
+            for cxr_id, entry in self.read_segmentations(split).items()
+            if set(entry) != documented
+        ]
+
+
+def _split_of(index: pd.DataFrame) -> str:
+    splits = index["split"].dropna().unique()
+    return str(splits[0]) if len(splits) else "test"
 
 
 def name_to_column(name: str) -> str:

@@ -270,6 +270,9 @@ def _write_counts(root: Path, images: list[CxrImage]) -> None:
             "images_with_segmentation": sum(image.segmented for image in rows),
             # Entries exist only for images with a positive localizable finding.
             "images_with_masks": sum(image.segmented for image in rows),
+            # Labels are written 0/1 only, and every entry holds all ten pathologies.
+            "uncertain_labels": 0,
+            "entries_without_the_10_pathologies": 0,
         }
     total = summed(
         splits, ("images", "patients", "studies", "images_with_segmentation", "images_with_masks")

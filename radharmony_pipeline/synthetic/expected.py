@@ -17,8 +17,11 @@ METRICS = (
     "images_with_masks",
     "annotations",
     "negatives",
+    "uncertain_labels",
+    "entries_without_the_10_pathologies",
+    "rgba_images",
 )
-CLASS_METRIC_PREFIXES = ("class_images.", "class_annotations.")
+CLASS_METRIC_PREFIXES = ("class_images.", "class_annotations.", "overlap.")
 SPLITS = ("train", "val", "test")
 
 Counts = Mapping[str, int]
