@@ -10,12 +10,13 @@ from .defs.assets.masks import masks
 from .defs.assets.source_files import source_files
 from .defs.automation import nightly_observation, rebuild_sensor
 from .defs.checks.counts import counts_match_documentation
+from .defs.checks.dataset_figures import dataset_figures_match_documentation
 from .defs.checks.expectations import labels_suite, raw_index_suite
 from .defs.checks.manifest import (
     manifest_paths_exist,
     manifest_suite,
     manifest_totals_match_documentation,
-    no_patient_in_train_and_test,
+    patients_disjoint_across_splits,
 )
 from .defs.checks.masks_and_boxes import (
     bboxes_match_documentation,
@@ -47,9 +48,10 @@ defs = dg.Definitions(
         bboxes_match_documentation,
         bboxes_suite,
         manifest_totals_match_documentation,
+        dataset_figures_match_documentation,
         manifest_paths_exist,
         manifest_suite,
-        no_patient_in_train_and_test,
+        patients_disjoint_across_splits,
     ],
     jobs=[observe_source_files_job, all_stages_job, index_and_labels_job, manifest_job],
     schedules=[nightly_observation],

@@ -72,6 +72,8 @@ class DatasetSource(ABC):
     def count_metrics(self, tables: SplitTables) -> dict[str, int]:
         """Observed figures for the split, under the metric names of ExpectedCounts."""
 
+    # Whether the documentation implies no patient is in two splits (the check then blocks).
+    patients_disjoint_across_splits: ClassVar[bool] = False
     # Unified classes this dataset draws masks for (empty: no masks), and whether it has boxes.
     mask_classes: ClassVar[tuple[str, ...]] = ()
     has_boxes: ClassVar[bool] = False

@@ -89,12 +89,14 @@ chestx-det/
                 "annotations": 7905,
                 "negatives": 547,
                 "images_with_masks": 3025 - 547,
+                "rgba_images": 37,
             },
             "test": {
                 "images": 553,
                 "annotations": 1734,
                 "negatives": 64,
                 "images_with_masks": 553 - 64,
+                "rgba_images": 5,
             },
         },
         total={
@@ -102,6 +104,17 @@ chestx-det/
             "annotations": 9639,
             "negatives": 611,
             "images_with_masks": 2967,
+            "rgba_images": 42,
+            # The card's overlap table, measured there by rasterizing all 9,639 polygons.
+            "overlap.multi_class_images": 2006,
+            "overlap.pixel_overlap_images": 1357,
+            "overlap.mean_pair_iou_permille": 272,
+            "overlap.pair_images.consolidation+pleural_effusion": 1028,
+            "overlap.pair_overlap_images.consolidation+pleural_effusion": 770,
+            "overlap.pair_images.cardiomegaly+consolidation": 158,
+            "overlap.pair_overlap_images.cardiomegaly+consolidation": 148,
+            "overlap.small_mask_permille": 221,
+            "overlap.median_mask_area_permille": 25,
             **{f"class_images.{k}": v for k, v in _CLASS_IMAGES.items()},
             **{f"class_annotations.{k}": v for k, v in _CLASS_INSTANCES.items()},
         },
@@ -112,6 +125,13 @@ chestx-det/
         "images": "entries of ChestX_Det_{split}.json",
         "annotations": "instances in ChestX_Det_{split}.json (ChestX-Det10 has fewer classes)",
         "negatives": "entries with empty syms in ChestX_Det_{split}.json",
+        "class_annotations": "instances of the class in ChestX_Det_<split>.json (a class "
+        "renamed or dropped in this release?)",
+        "images_with_masks": "images with at least one class mask: entries with polygons",
+        "overlap": "the per-class masks filled from the polygons of ChestX_Det_<split>.json: "
+        "a different release, polygons filled differently, or masks of one class lost",
+        "rgba_images": "PNG modes under train/ and test/: the images were converted (e.g. to "
+        "mode L) or replaced; this does not change pixels the pipeline reads",
     }
 
     def __init__(self, location: SourceLocation, data_root: Path):

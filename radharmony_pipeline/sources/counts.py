@@ -12,6 +12,13 @@ from .errors import MetadataError
 EXPECTED_COUNTS_FILE = "expected_counts.json"
 # Figures only the masks stage can measure; the labels check leaves them to it.
 MASK_METRICS = ("images_with_masks",)
+# Figures measured over a whole dataset's outputs (masks, source files) once every split is
+# in the manifest; per-partition checks leave them to the dataset-level check.
+DATASET_METRIC_PREFIXES = ("overlap.", "rgba_images")
+
+
+def is_dataset_metric(metric: str) -> bool:
+    return metric.startswith(DATASET_METRIC_PREFIXES)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,10 @@ rexgradient/
             "val": {"images": 17007, "studies": 10000, "patients": 6964},
             "test": {"images": 17029, "studies": 10000, "patients": 6807},
         },
+        total={"images": 273004, "studies": 160000, "patients": 109487},
     )
+    # The page's patient total (109,487) is the sum of the splits': no patient is in two.
+    patients_disjoint_across_splits = True
     count_hints = {
         "images": "ImagePath entries of {file}",
         "studies": "study entries of {file}",

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from radharmony_pipeline.processing.mask_overlap import image_overlap, overlap_figures
+from radharmony_pipeline.processing.masks import area_fraction, rasterize_polygons
 from radharmony_pipeline.processing.vocabulary import unified_class
 from radharmony_pipeline.synthetic.encoding import png_bytes, rgba_png_bytes
 from radharmony_pipeline.synthetic.expected import write_expected_counts
@@ -83,7 +85,7 @@ def generate(out: Path, scale: str, seed: int) -> Path:
         entries[image.split].append(entry)
     for split in SPLITS:
         write_text(root / f"ChestX_Det_{split}.json", json.dumps(entries[split]))
-    _write_counts(root, images)
+    _write_counts(root, images, [entry for split in SPLITS for entry in entries[split]])
     return root
 
 
@@ -148,7 +150,7 @@ def _render(image: DetImage, rng: np.random.Generator) -> tuple[np.ndarray, dict
     return to_uint8(pixels), entry
 
 
-def _write_counts(root: Path, images: list[DetImage]) -> None:
+def _write_counts(root: Path, images: list[DetImage], entries: list[dict]) -> None:
     splits = {}
     for split in SPLITS:
         chosen = [image for image in images if image.split == split]
@@ -157,14 +159,29 @@ def _write_counts(root: Path, images: list[DetImage]) -> None:
             "annotations": sum(len(image.instances) for image in chosen),
             "negatives": sum(not image.instances for image in chosen),
             "images_with_masks": sum(bool(image.instances) for image in chosen),
+            "rgba_images": sum(image.rgba for image in chosen),
             **_class_counts(chosen),
         }
     total = {
         metric: sum(c[metric] for c in splits.values())
-        for metric in ("images", "annotations", "negatives", "images_with_masks")
+        for metric in ("images", "annotations", "negatives", "images_with_masks", "rgba_images")
     }
     total.update(_class_counts(images))
+    total.update(_overlap_counts(entries))
     write_expected_counts(root, DATASET, splits, total)
+
+
+def _overlap_counts(entries: list[dict]) -> dict[str, int]:
+    """The card's overlap figures for these images, from their own polygons."""
+    overlaps, fractions = [], []
+    for entry in entries:
+        polygons: dict[str, list] = {}
+        for sym, polygon in zip(entry["syms"], entry["polygons"], strict=True):
+            polygons.setdefault(unified_class(sym), []).append(polygon)
+        masks = {name: rasterize_polygons(p, SIDE, SIDE) for name, p in polygons.items()}
+        fractions += [area_fraction(mask) for mask in masks.values() if mask.any()]
+        overlaps.append(image_overlap(masks))
+    return overlap_figures(overlaps, fractions)
 
 
 def _class_counts(images: list[DetImage]) -> dict[str, int]:
