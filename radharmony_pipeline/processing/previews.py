@@ -23,7 +23,8 @@ FONT_SIZE = 14
 MASK_ALPHA = 0.4
 _LINE = 18  # px per line of text
 _PAD = 3
-TITLE_BAND = _LINE + 4  # px above each tile: the image id
+TITLE_LINES = 2
+TITLE_BAND = TITLE_LINES * _LINE + 4  # px above each tile: the image id, wrapped
 LEGEND_BAND = 2 * _LINE + 2 * _PAD  # px below each tile: two lines of colour swatch + class
 _SWATCH = 12
 _BACKGROUND: Colour = (24, 24, 24)
@@ -170,8 +171,9 @@ def _draw_cell(
     pixels = _render_tile(gray, masks, sample.boxes, fit, tile)
     sheet.paste(Image.fromarray(pixels), (x0, y0 + TITLE_BAND))
     _draw_title(draw, sample.title, origin, tile)
+    placed: list[tuple[int, int, int, int]] = []
     for box in sample.boxes:
-        _draw_box_label(draw, box, fit, (x0, y0 + TITLE_BAND), tile)
+        _draw_box_label(draw, box, fit, (x0, y0 + TITLE_BAND), tile, placed)
     _draw_legend(draw, _legend_names(masks, sample.boxes), (x0, y0 + TITLE_BAND + tile), tile)
 
 
@@ -269,27 +271,75 @@ def _outline_box(area: np.ndarray, box: Box, fit: _Fit) -> None:
 
 
 def _draw_box_label(
-    draw: ImageDraw.ImageDraw, box: Box, fit: _Fit, tile_origin: tuple[int, int], tile: int
+    draw: ImageDraw.ImageDraw,
+    box: Box,
+    fit: _Fit,
+    tile_origin: tuple[int, int],
+    tile: int,
+    placed: list[tuple[int, int, int, int]],
 ) -> None:
+    """The box's label chip, placed where it covers no chip already drawn on this tile."""
     rectangle = _box_rectangle(box, fit)
     label = str(box[4])
     if rectangle is None or not label:
         return
-    left, top, _, _ = rectangle
+    left, top, _, bottom = rectangle
     width, height = _chip_size(draw, label)
-    x = tile_origin[0] + min(fit.left + left, tile - width)
-    y = tile_origin[1] + fit.top + top - height
-    if y < tile_origin[1]:
-        # No room above the box without covering the title: put the label just inside it.
-        y = tile_origin[1] + fit.top + top + 2
-    _draw_chip(draw, (max(x, tile_origin[0]), y), label, class_colour(box[4]))
+    x = tile_origin[0] + max(0, min(fit.left + left, tile - width))
+    above = tile_origin[1] + fit.top + top - height
+    inside = tile_origin[1] + fit.top + top + 2
+    below = tile_origin[1] + fit.top + bottom + 2
+    lowest = tile_origin[1] + tile - height
+    # Above the box, else just inside its top, else below it, else the nearest free row.
+    candidates = [y for y in (above, inside, below) if tile_origin[1] <= y <= lowest]
+    candidates += [y for y in range(tile_origin[1], lowest + 1, 2) if y not in candidates]
+
+    def free(y: int) -> bool:
+        return not any(_overlaps((x, y, x + width, y + height), other) for other in placed)
+
+    # A tile crowded beyond its height keeps the first place (overlap cannot be avoided).
+    y = next((y for y in candidates if free(y)), candidates[0] if candidates else inside)
+    placed.append((x, y, x + width, y + height))
+    _draw_chip(draw, (x, y), label, class_colour(box[4]))
+
+
+def _overlaps(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
 def _draw_title(draw: ImageDraw.ImageDraw, title: str, origin: tuple[int, int], tile: int) -> None:
     x0, y0 = origin
     draw.rectangle((x0, y0, x0 + tile - 1, y0 + TITLE_BAND - 1), fill=_BAND)
-    text = _fit_text(draw, title, tile - 2 * _PAD)
-    _draw_text(draw, (x0 + _PAD, y0 + (TITLE_BAND - _LINE) // 2 + 1), text, _TEXT)
+    lines = title_lines(draw, title, tile - 2 * _PAD)
+    top = y0 + (TITLE_BAND - len(lines) * _LINE) // 2 + 1
+    for number, line in enumerate(lines):
+        _draw_text(draw, (x0 + _PAD, top + number * _LINE), line, _TEXT)
+
+
+def title_lines(draw: ImageDraw.ImageDraw, title: str, max_width: int) -> list[str]:
+    """The whole id over up to TITLE_LINES lines, broken after `/`, `_`, `.` or `-` where
+    possible; only an id too long for every line loses its head behind an ellipsis."""
+    lines: list[str] = []
+    rest = title
+    while rest and len(lines) < TITLE_LINES - 1 and _text_width(draw, rest) > max_width:
+        cut = _longest_fitting_prefix(draw, rest, max_width)
+        breaks = [i + 1 for i, ch in enumerate(rest[:cut]) if ch in "/_.-"]
+        cut = breaks[-1] if breaks and breaks[-1] > cut // 2 else cut
+        lines.append(rest[:cut])
+        rest = rest[cut:]
+    lines.append(_fit_text(draw, rest, max_width))
+    return lines
+
+
+def _longest_fitting_prefix(draw: ImageDraw.ImageDraw, text: str, max_width: int) -> int:
+    low, high = 1, len(text)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _text_width(draw, text[:middle]) <= max_width:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _legend_names(masks: Mapping[str, np.ndarray], boxes: Sequence[Box]) -> list[str]:

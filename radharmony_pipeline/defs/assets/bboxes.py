@@ -62,12 +62,10 @@ def bboxes(
         "degenerate": int(degenerate.sum()),
         "status": dg.MetadataValue.json(status_counts(table)),
     }
-    if len(table):
-        metadata.update(
-            box_preview(
-                source, split, raw_index, table, outputs.local_root(), context.partition_key
-            )
-        )
+    # Every partition gets a sheet: without boxes it shows the images themselves.
+    metadata.update(
+        box_preview(source, split, raw_index, table, outputs.local_root(), context.partition_key)
+    )
     return dg.Output(table, metadata=metadata)
 
 

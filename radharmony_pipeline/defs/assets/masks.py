@@ -57,6 +57,6 @@ def masks(
         "masks_unchanged": int((~table["written"] & table["mask_path"].notna()).sum()),
         "status": dg.MetadataValue.json(status_counts(table)),
     }
-    if len(table):
-        metadata.update(mask_preview(source, split, raw_index, table, root, context.partition_key))
+    # Every partition gets a sheet: without masks it shows the images themselves.
+    metadata.update(mask_preview(source, split, raw_index, table, root, context.partition_key))
     return dg.Output(table.drop(columns="written"), metadata=metadata)
