@@ -39,3 +39,15 @@ def open_tiny(tiny_root: Path):
         return open_source(dataset, SourceLocation(**location), environ)
 
     return opener
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Every partition of the tiny data materialized with its checks, then the manifest.
+
+    Returns (output root, {partition: result}, manifest result). Do not modify the files.
+    """
+    from corpus import materialize_corpus
+
+    output = tmp_path_factory.mktemp("tiny-corpus")
+    return output, *materialize_corpus(tiny_root, output)
