@@ -67,7 +67,8 @@ def test_phrases_and_positive_only_unified_labels(open_tiny, boxes):
     assert (multi_box > 1).any(), "the generator must write multi-box phrases"
     for _, row in labels.iterrows():
         mine = train[train["dicom_id"] == row["image_id"].removeprefix("ms_cxr/")]
-        assert list(row["label_text"]) == list(dict.fromkeys(mine["label_text"]))
+        # One phrase per CSV row (per box), duplicates kept: parallel to the boxes.
+        assert list(row["label_text"]) == list(mine["label_text"])
         categories = {c.lower().replace(" ", "_") for c in mine["category_name"]}
         for column in LABEL_COLUMNS:
             value = row[column]

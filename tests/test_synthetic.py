@@ -317,6 +317,12 @@ def test_chexlocalize_expected_counts_match_disk(out: Path) -> None:
                 any(mask_utils.area(rle) > 0 for rle in entry.values())
                 for entry in entries.values()
             ),
+            "uncertain_labels": sum(
+                value.strip() in ("-1", "-1.0")
+                for row in chexlocalize_rows(out, split)
+                for value in row.values()
+            ),
+            "entries_without_the_10_pathologies": sum(len(e) != 10 for e in entries.values()),
         }
 
 
@@ -487,6 +493,10 @@ def test_chestx_det_expected_counts_match_disk(out: Path) -> None:
                 "annotations": sum(len(e["syms"]) for e in entries),
                 "negatives": sum(not e["syms"] for e in entries),
                 "images_with_masks": sum(bool(e["syms"]) for e in entries),
+                "rgba_images": sum(
+                    Image.open(out / "chestx-det" / split / e["file_name"]).mode == "RGBA"
+                    for e in entries
+                ),
             }
         )
         for entry in entries:
@@ -498,7 +508,18 @@ def test_chestx_det_expected_counts_match_disk(out: Path) -> None:
             split_counts.update(f"class_images.{u}" for u in set(unified))
         assert counts["splits"][split] == dict(split_counts)
         total.update(split_counts)
-    assert counts["total"] == dict(total)
+    overlap = {k: v for k, v in counts["total"].items() if k.startswith("overlap.")}
+    assert {k: v for k, v in counts["total"].items() if k not in overlap} == dict(total)
+    multi_class = sum(
+        len(set(e["syms"])) > 1
+        for split in ("train", "test")
+        for e in chestx_det_entries(out, split)
+    )
+    assert overlap["overlap.multi_class_images"] == multi_class > 0
+    assert 0 < overlap["overlap.pixel_overlap_images"] <= multi_class
+    for name, together in overlap.items():
+        if ".pair_images." in name:
+            assert overlap[name.replace(".pair_images.", ".pair_overlap_images.")] <= together
 
 
 # --- ReXGradient ---------------------------------------------------------------------------

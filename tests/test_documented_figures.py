@@ -1,0 +1,264 @@
+"""Each documented figure is a check that fails, with expected vs found and a hint, on a
+deliberately altered copy of the tiny data; MS-CXR view positions and phrase lists."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+
+import dagster as dg
+import numpy as np
+import pandas as pd
+import pydicom
+import pytest
+from corpus import check_evaluations, materialize_corpus
+from PIL import Image
+
+from radharmony_pipeline.defs.assets.index_and_labels import raw_index_and_labels
+from radharmony_pipeline.defs.checks.counts import counts_match_documentation
+from radharmony_pipeline.processing.masks import rasterize_polygons
+from radharmony_pipeline.sources import mimic_views
+from radharmony_pipeline.sources.ms_cxr import CSV_NAME
+
+METADATA_CSV = "mimic-cxr-2.0.0-metadata.csv.gz"
+
+
+def labels_check(data_root, output, partition: str):
+    from corpus import resources
+
+    result = dg.materialize(
+        [raw_index_and_labels, counts_match_documentation],
+        partition_key=partition,
+        resources=resources(data_root, output),
+        raise_on_error=False,
+    )
+    return check_evaluations(result)["counts_match_documentation"]
+
+
+def _metadata_text(evaluation, key: str) -> str:
+    return str(evaluation.metadata[key].value)
+
+
+# --- CheXlocalize ---------------------------------------------------------------------------
+
+
+def test_an_uncertain_label_in_the_chexlocalize_test_csv_fails_with_a_hint(tiny_copy, tmp_path):
+    path = tiny_copy / "chexlocalize" / "CheXpert" / "test_labels.csv"
+    frame = pd.read_csv(path, dtype=str)
+    frame.loc[0, "Edema"] = "-1.0"
+    frame.to_csv(path, index=False)
+    evaluation = labels_check(tiny_copy, tmp_path / "out", "chexlocalize.test")
+    assert not evaluation.passed
+    assert "uncertain_labels: expected 0, found 1" in evaluation.description
+    assert "consensus" in _metadata_text(evaluation, "probably_missing")
+
+
+def test_a_missing_or_renamed_pathology_key_fails_naming_the_json(tiny_copy, tmp_path):
+    path = tiny_copy / "chexlocalize" / "CheXlocalize" / "gt_segmentations_test.json"
+    entries = json.loads(path.read_text())
+    first, second = list(entries)[:2]
+    del entries[first]["Edema"]
+    entries[second]["Lung Opacity"] = entries[second].pop("Airspace Opacity")
+    path.write_text(json.dumps(entries))
+    evaluation = labels_check(tiny_copy, tmp_path / "out", "chexlocalize.test")
+    assert not evaluation.passed
+    assert "entries_without_the_10_pathologies: expected 0, found 2" in evaluation.description
+    hint = _metadata_text(evaluation, "probably_missing")
+    assert "gt_segmentations_test.json" in hint and "renamed" in hint
+
+
+# --- ChestX-Det and ReXGradient dataset figures ----------------------------------------------
+
+
+def _mirror_consolidation_of_an_overlap(root) -> None:
+    """Move one image's consolidation to the other lung, away from its effusion."""
+    path = root / "chestx-det" / "ChestX_Det_train.json"
+    entries = json.loads(path.read_text())
+    entry = next(e for e in entries if _overlap(e, "Consolidation", "Effusion"))
+    for position, sym in enumerate(entry["syms"]):
+        if sym == "Consolidation":
+            entry["polygons"][position] = [[1023 - x, y] for x, y in entry["polygons"][position]]
+    assert not _overlap(entry, "Consolidation", "Effusion")
+    path.write_text(json.dumps(entries))
+
+
+def _overlap(entry: dict, first: str, second: str) -> bool:
+    def mask(name: str) -> np.ndarray | None:
+        polygons = [p for s, p in zip(entry["syms"], entry["polygons"], strict=True) if s == name]
+        return rasterize_polygons(polygons, 1024, 1024) if polygons else None
+
+    a, b = mask(first), mask(second)
+    return a is not None and b is not None and bool((a & b).any())
+
+
+def _make_one_rgba_png_grayscale(root) -> None:
+    for png in sorted((root / "chestx-det" / "train").glob("*.png")):
+        with Image.open(png) as image:
+            if image.mode == "RGBA":
+                image.convert("L").save(png)
+                return
+    raise AssertionError("the tiny data has no RGBA train image")
+
+
+def _move_a_val_patient_into_train(root) -> str:
+    folder = root / "rexgradient" / "download" / "metadata"
+    train = json.loads((folder / "train_metadata_view_position.json").read_text())
+    val_path = folder / "valid_metadata_view_position.json"
+    val = json.loads(val_path.read_text())
+    per_patient = pd.Series([s["PatientID"] for s in val.values()]).value_counts()
+    study = next(s for s in val.values() if per_patient[s["PatientID"]] == 1)
+    study["PatientID"] = next(iter(train.values()))["PatientID"]
+    val_path.write_text(json.dumps(val))
+    return study["PatientID"]
+
+
+def _raise_a_documented_instance_count(root) -> None:
+    path = root / "chestx-det" / "expected_counts.json"
+    counts = json.loads(path.read_text())
+    counts["total"]["class_annotations.nodule"] += 1
+    path.write_text(json.dumps(counts))
+
+
+@pytest.fixture(scope="module")
+def altered(tiny_root, tmp_path_factory):
+    import shutil
+
+    data = tmp_path_factory.mktemp("altered") / "data"
+    shutil.copytree(tiny_root, data)
+    _mirror_consolidation_of_an_overlap(data)
+    _make_one_rgba_png_grayscale(data)
+    _raise_a_documented_instance_count(data)
+    shared = _move_a_val_patient_into_train(data)
+    partitions = [f"chestx_det.{s}" for s in ("train", "test")]
+    partitions += [f"rexgradient.{s}" for s in ("train", "val", "test")]
+    results, manifest = materialize_corpus(data, data.parent / "out", partitions)
+    return results, check_evaluations(manifest), shared
+
+
+def test_the_overlap_table_is_measured_on_the_masks(altered):
+    results, evaluations, _ = altered
+    assert all(result.success for result in results.values())
+    figures = evaluations["dataset_figures_match_documentation"]
+    assert not figures.passed
+    pair = "chestx_det: overlap.pair_overlap_images.consolidation+pleural_effusion"
+    assert pair in figures.description
+    assert "chestx_det: overlap.pixel_overlap_images" in figures.description
+    assert "polygons" in _metadata_text(figures, "probably_wrong")
+
+
+def test_rgba_images_are_counted_per_split_and_in_total(altered):
+    _, evaluations, _ = altered
+    figures = evaluations["dataset_figures_match_documentation"]
+    assert "chestx_det: train.rgba_images" in figures.description
+    assert "chestx_det: rgba_images" in figures.description
+    assert "PNG modes" in _metadata_text(figures, "probably_wrong")
+
+
+def test_documented_instance_counts_are_checked_on_the_manifest(altered):
+    _, evaluations, _ = altered
+    totals = evaluations["manifest_totals_match_documentation"]
+    assert not totals.passed
+    assert "chestx_det: class_annotations.nodule" in totals.description
+    assert "ChestX_Det_<split>.json" in _metadata_text(totals, "probably_wrong")
+
+
+def test_a_patient_in_two_rexgradient_splits_blocks(altered):
+    _, evaluations, shared = altered
+    disjoint = evaluations["patients_disjoint_across_splits"]
+    assert not disjoint.passed and disjoint.severity == dg.AssetCheckSeverity.ERROR
+    assert "rexgradient: 1 patient(s) in both train/val (documented disjoint)" in (
+        disjoint.description
+    )
+    assert disjoint.metadata["examples"].value["rexgradient"]["train/val"] == [shared]
+    totals = evaluations["manifest_totals_match_documentation"]
+    assert "rexgradient: patients" in totals.description
+
+
+# --- MS-CXR view positions --------------------------------------------------------------------
+
+
+def _views(open_tiny, root) -> pd.DataFrame:
+    source = open_tiny("ms_cxr", root=root)
+    return pd.concat(source.read_split(s).index for s in source.splits)
+
+
+def _header_view(path) -> str:
+    return str(pydicom.dcmread(path, stop_before_pixels=True).ViewPosition)
+
+
+def test_view_positions_come_from_the_metadata_csv(tiny_copy, open_tiny):
+    path = tiny_copy / "mimic-cxr" / METADATA_CSV
+    rows = list(csv.reader(io.StringIO(gzip.decompress(path.read_bytes()).decode())))
+    header, first = rows[0], rows[1]
+    first[header.index("ViewPosition")] = "LL"
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(rows)
+    path.write_bytes(gzip.compress(buffer.getvalue().encode()))
+    index = _views(open_tiny, tiny_copy).set_index("image_id")
+    row = index.loc[f"ms_cxr/{first[0]}"]
+    assert row["view_position"] == "LL" and row["view_position_raw"] == "LL"
+    listed = {f"ms_cxr/{r[0]}" for r in rows[1:]}
+    assert index.loc[sorted(listed), "view_position"].isin(["PA", "AP", "LL"]).all()
+
+
+def test_view_positions_of_dicoms_come_from_their_headers_without_pixels(
+    tiny_copy, open_tiny, monkeypatch
+):
+    (tiny_copy / "mimic-cxr" / METADATA_CSV).unlink()
+    calls = []
+    read = pydicom.dcmread
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(mimic_views.pydicom, "dcmread", recording)
+    index = _views(open_tiny, tiny_copy)
+    files = tiny_copy / "mimic-cxr" / "files"
+    dicoms = index[index["image_format"] == "dcm"]
+    assert len(dicoms) and len(calls) == len(dicoms)
+    assert all(c["stop_before_pixels"] and c["specific_tags"] for c in calls)
+    for row in dicoms.itertuples():
+        assert row.view_position_raw == _header_view(files / row.image_path)
+        assert row.view_position in ("PA", "AP")
+    jpgs = index[index["image_format"] == "jpg"]
+    assert len(jpgs) and (jpgs["view_position"] == "UNKNOWN").all()
+    assert jpgs["view_position_raw"].isna().all()
+
+
+def test_with_the_csv_present_unlisted_dicoms_still_read_their_header(tiny_root, open_tiny):
+    index = _views(open_tiny, tiny_root)
+    dicoms = index[index["image_format"] == "dcm"]
+    files = tiny_root / "mimic-cxr" / "files"
+    assert len(dicoms)
+    for row in dicoms.itertuples():
+        assert row.view_position_raw == _header_view(files / row.image_path)
+    assert (index["view_position"] != "UNKNOWN").all()
+
+
+# --- MS-CXR parallel lists ----------------------------------------------------------------------
+
+
+def test_two_boxes_of_one_category_keep_two_phrases_in_box_order(tiny_copy, open_tiny):
+    path = tiny_copy / "ms-cxr" / CSV_NAME
+    frame = pd.read_csv(path, dtype=str)
+    single = frame.groupby("dicom_id").filter(lambda g: len(g) == 1)
+    row = single[single["split"] == "train"].iloc[0]
+    second = row.copy()
+    second["label_text"] = "A second finding of the same category"
+    second["x"] = str(int(row["x"]) + 1)
+    duplicate = row.copy()  # the same phrase again, for a third box
+    duplicate["y"] = str(int(row["y"]) + 1)
+    frame = pd.concat([frame, pd.DataFrame([second, duplicate])], ignore_index=True)
+    frame.to_csv(path, index=False)
+    source = open_tiny("ms_cxr", root=tiny_copy)
+    image_id = f"ms_cxr/{row['dicom_id']}"
+    labels = source.read_split("train").labels.set_index("image_id").loc[image_id]
+    expected = [row["label_text"], second["label_text"], row["label_text"]]
+    assert list(labels["label_text"]) == expected and labels["num_boxes"] == 3
+    boxes = source.read_boxes("train")
+    mine = boxes[boxes["image_id"] == image_id].sort_values("box_index")
+    assert mine["label_text"].tolist() == expected
+    assert mine["label"].nunique() == 1 and np.array_equal(mine["box_index"], [0, 1, 2])
