@@ -23,6 +23,7 @@ from .atomic import temporary_sibling, write_atomically
 from .decode import DecodeError, decode_grayscale
 from .fingerprint import file_sha256
 from .geometry import ResizeGeometry, resize_image, resize_mask
+from .image_files import confined
 from .masks import mask_input_key, read_mask_png, write_mask_png
 from .parallel import Progress, map_in_chunks
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
@@ -63,6 +64,10 @@ class ImageJob:
     geometry_of: GeometryFunction
     packed_file: Path
     row: int
+    # The folder the source must stay inside (resolved), and the raw_index error of an image
+    # whose metadata entry is unusable: then nothing is read and the row carries that error.
+    source_root: Path | None = None
+    index_error: str | None = None
 
     @property
     def resize_mode(self) -> str:
@@ -83,9 +88,11 @@ class ImageJob:
     def reuse(self) -> ImageRow | None:
         """The row from existing outputs that carry the current input key (their pixels are
         packed), else None. Cheap: a stat, a PNG header and a small PNG decode."""
+        if self.index_error is not None:
+            return None
         try:
             return self._reuse(self.input_key())
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL byte in the path
             return None
 
     def current_row(self, key: str) -> ImageRow | None:
@@ -97,6 +104,8 @@ class ImageJob:
 
     def process(self) -> ImageRow:
         """Decode the source, resize, write the PNGs and pack the pixels; errors become rows."""
+        if self.index_error is not None:
+            return self._error_row(self.index_error)
         try:
             return self._process(self.input_key())
         except (DecodeError, OSError, ValueError) as exc:
@@ -108,7 +117,8 @@ class ImageJob:
         )
 
     def _process(self, key: str) -> ImageRow:
-        decoded = decode_grayscale(self.source_file, target_size=self.size)
+        source = confined(self.source_file, self.source_root)
+        decoded = decode_grayscale(source, target_size=self.size)
         geometry = self.geometry_of(decoded.source_height, decoded.source_width, self.size)
         pixels = resize_image(decoded.pixels, geometry)
         if self.mask_relative is not None:
@@ -232,7 +242,7 @@ def build_packed_images(
 def _input_key_or_none(job: ImageJob) -> str | None:
     try:
         return job.input_key()
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
         return None
 
 
