@@ -27,21 +27,32 @@ _MAX_GROUPS = 8
 
 
 class RleTextError(ValueError):
-    """RLE text that pycocotools would misread; the message says which rule it breaks."""
+    """RLE text that pycocotools would misread; the message says which rule it breaks and
+    `field` which part of the RLE (`size`, `counts`, or `rle` for the whole)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
 
 
 def rle_size(rle: object) -> tuple[int, int]:
     """The RLE's (height, width), both positive integers."""
     if not isinstance(rle, Mapping):
-        raise RleTextError(f"expected an object with 'size' and 'counts', got {type(rle).__name__}")
+        raise RleTextError(
+            "rle", f"expected an object with 'size' and 'counts', got {type(rle).__name__}"
+        )
     size = rle.get("size")
     if (
         not isinstance(size, (list, tuple))
         or len(size) != 2
-        or not all(isinstance(side, int) and not isinstance(side, bool) for side in size)
+        or not all(
+            isinstance(side, (int, np.integer)) and not isinstance(side, bool) for side in size
+        )
         or min(size) < 1
     ):
-        raise RleTextError(f"'size' must be [height, width] of positive integers, got {size!r}")
+        raise RleTextError(
+            "size", f"'size' must be [height, width] of positive integers, got {size!r}"
+        )
     return int(size[0]), int(size[1])
 
 
@@ -50,23 +61,26 @@ def decoded_runs(counts: str | bytes) -> np.ndarray:
     data = counts.encode("ascii", "replace") if isinstance(counts, str) else bytes(counts)
     codes = np.frombuffer(data, dtype=np.uint8).astype(np.int64)
     if codes.size == 0:
-        raise RleTextError("'counts' is empty")
+        raise RleTextError("counts", "'counts' is empty")
     outside = (codes < _FIRST_CHARACTER) | (codes > _LAST_CHARACTER)
     if outside.any():
         position = int(np.flatnonzero(outside)[0])
         raise RleTextError(
+            "counts",
             f"'counts' has character {chr(data[position])!r} at position {position}; "
-            "compressed COCO RLE uses only '0'..'o'"
+            "compressed COCO RLE uses only '0'..'o'",
         )
     groups = codes - _FIRST_CHARACTER
     last = (groups & _MORE) == 0
     if not last[-1]:
-        raise RleTextError("'counts' ends in the middle of a run (truncated text)")
+        raise RleTextError("counts", "'counts' ends in the middle of a run (truncated text)")
     ends = np.flatnonzero(last)
     starts = np.concatenate(([0], ends[:-1] + 1))
     lengths = ends - starts + 1
     if lengths.max() > _MAX_GROUPS:
-        raise RleTextError(f"'counts' has a run of {int(lengths.max())} characters (corrupt)")
+        raise RleTextError(
+            "counts", f"'counts' has a run of {int(lengths.max())} characters (corrupt)"
+        )
     run_of = np.repeat(np.arange(len(ends)), lengths)
     shift = 5 * (np.arange(len(groups)) - starts[run_of])
     values = np.bincount(run_of, weights=(groups & _DATA) << shift, minlength=len(ends))
@@ -87,18 +101,21 @@ def validate_rle(rle: object) -> tuple[int, int]:
     counts = rle.get("counts")  # type: ignore[union-attr]
     if not isinstance(counts, (str, bytes)):
         raise RleTextError(
+            "counts",
             f"'counts' must be compressed RLE text, got a {type(counts).__name__} "
-            "(uncompressed list counts are not used by CheXlocalize)"
+            "(uncompressed list counts are not used by CheXlocalize)",
         )
     runs = decoded_runs(counts)
     if (runs < 0).any():
         position = int(np.flatnonzero(runs < 0)[0])
         raise RleTextError(
-            f"'counts' decodes to a negative run ({int(runs[position])}) at run {position}"
+            "counts",
+            f"'counts' decodes to a negative run ({int(runs[position])}) at run {position}",
         )
     total = int(runs.sum())
     if total != height * width:
         raise RleTextError(
-            f"'counts' runs cover {total} pixels but size {height}x{width} has {height * width}"
+            "counts",
+            f"'counts' runs cover {total} pixels but size {height}x{width} has {height * width}",
         )
     return height, width
