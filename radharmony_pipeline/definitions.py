@@ -24,6 +24,7 @@ from .defs.checks.masks_and_boxes import (
     masks_suite,
     positives_without_masks,
 )
+from .defs.checks.row_errors import ROW_ERROR_CHECKS
 from .defs.io_managers import ParquetIOManager
 from .defs.jobs import (
     all_stages_job,
@@ -32,6 +33,11 @@ from .defs.jobs import (
     observe_source_files_job,
 )
 from .defs.resources import DatasetsResource, OutputsResource
+from .processing.settings import validate_settings
+
+# Settings are checked once, before anything runs: a bad value names its variable here
+# instead of turning every row of every partition into an error.
+validate_settings()
 
 outputs = OutputsResource()
 
@@ -50,6 +56,7 @@ defs = dg.Definitions(
         manifest_paths_exist,
         manifest_suite,
         no_patient_in_train_and_test,
+        *ROW_ERROR_CHECKS,
     ],
     jobs=[observe_source_files_job, all_stages_job, index_and_labels_job, manifest_job],
     schedules=[nightly_observation],

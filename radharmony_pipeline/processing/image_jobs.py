@@ -26,6 +26,7 @@ from .geometry import ResizeGeometry, resize_image, resize_mask
 from .image_files import confined
 from .masks import mask_input_key, read_mask_png, write_mask_png
 from .parallel import Progress, map_in_chunks
+from .supervised import TimeLimit
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
 
 # Bumped when decoding or resizing changes, so every image is redone once.
@@ -204,12 +205,18 @@ def process_image_job(job: ImageJob) -> ImageRow:
     return job.process()
 
 
+def image_job_stopped(job: ImageJob, reason: str) -> ImageRow:
+    """The row of a job whose worker was stopped (time limit) or died."""
+    return job._error_row(f"{job.source_file}: {reason}")
+
+
 def build_packed_images(
     jobs: Sequence[ImageJob],
     packed: Path,
     size: int,
     workers: int,
     on_progress: Progress | None = None,
+    time_limit: TimeLimit | None = None,
 ) -> list[ImageRow]:
     """Rows of the partition's images and its packed N×S×S array at `packed`.
 
@@ -230,7 +237,7 @@ def build_packed_images(
             temp, mode="w+", dtype=np.uint8, shape=(len(jobs), size, size)
         ).flush()
         rows = run_image_jobs(
-            [replace(job, packed_file=temp) for job in jobs], workers, on_progress
+            [replace(job, packed_file=temp) for job in jobs], workers, on_progress, time_limit
         )
         os.replace(temp, packed)
     finally:
@@ -254,13 +261,20 @@ def _recorded_keys(path: Path) -> list | None:
 
 
 def run_image_jobs(
-    jobs: Sequence[ImageJob], workers: int, on_progress: Progress | None = None
+    jobs: Sequence[ImageJob],
+    workers: int,
+    on_progress: Progress | None = None,
+    time_limit: TimeLimit | None = None,
 ) -> list[ImageRow]:
     """Rows in job order. Verifying unchanged images is cheap and done in this process; only
     the images to decode go to the process pool."""
     reused = [job.reuse() for job in jobs]
     pending = [job for job, row in zip(jobs, reused, strict=True) if row is None]
-    processed = iter(map_in_chunks(process_image_job, pending, workers, on_progress=on_progress))
+    processed = iter(
+        map_in_chunks(
+            process_image_job, pending, workers, on_progress=on_progress, time_limit=time_limit
+        )
+    )
     return [row if row is not None else next(processed) for row in reused]
 
 

@@ -147,6 +147,19 @@ def run_mask_job(job: MaskJob) -> list[MaskRow]:
     return job.run()
 
 
+def mask_job_stopped(job: MaskJob, reason: str) -> list[MaskRow]:
+    """The rows of a job whose worker was stopped (time limit) or died."""
+    return [_error_row(job.image_id, f"{job.image_file}: {reason}")]
+
+
+def carried_index_errors(index_errors: pd.DataFrame) -> list[MaskRow]:
+    """An error row per image whose raw_index row is an error: nothing was read for it."""
+    return [
+        _error_row(image_id, f"raw_index: {error}")
+        for image_id, error in zip(index_errors["image_id"], index_errors["error"], strict=True)
+    ]
+
+
 MASK_COLUMNS = (
     "image_id",
     "mask_class",
