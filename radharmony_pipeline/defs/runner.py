@@ -4,6 +4,7 @@ Used by `radharmony demo`: the runs land in DAGSTER_HOME, so `make ui` shows the
 """
 
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ def materialize_partitions(
     job = defs.resolve_job_def(ALL_STAGES_JOB)
     outcomes = []
     for key in partition_keys:
-        run_id = dg.make_new_run_id()
+        run_id = str(uuid.uuid4())
         with reporting_waits(instance, run_id, say):
             result = job.execute_in_process(
                 partition_key=key,
