@@ -267,7 +267,7 @@ def _study_and_image_tables(
         for p in image_paths
     ]
     native_ids = [
-        p.rsplit("/", 1)[-1].rsplit(".", 1)[0] if p is not None else f"{keys[i]}-image{i}"
+        p.rsplit("/", 1)[-1].rsplit(".", 1)[0] if p is not None else _pathless_id(keys, i)
         for i, p in enumerate(relative)
     ]
     study_columns = _derived_study_columns(fields)
@@ -284,6 +284,14 @@ def _study_and_image_tables(
         "date_raw": np.asarray(fields["StudyDate"], dtype=object)[positions],
     }
     return study_columns, images
+
+
+def _pathless_id(keys: np.ndarray, position: int) -> str:
+    """`<study>-image<n>` for the study's n-th image, which has no usable path."""
+    first = position
+    while first > 0 and keys[first - 1] == keys[position]:
+        first -= 1
+    return f"{keys[position]}-image{position - first}"
 
 
 def _unusable_studies(studies: dict, path: Path) -> dict[str, str]:

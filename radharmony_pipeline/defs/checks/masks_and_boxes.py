@@ -40,7 +40,11 @@ def masks_match_documentation(
         for metric, value in expected.for_split(split).items()
         if metric in MASK_METRICS or metric.startswith("class_images.")
     }
-    return comparison_result(source, split, expected.origin, compare_counts(wanted, found), found)
+    errors = int(masks.loc[masks["status"] == "error", "image_id"].nunique())
+    comparisons = compare_counts(wanted, found)
+    return comparison_result(
+        source, split, expected.origin, comparisons, found, errors, datasets.strict
+    )
 
 
 @dg.asset_check(
@@ -60,7 +64,11 @@ def bboxes_match_documentation(
     wanted = {}
     if source.has_boxes and "annotations" in expected.for_split(split):
         wanted["boxes"] = expected.for_split(split)["annotations"]
-    return comparison_result(source, split, expected.origin, compare_counts(wanted, found), found)
+    errors = int((bboxes["status"] == "error").sum())
+    comparisons = compare_counts(wanted, found)
+    return comparison_result(
+        source, split, expected.origin, comparisons, found, errors, datasets.strict
+    )
 
 
 @dg.asset_check(
