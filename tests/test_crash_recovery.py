@@ -193,3 +193,60 @@ def test_free_slots_command_reports_when_nothing_is_held(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "no run with a dead process holds a pool slot" in done.stdout
+
+
+def test_a_waiting_run_is_told_who_holds_the_slot_and_dead_holders_are_freed():
+    from radharmony_pipeline.defs.recovery import (
+        HEAVY_POOL,
+        free_slots_of_dead_runs,
+        waiting_message,
+    )
+
+    overrides = {"concurrency": {"pools": {"default_limit": 1}}}
+    with dg.instance_for_test(overrides=overrides) as instance:
+        storage = instance.event_log_storage
+        storage.initialize_concurrency_limit_to_default(HEAVY_POOL)
+        assert storage.claim_concurrency_slot(HEAVY_POOL, "ghost-run", "masks").is_claimed
+        assert not storage.claim_concurrency_slot(HEAVY_POOL, "waiting-run", "images").is_claimed
+        message = waiting_message(instance, "waiting-run")
+        assert message is not None and "heavy_image_work" in message and "ghost-ru" in message
+        said = []
+        # Neither run exists in the run storage (so no process of theirs can be alive).
+        assert free_slots_of_dead_runs(instance, said.append) == ["ghost-run", "waiting-run"]
+        assert "freed the pool slots of run ghost-ru" in said[0]
+        assert storage.get_concurrency_info(HEAVY_POOL).claimed_slots == []
+        assert storage.claim_concurrency_slot(HEAVY_POOL, "next-run", "images").is_claimed
+
+
+def test_temporary_files_of_a_live_writer_are_never_removed(tmp_path):
+    from radharmony_pipeline.processing.atomic import (
+        remove_orphaned_temporaries,
+        temporary_sibling,
+    )
+
+    live = temporary_sibling(tmp_path / "a.png")  # named after this (live) process
+    live.write_bytes(b"x")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        name = live.name.replace(f"{TEMP_MARKER}{os.getpid()}@", f"{TEMP_MARKER}{other.pid}@")
+        (tmp_path / name.replace(".png", "-b.png")).write_bytes(b"x")
+        dead = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        gone = live.name.replace("@", "@", 1).replace(
+            f"{TEMP_MARKER}{os.getpid()}@", f"{TEMP_MARKER}{int(dead.stdout)}@"
+        )
+        (tmp_path / gone.replace(".png", "-c.png")).write_bytes(b"x")
+        legacy = tmp_path / f"{TEMP_MARKER}0123456789abcdef0123456789abcdef-d.png"
+        legacy.write_bytes(b"x")
+        removed = remove_orphaned_temporaries(tmp_path)
+        assert sorted(p.name for p in removed) == sorted(
+            [gone.replace(".png", "-c.png"), legacy.name]
+        )
+        assert live.exists() and (tmp_path / name.replace(".png", "-b.png")).exists()
+    finally:
+        other.kill()
+        other.wait()
