@@ -53,9 +53,11 @@ from radharmony_pipeline.processing.image_jobs import (
     ImageJob,
     ImageRow,
     build_packed_images,
+    image_job_stopped,
     image_table,
 )
 from radharmony_pipeline.processing.parallel import map_in_chunks
+from radharmony_pipeline.processing.supervised import TimeLimit, job_timeout
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 
 SIZE = 224
@@ -155,7 +157,8 @@ def run_stage(sources: Sequence[Path], output_root: Path, workers: int) -> Stage
         )
         for row, source in enumerate(sources)
     ]
-    rows = build_packed_images(jobs, packed, SIZE, workers)
+    limit = TimeLimit(job_timeout(), image_job_stopped)  # as the asset runs them
+    rows = build_packed_images(jobs, packed, SIZE, workers, time_limit=limit)
     seconds = time.perf_counter() - start
     failed = [row for row in rows if row.status != "ok"]
     if failed:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -46,10 +47,46 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help=f"datasets folder (default RADHARMONY_DATA_ROOT or {DEMO_DATA_ROOT})",
     )
+    demo.add_argument(
+        "--partition",
+        action="append",
+        help="only this `<dataset>.<split>` partition (repeatable); the manifest is joined "
+        "only when every partition is run",
+    )
     demo.set_defaults(run=_demo)
 
+    free = commands.add_parser(
+        "free-slots",
+        help="free the pool slots of runs whose process is gone (after a crash or kill -9)",
+    )
+    free.add_argument(
+        "--run-id",
+        action="append",
+        default=[],
+        help="also mark this run failed and free its slots, alive or not (repeatable)",
+    )
+    free.set_defaults(run=_free_slots)
+
     args = parser.parse_args(argv)
-    return args.run(args)
+    from .processing.settings import ConfigurationError, validate_settings
+
+    try:
+        validate_settings()
+    except ConfigurationError as error:
+        print(f"radharmony: {error}", file=sys.stderr)
+        return 2
+    # Stop on SIGTERM as on Ctrl-C: Dagster marks the run failed, worker processes are killed,
+    # temporary files are removed; a later run resumes.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print("radharmony: interrupted", file=sys.stderr)
+        return 130
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _synth(args: argparse.Namespace) -> int:
@@ -95,6 +132,12 @@ def _demo(args: argparse.Namespace) -> int:
     )
     from .sources import partition_keys
 
+    every_partition = partition_keys()
+    chosen = args.partition or every_partition
+    unknown = sorted(set(chosen) - set(every_partition))
+    if unknown:
+        print(f"unknown partition(s) {unknown}; known: {every_partition}", file=sys.stderr)
+        return 2
     with dg.DagsterInstance.get() as instance:
         print("observing source files ...", flush=True)
         observe_sources(defs, instance)
@@ -102,13 +145,15 @@ def _demo(args: argparse.Namespace) -> int:
         outcomes = materialize_partitions(
             defs,
             instance,
-            partition_keys(),
+            chosen,
             on_done=lambda o: print(
                 f"  {o.partition:<20} {'ok' if o.success else 'FAILED'}", flush=True
             ),
+            say=lambda text: print(f"  {text}", flush=True),
         )
-        print("joining the unified manifest ...", flush=True)
-        outcomes.append(materialize_manifest(defs, instance))
+        if set(chosen) == set(every_partition):
+            print("joining the unified manifest ...", flush=True)
+            outcomes.append(materialize_manifest(defs, instance))
     print()
     print(format_summary(outcomes))
     print()
@@ -120,6 +165,29 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"Tables: {output}/tables/   Images: {output}/images/   Previews: {output}/previews/")
     print("Open the UI with `make ui`, then http://127.0.0.1:3000 (same DAGSTER_HOME).")
     return 0 if all(o.success for o in outcomes) else 1
+
+
+def _free_slots(args: argparse.Namespace) -> int:
+    """What a user runs when the daemon (run monitoring) is not there to do it."""
+    os.environ.setdefault("DAGSTER_HOME", str(Path("dagster_home").resolve()))
+    import dagster as dg
+
+    from .defs.recovery import free_slots_of_dead_runs, slot_holders
+
+    with dg.DagsterInstance.get() as instance:
+        for run_id in args.run_id:
+            run = instance.get_run_by_id(run_id)
+            if run is not None and not run.is_finished:
+                instance.report_run_failed(run, message="marked failed by radharmony free-slots")
+            instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+            print(f"freed the pool slots of run {run_id}")
+        freed = free_slots_of_dead_runs(instance, print)
+        remaining = slot_holders(instance)
+    if not freed and not args.run_id:
+        print("no run with a dead process holds a pool slot")
+    for holder in remaining:
+        print(f"still holding or waiting: {holder.describe()}")
+    return 0
 
 
 if __name__ == "__main__":

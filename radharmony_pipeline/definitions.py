@@ -25,6 +25,7 @@ from .defs.checks.masks_and_boxes import (
     masks_suite,
     positives_without_masks,
 )
+from .defs.checks.row_errors import ROW_ERROR_CHECKS
 from .defs.io_managers import ParquetIOManager
 from .defs.jobs import (
     all_stages_job,
@@ -33,6 +34,11 @@ from .defs.jobs import (
     observe_source_files_job,
 )
 from .defs.resources import DatasetsResource, OutputsResource
+from .processing.settings import validate_settings
+
+# Settings are checked once, before anything runs: a bad value names its variable here
+# instead of turning every row of every partition into an error.
+validate_settings()
 
 outputs = OutputsResource()
 
@@ -52,6 +58,7 @@ defs = dg.Definitions(
         manifest_paths_exist,
         manifest_suite,
         patients_disjoint_across_splits,
+        *ROW_ERROR_CHECKS,
     ],
     jobs=[observe_source_files_job, all_stages_job, index_and_labels_job, manifest_job],
     schedules=[nightly_observation],

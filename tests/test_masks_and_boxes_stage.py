@@ -239,12 +239,12 @@ def test_clipped_and_degenerate_boxes_are_counted_not_dropped(tiny_copy, tmp_pat
     assert boxes["x_max"].max() <= 1
     bad = boxes[boxes["status"] == "error"]
     assert len(bad) == 1 and "no area" in bad["error"].iloc[0]
+    # Error rows are a warning (the good boxes flow on), not a failed count.
     check = next(
-        e
-        for e in result.get_asset_check_evaluations()
-        if e.check_name == "bboxes_match_documentation"
+        e for e in result.get_asset_check_evaluations() if e.check_name == "bboxes_error_rows"
     )
-    assert not check.passed
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
+    assert "no area" in check.description
 
 
 def test_rgba_chestx_det_png_accepted_only_when_gray(tiny_copy, tmp_path):
@@ -264,11 +264,10 @@ def test_rgba_chestx_det_png_accepted_only_when_gray(tiny_copy, tmp_path):
     accepted = masks[masks["image_id"] == "chestx_det/" + entries[0]["file_name"][:-4]]
     assert (accepted["status"] == "ok").all()
     check = next(
-        e
-        for e in result.get_asset_check_evaluations()
-        if e.check_name == "masks_match_documentation"
+        e for e in result.get_asset_check_evaluations() if e.check_name == "masks_error_rows"
     )
-    assert not check.passed and "mask_errors" in check.metadata["mismatches"].value
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
+    assert check.metadata["error_rows"].value == 1
 
 
 def test_rle_size_mismatch_is_a_per_image_error_with_both_sizes(tiny_copy, tmp_path):

@@ -6,6 +6,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
+from ..processing.settings import strict_mode
 from ..sources import DatasetSource, SourceLocation, open_source
 from ..sources.location import DATA_ROOT_ENV
 
@@ -29,6 +30,11 @@ class DatasetsResource(dg.ConfigurableResource):
     ms_cxr: SourceLocationConfig = Field(default_factory=SourceLocationConfig)
     chestx_det: SourceLocationConfig = Field(default_factory=SourceLocationConfig)
     rexgradient: SourceLocationConfig = Field(default_factory=SourceLocationConfig)
+    strict: bool = Field(
+        default_factory=strict_mode,
+        description="Fail a step on its first error row (a malformed entry, an undecodable "
+        "image) instead of keeping it with status `error`; default RADHARMONY_STRICT.",
+    )
 
     def source(self, dataset: str) -> DatasetSource:
         environ = dict(os.environ)

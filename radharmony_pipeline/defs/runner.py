@@ -3,12 +3,19 @@
 Used by `radharmony demo`: the runs land in DAGSTER_HOME, so `make ui` shows them.
 """
 
-from collections.abc import Callable, Sequence
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import dagster as dg
 
 from .jobs import ALL_STAGES_JOB, MANIFEST_JOB, OBSERVE_JOB
+from .recovery import free_slots_of_dead_runs, waiting_message
+
+# How often a run blocked on a pool says what it waits for (and re-checks for dead holders).
+WAIT_REPORT_SECONDS = 10.0
 
 
 @dataclass
@@ -38,17 +45,54 @@ def materialize_partitions(
     instance: dg.DagsterInstance,
     partition_keys: Sequence[str],
     on_done: Callable[[PartitionOutcome], None] = lambda outcome: None,
+    say: Callable[[str], None] = lambda text: None,
 ) -> list[PartitionOutcome]:
-    """Run the whole asset graph once per partition; one failing partition does not stop others."""
+    """Run the whole asset graph once per partition; one failing partition does not stop others.
+
+    Slots of runs killed earlier on this instance are freed first, and while a run waits for
+    a pool slot, `say` is told every few seconds which run holds it."""
     job = defs.resolve_job_def(ALL_STAGES_JOB)
     outcomes = []
     for key in partition_keys:
-        result = job.execute_in_process(
-            partition_key=key, instance=instance, raise_on_error=False, run_config=QUIET
-        )
+        run_id = str(uuid.uuid4())
+        with reporting_waits(instance, run_id, say):
+            result = job.execute_in_process(
+                partition_key=key,
+                instance=instance,
+                raise_on_error=False,
+                run_config=QUIET,
+                run_id=run_id,
+            )
         outcomes.append(_outcome(key, result))
         on_done(outcomes[-1])
     return outcomes
+
+
+@contextmanager
+def reporting_waits(
+    instance: dg.DagsterInstance, run_id: str, say: Callable[[str], None]
+) -> Iterator[None]:
+    """While the block runs: free the slots of dead runs, and report what `run_id` waits for."""
+    free_slots_of_dead_runs(instance, say)
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(WAIT_REPORT_SECONDS):
+            try:
+                free_slots_of_dead_runs(instance, say)
+                message = waiting_message(instance, run_id)
+            except Exception as error:  # a report must never break the run it watches
+                message = f"could not read the pool state: {error!r}"
+            if message:
+                say(f"run {run_id[:8]} is {message}")
+
+    watcher = threading.Thread(target=watch, name="pool-wait-reporter", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
 
 
 def materialize_manifest(defs: dg.Definitions, instance: dg.DagsterInstance) -> PartitionOutcome:

@@ -3,17 +3,51 @@
 from __future__ import annotations
 
 import os
+import re
+import socket
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 TEMP_MARKER = ".partial-"
+# `.partial-<pid>@<host>-<random>-<name>`: the writer is named so that a clean-up never
+# removes a file whose writer is still alive (another run of the same partition, say).
+_TEMP_NAME = re.compile(rf"^{re.escape(TEMP_MARKER)}(\d+)@(.*)-[0-9a-f]{{32}}-")
 
 
 def temporary_sibling(path: Any) -> Any:
-    """A unique name in the same folder (same filesystem, so the rename is atomic)."""
-    return path.with_name(f"{TEMP_MARKER}{uuid.uuid4().hex}-{path.name}")
+    """A unique name in the same folder (same filesystem, so the rename is atomic), naming
+    this process as its writer."""
+    owner = f"{os.getpid()}@{socket.gethostname()}"
+    return path.with_name(f"{TEMP_MARKER}{owner}-{uuid.uuid4().hex}-{path.name}")
+
+
+def writer_is_gone(temp: Path) -> bool:
+    """Whether the process that named this temporary file can no longer be writing it.
+
+    Names without an owner (written by older versions) count as gone; names from another
+    host never do, as that host's processes cannot be checked from here.
+    """
+    match = _TEMP_NAME.match(temp.name)
+    if match is None:
+        return True
+    pid, host = int(match.group(1)), match.group(2)
+    if host != socket.gethostname():
+        return False
+    return pid != os.getpid() and not psutil.pid_exists(pid)
+
+
+def remove_orphaned_temporaries(folder: Path, pattern: str = "*") -> list[Path]:
+    """Delete the temporary files under `folder` (recursively) whose writer is gone."""
+    removed = []
+    for temp in Path(folder).rglob(f"{TEMP_MARKER}{pattern}"):
+        if writer_is_gone(temp):
+            temp.unlink(missing_ok=True)
+            removed.append(temp)
+    return removed
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:

@@ -39,6 +39,11 @@ ROBUST_PERCENTILES = (0.5, 99.5)
 PERCENTILE_SAMPLES = 1_000_000
 
 GRAYSCALE_PHOTOMETRICS = ("MONOCHROME1", "MONOCHROME2")
+# Refuse a DICOM whose header declares more pixel data than this before decoding: a 1 KB
+# file may declare 30000x30000 16-bit pixels, which the decoder would allocate (~1.7 GiB)
+# before noticing the data is missing. The largest radiographs (~4300x3500 at 16 bits) hold
+# ~30 MiB, so 1 GiB leaves room for multi-frame files without letting a bomb through.
+MAX_DICOM_PIXEL_BYTES = 1 << 30
 # pydicom 3 masks the bits above BitsStored itself except for these syntaxes, whose
 # decoders return whatever precision the codestream declares.
 UNMASKED_SYNTAXES = frozenset(JPEG2000TransferSyntaxes) | frozenset(JPEGLSTransferSyntaxes)
@@ -161,6 +166,7 @@ def _decode_png(path: Path) -> DecodedImage:
 def _decode_dicom(path: Path) -> DecodedImage:
     ds = _read_dicom(path)
     _require_grayscale_pixel_data(ds, path)
+    _require_plausible_size(ds, path)
     _require_decodable_syntax(ds, path)
     stored = _stored_values(ds, path)
     pixels = _presentation_values(ds, stored)
@@ -181,6 +187,31 @@ def _require_grayscale_pixel_data(ds: Dataset, path: Path) -> None:
     photometric = ds.get("PhotometricInterpretation")
     if photometric not in GRAYSCALE_PHOTOMETRICS:
         raise DecodeError(path, f"DICOM PhotometricInterpretation {photometric!r} is not grayscale")
+
+
+def _require_plausible_size(ds: Dataset, path: Path) -> None:
+    """Check Rows × Columns × frames × samples × bits from the header against the limit."""
+    try:
+        dimensions = [
+            int(ds.Rows),
+            int(ds.Columns),
+            int(ds.get("NumberOfFrames") or 1),
+            int(ds.get("SamplesPerPixel") or 1),
+        ]
+        bits = int(ds.BitsAllocated)
+    except (AttributeError, TypeError, ValueError) as error:
+        raise DecodeError(path, f"DICOM image size tags are missing or invalid: {error}") from error
+    if min(dimensions) < 1 or bits < 1:
+        raise DecodeError(path, f"DICOM declares an empty image ({dimensions}, {bits} bits)")
+    declared = math.prod(dimensions) * math.ceil(bits / 8)
+    if declared > MAX_DICOM_PIXEL_BYTES:
+        rows, columns, frames, _samples = dimensions
+        raise DecodeError(
+            path,
+            f"DICOM declares {rows}x{columns} pixels x {frames} frame(s) at {bits} bits "
+            f"({declared / 2**30:.1f} GiB), above the {MAX_DICOM_PIXEL_BYTES / 2**30:.0f} GiB "
+            "limit; refused before decoding (corrupt header or not a radiograph)",
+        )
 
 
 def _syntax_label(syntax: UID) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,33 @@ class ImageFileError(ValueError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+# --- confinement -----------------------------------------------------------------------------
+
+
+def confined(path: Path, root: Path | None) -> Path:
+    """`path`, after checking that its real path (symlinks resolved) stays inside `root`.
+
+    Metadata paths are confined by text when read; a symlink inside the image tree can still
+    point anywhere, so every reader checks the resolved path right before opening. Nothing
+    is opened here. `root` None means the caller has no image folder to confine to.
+    """
+    path = Path(path)
+    if root is None:
+        return path
+    try:
+        real = Path(os.path.realpath(path))
+        real_root = Path(os.path.realpath(root))
+    except (OSError, ValueError) as error:  # ValueError: a NUL byte in the path
+        raise ImageFileError(path, f"unusable path: {error}") from error
+    if not real.is_relative_to(real_root):
+        raise ImageFileError(
+            path,
+            f"resolves to {real}, outside the image folder {real_root} (a symlink leaving "
+            "the dataset); the file was not read. Replace the link with the file itself",
+        )
+    return path
 
 
 # --- size from the header ------------------------------------------------------------------

@@ -23,8 +23,10 @@ from .atomic import temporary_sibling, write_atomically
 from .decode import DecodeError, decode_grayscale
 from .fingerprint import file_sha256
 from .geometry import ResizeGeometry, resize_image, resize_mask
+from .image_files import confined
 from .masks import mask_input_key, read_mask_png, write_mask_png
 from .parallel import Progress, map_in_chunks
+from .supervised import TimeLimit
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
 
 # Bumped when decoding or resizing changes, so every image is redone once.
@@ -63,6 +65,10 @@ class ImageJob:
     geometry_of: GeometryFunction
     packed_file: Path
     row: int
+    # The folder the source must stay inside (resolved), and the raw_index error of an image
+    # whose metadata entry is unusable: then nothing is read and the row carries that error.
+    source_root: Path | None = None
+    index_error: str | None = None
 
     @property
     def resize_mode(self) -> str:
@@ -83,9 +89,11 @@ class ImageJob:
     def reuse(self) -> ImageRow | None:
         """The row from existing outputs that carry the current input key (their pixels are
         packed), else None. Cheap: a stat, a PNG header and a small PNG decode."""
+        if self.index_error is not None:
+            return None
         try:
             return self._reuse(self.input_key())
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL byte in the path
             return None
 
     def current_row(self, key: str) -> ImageRow | None:
@@ -97,6 +105,8 @@ class ImageJob:
 
     def process(self) -> ImageRow:
         """Decode the source, resize, write the PNGs and pack the pixels; errors become rows."""
+        if self.index_error is not None:
+            return self._error_row(self.index_error)
         try:
             return self._process(self.input_key())
         except (DecodeError, OSError, ValueError) as exc:
@@ -108,7 +118,8 @@ class ImageJob:
         )
 
     def _process(self, key: str) -> ImageRow:
-        decoded = decode_grayscale(self.source_file, target_size=self.size)
+        source = confined(self.source_file, self.source_root)
+        decoded = decode_grayscale(source, target_size=self.size)
         geometry = self.geometry_of(decoded.source_height, decoded.source_width, self.size)
         pixels = resize_image(decoded.pixels, geometry)
         if self.mask_relative is not None:
@@ -194,12 +205,18 @@ def process_image_job(job: ImageJob) -> ImageRow:
     return job.process()
 
 
+def image_job_stopped(job: ImageJob, reason: str) -> ImageRow:
+    """The row of a job whose worker was stopped (time limit) or died."""
+    return job._error_row(f"{job.source_file}: {reason}")
+
+
 def build_packed_images(
     jobs: Sequence[ImageJob],
     packed: Path,
     size: int,
     workers: int,
     on_progress: Progress | None = None,
+    time_limit: TimeLimit | None = None,
 ) -> list[ImageRow]:
     """Rows of the partition's images and its packed N×S×S array at `packed`.
 
@@ -220,7 +237,7 @@ def build_packed_images(
             temp, mode="w+", dtype=np.uint8, shape=(len(jobs), size, size)
         ).flush()
         rows = run_image_jobs(
-            [replace(job, packed_file=temp) for job in jobs], workers, on_progress
+            [replace(job, packed_file=temp) for job in jobs], workers, on_progress, time_limit
         )
         os.replace(temp, packed)
     finally:
@@ -232,7 +249,7 @@ def build_packed_images(
 def _input_key_or_none(job: ImageJob) -> str | None:
     try:
         return job.input_key()
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
         return None
 
 
@@ -244,13 +261,20 @@ def _recorded_keys(path: Path) -> list | None:
 
 
 def run_image_jobs(
-    jobs: Sequence[ImageJob], workers: int, on_progress: Progress | None = None
+    jobs: Sequence[ImageJob],
+    workers: int,
+    on_progress: Progress | None = None,
+    time_limit: TimeLimit | None = None,
 ) -> list[ImageRow]:
     """Rows in job order. Verifying unchanged images is cheap and done in this process; only
     the images to decode go to the process pool."""
     reused = [job.reuse() for job in jobs]
     pending = [job for job, row in zip(jobs, reused, strict=True) if row is None]
-    processed = iter(map_in_chunks(process_image_job, pending, workers, on_progress=on_progress))
+    processed = iter(
+        map_in_chunks(
+            process_image_job, pending, workers, on_progress=on_progress, time_limit=time_limit
+        )
+    )
     return [row if row is not None else next(processed) for row in reused]
 
 

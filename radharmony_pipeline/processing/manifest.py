@@ -51,7 +51,10 @@ def partition_manifest(
     images: pd.DataFrame,
 ) -> tuple[pd.DataFrame, dict[str, int]]:
     """Manifest rows of one partition, and the images left out, counted by reason."""
-    rows = raw_index.rename(columns={"image_path": "source_image_path"})
+    # An index error reaches `images` as its error row, whose status decides below.
+    rows = raw_index.drop(columns=["status", "error"], errors="ignore").rename(
+        columns={"image_path": "source_image_path"}
+    )
     for column, dtype in _EXTRAS.items():
         if column not in rows:
             rows[column] = pd.Series(None, index=rows.index, dtype=dtype)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .image_files import ImageFileError, image_size, read_grayscale_png
+from .image_files import ImageFileError, confined, image_size, read_grayscale_png
 from .masks import (
     MaskSizeError,
     area_fraction,
@@ -68,14 +68,22 @@ class RleMaskJob:
     image_file: Path
     target: MaskTarget
     rles: Mapping[str, Mapping] = field(default_factory=dict)
+    # The folder the image must stay inside (resolved), and why the annotation is unusable
+    # (file, entry, field) when the reader found it malformed: then nothing is read.
+    image_root: Path | None = None
+    problem: str | None = None
 
     def run(self) -> list[MaskRow]:
+        if self.problem is not None:
+            return [_error_row(self.image_id, self.problem)]
         try:
-            height, width = image_size(self.image_file)
+            height, width = image_size(confined(self.image_file, self.image_root))
             present = {name: rle for name, rle in self.rles.items() if rle_area(rle) > 0}
             union = union_rle_masks(list(self.rles.values()), height, width)
         except (ImageFileError, MaskSizeError) as exc:
             return [_error_row(self.image_id, f"{self.image_file}: {exc}")]
+        except ValueError as exc:  # RLE text the reader did not catch (see rle_text)
+            return [_error_row(self.image_id, f"{self.image_file}: annotation: {exc}")]
         rows = []
         for name, rle in sorted(present.items()):
             mask = decode_rle(rle)
@@ -97,10 +105,14 @@ class PolygonMaskJob:
     target: MaskTarget
     frame: tuple[int, int]
     polygons: Mapping[str, Sequence[Sequence[Sequence[float]]]] = field(default_factory=dict)
+    image_root: Path | None = None
+    problem: str | None = None
 
     def run(self) -> list[MaskRow]:
+        if self.problem is not None:
+            return [_error_row(self.image_id, self.problem)]
         try:
-            pixels, _mode = read_grayscale_png(self.image_file)
+            pixels, _mode = read_grayscale_png(confined(self.image_file, self.image_root))
         except ImageFileError as exc:
             return [_error_row(self.image_id, str(exc))]
         if pixels.shape != self.frame:
@@ -133,6 +145,19 @@ MaskJob = RleMaskJob | PolygonMaskJob
 def run_mask_job(job: MaskJob) -> list[MaskRow]:
     """Top-level (picklable) entry point for the process pool."""
     return job.run()
+
+
+def mask_job_stopped(job: MaskJob, reason: str) -> list[MaskRow]:
+    """The rows of a job whose worker was stopped (time limit) or died."""
+    return [_error_row(job.image_id, f"{job.image_file}: {reason}")]
+
+
+def carried_index_errors(index_errors: pd.DataFrame) -> list[MaskRow]:
+    """An error row per image whose raw_index row is an error: nothing was read for it."""
+    return [
+        _error_row(image_id, f"raw_index: {error}")
+        for image_id, error in zip(index_errors["image_id"], index_errors["error"], strict=True)
+    ]
 
 
 MASK_COLUMNS = (

@@ -11,6 +11,7 @@ import numpy as np
 from PIL import Image
 from pycocotools import mask as coco_mask
 
+from radharmony_pipeline.processing.rle_text import validate_rle
 from radharmony_pipeline.processing.tagged_png import write_tagged_png
 
 INPUT_KEY_HEX_DIGITS = 16  # 64 bits: collisions are negligible for a per-mask change check
@@ -25,17 +26,14 @@ class MaskSizeError(ValueError):
 
 
 def _coco_rle(rle: Mapping) -> dict:
-    """The RLE as pycocotools expects it: integer size, bytes counts (JSON gives str)."""
-    try:
-        height, width = (int(side) for side in rle["size"])
-        counts = rle["counts"]
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"not a COCO RLE with 'size' [h, w] and 'counts': {error!r}") from error
+    """The RLE as pycocotools expects it: integer size, bytes counts (JSON gives str).
+
+    Validated first: pycocotools loops forever on some malformed text (see rle_text).
+    """
+    height, width = validate_rle(rle)
+    counts = rle["counts"]
     if isinstance(counts, str):
         counts = counts.encode("ascii")
-    if not isinstance(counts, bytes):
-        # A list of counts is the uncompressed form, which CheXlocalize never uses.
-        raise ValueError(f"RLE counts must be a compressed str or bytes, got {type(counts)}")
     return {"size": [height, width], "counts": counts}
 
 
@@ -83,8 +81,23 @@ def union_rle_masks(rles: Sequence[Mapping], height: int, width: int) -> np.ndar
 # --- polygons ------------------------------------------------------------------------------
 
 
-def _polygon_vertices(polygon: Sequence[Sequence[int | float]], index: int) -> np.ndarray:
-    """The vertices as an (n, 2) int32 array of (x, y), rounded to the nearest pixel."""
+def polygon_problem(polygon: object, height: int, width: int) -> str | None:
+    """Why a polygon cannot be rasterized in a height × width frame; None if it can."""
+    try:
+        _polygon_vertices(polygon, 0, height, width)
+    except ValueError as error:
+        return str(error).removeprefix("polygon 0 ")
+    return None
+
+
+def _polygon_vertices(
+    polygon: Sequence[Sequence[int | float]], index: int, height: int, width: int
+) -> np.ndarray:
+    """The vertices as an (n, 2) int32 array of (x, y), rounded to the nearest pixel.
+
+    Checked in float space before the integer cast: a coordinate beyond int32 would wrap
+    around, and OpenCV's fixed-point filling wraps far sooner, drawing a wrong mask.
+    """
     try:
         vertices = np.asarray(polygon, dtype=np.float64)
     except (TypeError, ValueError) as error:
@@ -95,6 +108,16 @@ def _polygon_vertices(polygon: Sequence[Sequence[int | float]], index: int) -> n
         raise ValueError(f"polygon {index} has {len(vertices)} points; a polygon needs at least 3")
     if not np.isfinite(vertices).all():
         raise ValueError(f"polygon {index} has a non-finite coordinate")
+    # Up to one frame beyond each edge is an annotation reaching past the image (clipped by
+    # the fill); farther is a corrupt coordinate.
+    limits = np.array([width, height], dtype=np.float64)
+    far = (vertices < -limits) | (vertices > 2 * limits)
+    if far.any():
+        vertex = int(np.flatnonzero(far.any(axis=1))[0])
+        raise ValueError(
+            f"polygon {index} vertex {vertex} {vertices[vertex].tolist()} lies far outside "
+            f"the {width}x{height} frame"
+        )
     return np.rint(vertices).astype(np.int32)
 
 
@@ -109,7 +132,9 @@ def rasterize_polygons(
     Non-integer coordinates are rounded to the nearest pixel; parts outside the frame are
     clipped.
     """
-    vertices = [_polygon_vertices(polygon, index) for index, polygon in enumerate(polygons)]
+    vertices = [
+        _polygon_vertices(polygon, index, height, width) for index, polygon in enumerate(polygons)
+    ]
     mask = np.zeros((height, width), dtype=np.uint8)
     for polygon in vertices:
         # One fillPoly per polygon: a single call with several polygons fills by the even-odd

@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from typing import TypeVar
 
+from .supervised import TimeLimit, run_supervised
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -122,12 +124,14 @@ def map_in_chunks(
     workers: int,
     chunk_size: int | None = None,
     on_progress: Progress | None = None,
+    time_limit: TimeLimit[T, R] | None = None,
 ) -> list[R]:
     """[function(item) for item in items], computed by `workers` processes over chunks.
 
     `function` must be a picklable top-level function. workers == 1 runs in this process
-    with no pool. on_progress(done_items, total_items) is called here, in the parent, each
-    time a chunk finishes.
+    with no pool, unless a `time_limit` is given: then every item runs in a worker process
+    that is killed when one item exceeds it (see supervised.py). on_progress(done_items,
+    total_items) is called here, in the parent, each time a chunk finishes.
     """
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
@@ -135,6 +139,9 @@ def map_in_chunks(
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
     size = chunk_size or default_chunk_size(len(items), workers)
     chunks = split_into_chunks(items, size)
+    if time_limit is not None and chunks:
+        context = _process_context()
+        return run_supervised(function, chunks, workers, time_limit, context, on_progress)
     if workers == 1 or len(chunks) <= 1:
         # One chunk cannot be shared; a pool would only add process start-up time.
         return _run_in_process(function, chunks, len(items), on_progress)

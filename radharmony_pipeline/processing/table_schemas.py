@@ -17,7 +17,7 @@ import pyarrow as pa
 from .vocabulary import INDEX_COLUMNS, LABEL_COLUMNS, UNIFIED_LABELS
 
 # Written into each file's key-value metadata; bumped whenever a declaration changes.
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 SCHEMA_VERSION_KEY = b"radharmony.schema_version"
 TABLE_NAME_KEY = b"radharmony.table"
 
@@ -109,6 +109,8 @@ RAW_INDEX = TableSchema(
         extra("patient_age", STRING, "Age as the source writes it, e.g. `014Y` (ReXGradient)"),
         extra("patient_age_years", FLOAT64, "Age in years (CheXlocalize, ReXGradient)"),
         extra("study_date", TIMESTAMP, "Study date (ReXGradient)"),
+        _STATUS,
+        _ERROR,
     ),
 )
 
@@ -157,6 +159,8 @@ LABELS = TableSchema(
             "MS-CXR phrase (duplicates kept), null for a ChestX-Det box; empty without boxes",
         ),
         *_label_columns(),
+        _STATUS,
+        _ERROR,
     ),
 )
 

@@ -33,10 +33,55 @@ _INFERRED_STRING_DTYPE = pd.Series(np.array(["x"], dtype=object)).dtype
 
 @dataclass(frozen=True)
 class SplitTables:
-    """What a reader returns for one split: the image index and the labels, row-aligned."""
+    """What a reader returns for one split: the image index and the labels, row-aligned.
+
+    Both end with `status` (`ok`/`error`) and `error` (null when ok): an entry the reader
+    could not use is kept as an error row naming the file, the entry and the field.
+    """
 
     index: pd.DataFrame
     labels: pd.DataFrame
+
+    def with_row_errors(self, errors: RowErrors) -> SplitTables:
+        status, error = errors.columns()
+        index = self.index.assign(status=status, error=error)
+        labels = self.labels.assign(status=status.copy(), error=error.copy())
+        return SplitTables(index=index, labels=labels)
+
+
+class RowErrors:
+    """The first problem found for each row of a split (positions are row positions)."""
+
+    def __init__(self, rows: int):
+        self.rows = rows
+        self._messages: dict[int, str] = {}
+
+    def add(self, position: int, message: str) -> None:
+        self._messages.setdefault(int(position), message)
+
+    def update(self, messages: Mapping[int, str]) -> None:
+        for position, message in messages.items():
+            self.add(position, message)
+
+    def __contains__(self, position: int) -> bool:
+        return position in self._messages
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def columns(self) -> tuple[pd.Series, pd.Series]:
+        error = pd.Series(pd.NA, index=range(self.rows), dtype="string")
+        status = pd.Series("ok", index=range(self.rows), dtype="string")
+        if self._messages:
+            positions = list(self._messages)
+            error.iloc[positions] = list(self._messages.values())
+            status.iloc[positions] = "error"
+        return status, error
+
+
+def entry_error(path: Path, where: str, field: str, problem: str) -> str:
+    """The reason of an error row: the file, the entry, the field and what is wrong."""
+    return f"{path}: {where}: field {field!r}: {problem}"
 
 
 class DatasetSource(ABC):
@@ -236,8 +281,11 @@ def empty_phrase_lists(n: int) -> list[list[str]]:
     return [[] for _ in range(n)]
 
 
-def confine_paths(relative: pd.Series, base: Path, metadata_file: Path, rows: Sequence) -> None:
-    """Reject metadata paths that would leave the base folder (absolute or `..` escapes)."""
+def confine_paths(
+    relative: pd.Series, metadata_file: Path, where: Callable[[int], str], field: str
+) -> dict[int, str]:
+    """Problems of metadata paths by row position: missing, holding a NUL byte, or leaving
+    the base folder (absolute or with a `..` segment). `where(position)` names the entry."""
     text = relative.astype("string")
     paths = arrow_strings(text)
     escapes = pc.starts_with(paths, "/")
@@ -245,15 +293,20 @@ def confine_paths(relative: pd.Series, base: Path, metadata_file: Path, rows: Se
     # `..` search is several times faster, so only files that have one pay for the regex.
     if pc.any(pc.match_substring_regex(paths, r"\.\.")).as_py():
         escapes = pc.or_(escapes, pc.match_substring_regex(paths, r"(?:^|/)\.\.(?:/|$)"))
+    escapes = pc.or_(escapes, pc.match_substring(paths, "\0"))
+    escapes = pc.or_(escapes, pc.equal(paths, ""))
     escapes = pc.fill_null(escapes, True).to_numpy(zero_copy_only=False)
-    if escapes.any():
-        position = int(np.flatnonzero(escapes)[0])
-        raise MetadataError(
-            metadata_file,
-            f"row {rows[position]}",
-            f"image path {text.iloc[position]!r} points outside the image folder {base}",
-            "Image paths must be relative and stay inside the image folder; fix the row",
-        )
+    problems = {}
+    for position in np.flatnonzero(escapes).tolist():
+        value = text.iloc[position]
+        if value is pd.NA or value == "":
+            problem = "no image path"
+        elif "\0" in value:
+            problem = f"image path {value!r} holds a NUL byte"
+        else:
+            problem = f"image path {value!r} points outside the image folder"
+        problems[position] = entry_error(metadata_file, where(position), field, problem)
+    return problems
 
 
 def require_columns(frame: pd.DataFrame, required: Iterable[str], path: Path) -> None:
@@ -318,6 +371,14 @@ def read_json(path: Path) -> object:
     """
     try:
         return json.loads(_json_text(path))
+    except RecursionError as exc:
+        raise MetadataError(
+            path,
+            "parsing",
+            "JSON nested too deeply to read (arrays or objects inside each other thousands "
+            "of levels deep)",
+            "The file is corrupt or not the dataset's metadata; re-download it",
+        ) from exc
     except json.JSONDecodeError as exc:
         raise MetadataError(
             path,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -9,11 +10,14 @@ from pathlib import Path
 import pandas as pd
 
 from ..processing.mask_jobs import MaskTarget, PolygonMaskJob
+from ..processing.masks import polygon_problem
 from ..processing.vocabulary import unified_class
 from .base import (
     DatasetSource,
+    RowErrors,
     SplitTables,
     confine_paths,
+    entry_error,
     index_frame,
     label_frame,
     read_json,
@@ -151,8 +155,8 @@ chestx-det/
     def annotation_files(self, split: str) -> list[Path]:
         return [self.annotation_json(split)]
 
-    def read_entries(self, split: str) -> list[dict]:
-        """The split's JSON entries, each validated (parallel lists, known classes)."""
+    def read_entries(self, split: str) -> list[object]:
+        """The split's JSON entries as parsed; see entry_problems for the unusable ones."""
         self.check_split(split)
         path = self.require(self.annotation_json(split), f"ChestX-Det {split} annotation JSON")
         self.require(self.image_dir(split), f"ChestX-Det {split} image folder")
@@ -164,19 +168,34 @@ chestx-det/
                 "expected a JSON list of image entries",
                 "Use ChestX_Det_<split>.json from the ChestX-Det download",
             )
-        for position, entry in enumerate(entries):
-            _validate_entry(entry, position, path)
+        if entries and not any(isinstance(e, dict) and "polygons" in e for e in entries):
+            raise MetadataError(
+                path,
+                "every entry",
+                "has no 'polygons' key: this is ChestX-Det10 (boxes only)",
+                "Download ChestX-Det (13 classes, with polygons) from the official Deepwise "
+                "repository",
+            )
         return entries
+
+    def entry_problems(self, split: str, entries: list[object]) -> dict[int, str]:
+        """Why each unusable entry (by position) cannot give an image row."""
+        path = self.annotation_json(split)
+        problems = {}
+        for position, entry in enumerate(entries):
+            problem = _entry_problem(entry, position, path)
+            if problem is not None:
+                problems[position] = problem
+        return problems
 
     def read_split(self, split: str) -> SplitTables:
         entries = self.read_entries(split)
-        file_names = pd.Series([e["file_name"] for e in entries], dtype="string")
-        confine_paths(
-            file_names,
-            self.image_dir(split),
-            self.annotation_json(split),
-            rows=[f"entry {i}" for i in range(len(entries))],
-        )
+        path = self.annotation_json(split)
+        errors = RowErrors(len(entries))
+        errors.update(self.entry_problems(split, entries))
+        file_names = pd.Series([_file_name(e, i) for i, e in enumerate(entries)], dtype="string")
+        image_paths = file_names.where([i not in errors for i in range(len(entries))])
+        errors.update(confine_paths(image_paths, path, _entry_label, "file_name"))
         no_view = pd.Series(pd.NA, index=file_names.index, dtype="string")
         index = index_frame(
             self.key,
@@ -186,17 +205,26 @@ chestx-det/
                 # NIH file names were replaced by opaque integers: no patient or study is known.
                 "patient_id": no_view,
                 "study_id": no_view,
-                "image_path": file_names,
+                "image_path": image_paths,
                 "view_position": normalize_view_positions(no_view),
                 "view_position_raw": no_view,
                 "source_height": [FRAME_SIZE] * len(entries),
                 "source_width": [FRAME_SIZE] * len(entries),
             },
         )
-        syms = [list(entry["syms"]) for entry in entries]
+        # An unusable entry's findings are unknown: no syms, and null labels below.
+        syms = [
+            [] if position in errors else list(entry["syms"])
+            for position, entry in enumerate(entries)
+        ]
         # Every class was annotated on every image, so an absent class is a true 0.
+        unknown = [position in errors for position in range(len(entries))]
         native = {
-            name.lower().replace(" ", "_"): [int(name in s) for s in syms] for name in CLASSES
+            name.lower().replace(" ", "_"): pd.array(
+                [None if bad else int(name in s) for s, bad in zip(syms, unknown, strict=True)],
+                dtype="Int8",
+            )
+            for name in CLASSES
         }
         unified = {
             f"label_{unified_class(name)}": native[name.lower().replace(" ", "_")]
@@ -205,33 +233,46 @@ chestx-det/
         labels = label_frame(
             index["image_id"],
             {
-                **{k: pd.array(v, dtype="Int8") for k, v in native.items()},
+                **native,
                 "syms": syms,
                 "num_instances": pd.array([len(s) for s in syms], dtype="int32"),
                 "num_classes_present": pd.array([len(set(s)) for s in syms], dtype="int32"),
-                "is_negative": [not s for s in syms],
+                "is_negative": [not s and not bad for s, bad in zip(syms, unknown, strict=True)],
                 "report": pd.array([None] * len(entries), dtype="string"),
                 # One entry per instance box, parallel to the bboxes table: no phrases here.
                 "label_text": [[None] * len(s) for s in syms],
                 **unified,
             },
         )
-        return SplitTables(index=index, labels=labels)
+        return SplitTables(index=index, labels=labels).with_row_errors(errors)
+
+    def _usable_entries(self, split: str) -> list[tuple[int, dict]]:
+        entries = self.read_entries(split)
+        problems = self.entry_problems(split, entries)
+        return [(i, e) for i, e in enumerate(entries) if i not in problems]
 
     def mask_jobs(
         self, split: str, index: pd.DataFrame, target_for: Callable[[str], MaskTarget]
     ) -> list[PolygonMaskJob]:
         """One job per image: its instances' polygons grouped by unified class."""
-        entries = {_native_id(e["file_name"]): e for e in self.read_entries(split)}
+        path = self.annotation_json(split)
+        entries = {_native_id(e["file_name"]): (i, e) for i, e in self._usable_entries(split)}
         base = self.image_dir(split)
         jobs = []
         for image_id, image_key, relative in index[
             ["image_id", "image_key", "image_path"]
         ].itertuples(index=False):
-            entry = entries[image_id.removeprefix(f"{self.key}/")]
+            position, entry = entries[image_id.removeprefix(f"{self.key}/")]
             polygons: dict[str, list] = {}
-            for sym, polygon in zip(entry["syms"], entry["polygons"], strict=True):
+            problem = None
+            for instance, (sym, polygon) in enumerate(
+                zip(entry["syms"], entry["polygons"], strict=True)
+            ):
                 polygons.setdefault(unified_class(sym), []).append(polygon)
+                reason = polygon_problem(polygon, FRAME_SIZE, FRAME_SIZE)
+                if reason is not None and problem is None:
+                    where = _entry_label(position, entry["file_name"])
+                    problem = entry_error(path, where, f"polygons[{instance}]", reason)
             jobs.append(
                 PolygonMaskJob(
                     image_id,
@@ -239,28 +280,41 @@ chestx-det/
                     target_for(image_key),
                     (FRAME_SIZE, FRAME_SIZE),
                     polygons,
+                    image_root=base,
+                    problem=problem,
                 )
             )
         return jobs
 
     def read_boxes(self, split: str) -> pd.DataFrame:
-        """One row per instance box; `[x1, y1, x2, y2]` corners become top-left + size."""
-        rows = [
-            (
-                f"{self.key}/{_native_id(entry['file_name'])}",
-                position,
-                unified_class(sym),
-                *box[:2],
-                box[2] - box[0],
-                box[3] - box[1],
-            )
-            for entry in self.read_entries(split)
-            for position, (sym, box) in enumerate(zip(entry["syms"], entry["boxes"], strict=True))
-        ]
-        boxes = pd.DataFrame(rows, columns=["image_id", "box_index", "label", "x", "y", "w", "h"])
+        """One row per instance box; `[x1, y1, x2, y2]` corners become top-left + size.
+
+        A box that is not four finite numbers is kept with null coordinates and its reason
+        in `error`.
+        """
+        path = self.annotation_json(split)
+        rows = []
+        for position, entry in self._usable_entries(split):
+            image_id = f"{self.key}/{_native_id(entry['file_name'])}"
+            for instance, (sym, box) in enumerate(zip(entry["syms"], entry["boxes"], strict=True)):
+                problem = _box_problem(box)
+                if problem is None:
+                    x, y, w, h = box[0], box[1], box[2] - box[0], box[3] - box[1]
+                    error = None
+                else:
+                    x = y = w = h = float("nan")
+                    where = _entry_label(position, entry["file_name"])
+                    error = entry_error(path, where, f"boxes[{instance}]", problem)
+                rows.append((image_id, instance, unified_class(sym), x, y, w, h, error))
+        boxes = pd.DataFrame(
+            rows, columns=["image_id", "box_index", "label", "x", "y", "w", "h", "error"]
+        )
         boxes.insert(3, "label_text", pd.Series(pd.NA, index=boxes.index, dtype="string"))
+        boxes["error"] = boxes["error"].astype("string")
         boxes["frame_height"] = FRAME_SIZE
         boxes["frame_width"] = FRAME_SIZE
+        for axis in ("x", "y", "w", "h"):
+            boxes[axis] = boxes[axis].astype("float64")
         return boxes
 
     def count_metrics(self, tables: SplitTables) -> dict[str, int]:
@@ -283,33 +337,50 @@ def _native_id(file_name: str) -> str:
     return file_name.removesuffix(".png")
 
 
-def _validate_entry(entry: object, position: int, path: Path) -> None:
-    where = f"entry {position}"
+def _file_name(entry: object, position: int) -> str:
+    """The entry's file name; an entry without one is named by its position."""
+    name = entry.get("file_name") if isinstance(entry, dict) else None
+    return name if isinstance(name, str) else f"entry-{position}"
+
+
+def _entry_label(position: int, file_name: object = None) -> str:
+    return f"entry {position} ({file_name})" if file_name else f"entry {position}"
+
+
+def _entry_problem(entry: object, position: int, path: Path) -> str | None:
+    """Why an entry cannot give an image row (file, entry, field), or None."""
     if not isinstance(entry, dict) or not isinstance(entry.get("file_name"), str):
-        raise MetadataError(
-            path,
-            where,
-            "expected an object with a string 'file_name'",
-            "Re-download the ChestX-Det annotations",
+        return entry_error(
+            path, _entry_label(position), "file_name", "expected an object with a string file_name"
         )
-    where = f"entry {position} ({entry['file_name']})"
+    where = _entry_label(position, entry["file_name"])
     if "polygons" not in entry:
-        raise MetadataError(
-            path,
-            where,
-            "has no 'polygons' key: this is ChestX-Det10 (boxes only)",
-            "Download ChestX-Det (13 classes, with polygons) from the official Deepwise repository",
-        )
+        return entry_error(path, where, "polygons", "missing (a ChestX-Det10 entry?)")
     lists = [entry.get(key) for key in ("syms", "boxes", "polygons")]
     if not all(isinstance(value, list) for value in lists) or len({len(v) for v in lists}) != 1:
-        raise MetadataError(
+        return entry_error(
             path,
             where,
-            "'syms', 'boxes' and 'polygons' must be lists of equal length (one item per instance)",
-            "Re-download the ChestX-Det annotations",
+            "syms/boxes/polygons",
+            "must be lists of equal length (one item per instance)",
         )
-    for sym in entry["syms"]:
+    for instance, sym in enumerate(entry["syms"]):
         if sym not in CLASSES:
-            raise MetadataError(
-                path, where, f"unknown class {sym!r}", f"Classes are {', '.join(CLASSES)}"
+            return entry_error(
+                path,
+                where,
+                f"syms[{instance}]",
+                f"unknown class {sym!r}; classes are {', '.join(CLASSES)}",
             )
+    return None
+
+
+def _box_problem(box: object) -> str | None:
+    """Why a box is not `[x1, y1, x2, y2]` of finite numbers, or None."""
+    if not isinstance(box, list) or len(box) != 4:
+        return f"expected [x1, y1, x2, y2], got {box!r}"
+    if not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in box
+    ):
+        return f"expected four finite numbers, got {box!r}"
+    return None

@@ -9,12 +9,15 @@ import numpy as np
 import pandas as pd
 
 from ..processing.mask_jobs import MaskTarget, RleMaskJob
+from ..processing.rle_text import RleTextError, validate_rle
 from ..processing.vocabulary import unified_class
 from .base import (
     DatasetSource,
+    RowErrors,
     SplitTables,
     confine_paths,
     empty_phrase_lists,
+    entry_error,
     index_frame,
     label_frame,
     read_csv,
@@ -154,11 +157,12 @@ chexlocalize/
     def read_split(self, split: str) -> SplitTables:
         self.require(self.image_dir(split), f"CheXpert {split} image folder")
         csv_path = self.require(self.labels_csv(split), f"CheXpert {split} labels CSV")
-        json_path = self.require(self.segmentation_json(split), "CheXlocalize segmentation JSON")
+        self.require(self.segmentation_json(split), "CheXlocalize segmentation JSON")
         table = read_csv(csv_path)
         require_columns(table, ("Path", *CHEXPERT_LABELS), csv_path)
-        parts = _parse_paths(table["Path"], csv_path)
-        segmentation_sizes = _segmentation_sizes(self.read_segmentations(split), json_path)
+        errors = RowErrors(len(table))
+        parts = _parse_paths(table["Path"], csv_path, errors)
+        segmentation_sizes = _segmentation_sizes(self.read_segmentations(split))
         native_id = (
             parts["patient"] + "_" + parts["study"] + "_" + parts["view"] + "_" + parts["side"]
         )
@@ -184,7 +188,7 @@ chexlocalize/
             },
         )
         native = {
-            name_to_column(name): _label_values(table[name], csv_path, name)
+            name_to_column(name): _label_values(table[name], csv_path, name, errors)
             for name in CHEXPERT_LABELS
         }
         # Uncertain (-1) is not negative: it stays in the native column, null in the unified one.
@@ -204,7 +208,7 @@ chexlocalize/
                 **unified,
             },
         )
-        return SplitTables(index=index, labels=labels)
+        return SplitTables(index=index, labels=labels).with_row_errors(errors)
 
     def read_segmentations(self, split: str) -> dict:
         """`{cxr_id: {pathology: RLE}}` as in gt_segmentations_<split>.json."""
@@ -222,21 +226,37 @@ chexlocalize/
     def mask_jobs(
         self, split: str, index: pd.DataFrame, target_for: Callable[[str], MaskTarget]
     ) -> list[RleMaskJob]:
-        """One job per image: its pathologies' RLEs under unified names ({} without entry)."""
+        """One job per image: its pathologies' RLEs under unified names ({} without entry).
+
+        A malformed entry gives a job that only reports why (file, entry, field): RLE text
+        is checked here, before pycocotools could loop on it.
+        """
         segmentations = self.read_segmentations(split)
+        json_path = self.segmentation_json(split)
         base = self.image_dir(split)
         jobs = []
         for image_id, image_key, relative in index[
             ["image_id", "image_key", "image_path"]
         ].itertuples(index=False):
-            entry = segmentations.get(image_id.removeprefix(f"{self.key}/"), {})
-            rles = {unified_class(name): rle for name, rle in entry.items()}
-            jobs.append(RleMaskJob(image_id, base / relative, target_for(image_key), rles))
+            cxr_id = image_id.removeprefix(f"{self.key}/")
+            entry = segmentations.get(cxr_id, {})
+            problem = _entry_problem(entry, json_path, f"entry {cxr_id!r}")
+            rles = {} if problem else {unified_class(name): rle for name, rle in entry.items()}
+            jobs.append(
+                RleMaskJob(
+                    image_id,
+                    base / relative,
+                    target_for(image_key),
+                    rles,
+                    image_root=base,
+                    problem=problem,
+                )
+            )
         return jobs
 
     def localizable_images(self, index: pd.DataFrame) -> pd.Series:
         # Segmentations are keyed `..._frontal`: lateral views are never segmented.
-        return index["image_path"].str.endswith("_frontal.jpg")
+        return index["image_path"].str.endswith("_frontal.jpg").fillna(False).astype(bool)
 
     def count_metrics(self, tables: SplitTables) -> dict[str, int]:
         index = tables.index
@@ -270,21 +290,34 @@ def name_to_column(name: str) -> str:
     return name.lower().replace(" ", "_")
 
 
-def _parse_paths(paths: pd.Series, csv_path: Path) -> pd.DataFrame:
+def _parse_paths(paths: pd.Series, csv_path: Path, errors: RowErrors) -> pd.DataFrame:
+    """Patient, study, view and side of every row; a row whose Path is unusable is an error
+    row, named by its line."""
     relative = paths.astype("string").str.strip().str.replace(_SPLIT_PREFIX, "", regex=True)
-    confine_paths(relative, csv_path.parent, csv_path, rows=_csv_rows(paths))
+    lines = _csv_rows(paths)
+    errors.update(confine_paths(relative, csv_path, lambda i: f"row {lines[i]}", "Path"))
     parts = relative.str.extract(_IMAGE_PATH)
     parts.columns = ["patient", "study", "view", "side"]
-    bad = parts["patient"].isna().to_numpy()
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        raise MetadataError(
-            csv_path,
-            f"row {_csv_rows(paths)[row]} (Path={paths.iloc[row]!r})",
-            "expected a path like test/patient64741/study1/view1_frontal.jpg",
-            "Use the labels CSV shipped with CheXpert/CheXlocalize",
+    for position in np.flatnonzero(parts["patient"].isna().to_numpy()).tolist():
+        errors.add(
+            position,
+            entry_error(
+                csv_path,
+                f"row {lines[position]}",
+                "Path",
+                f"{paths.iloc[position]!r} is not like test/patient64741/study1/view1_frontal.jpg",
+            ),
         )
-    parts["relative"] = relative
+        # Named by its line, so that the row keeps a unique image_id.
+        parts.loc[parts.index[position], ["patient", "study", "view", "side"]] = [
+            f"row{lines[position]}",
+            "",
+            "",
+            "",
+        ]
+    parts["relative"] = relative.where(
+        pd.Series([i not in errors for i in range(len(relative))], index=relative.index)
+    )
     return parts
 
 
@@ -293,42 +326,72 @@ def _csv_rows(frame_or_series: pd.Series | pd.DataFrame) -> list[int]:
     return [i + 2 for i in range(len(frame_or_series))]
 
 
-def _label_values(values: pd.Series, csv_path: Path, column: str) -> pd.Series:
-    """0/1 written `0`, `1`, `0.0` or `1.0`; CheXpert's -1 (uncertain) kept; blanks null."""
+def _label_values(values: pd.Series, csv_path: Path, column: str, errors: RowErrors) -> pd.Series:
+    """0/1 written `0`, `1`, `0.0` or `1.0`; CheXpert's -1 (uncertain) kept; blanks null.
+    Any other value is null and makes its row an error row."""
     numeric = pd.to_numeric(values, errors="coerce")
     bad = values.notna() & ~numeric.isin([0, 1, -1])
-    if bad.any():
-        row = int(np.flatnonzero(bad.to_numpy())[0])
-        raise MetadataError(
-            csv_path,
-            f"row {row + 2}, column {column!r}",
-            f"label value {values.iloc[row]!r} is not 0, 1, -1 or blank",
-            "Use the labels CSV as downloaded",
+    for position in np.flatnonzero(bad.to_numpy()).tolist():
+        errors.add(
+            position,
+            entry_error(
+                csv_path,
+                f"row {position + 2}",
+                column,
+                f"label value {values.iloc[position]!r} is not 0, 1, -1 or blank",
+            ),
         )
-    return numeric.astype("Int8")
+    return numeric.mask(bad).astype("Int8")
 
 
-def _segmentation_sizes(data: dict, json_path: Path) -> pd.DataFrame:
-    """Height and width per cxr_id, validating each entry's shape on the way."""
+def _segmentation_sizes(data: dict) -> pd.DataFrame:
+    """Height and width per cxr_id, from the entry's first well-formed size (else null);
+    entries are validated where their masks are made (see _entry_problem)."""
     heights, widths = [], []
-    for cxr_id, entry in data.items():
+    for entry in data.values():
+        size = next(
+            (
+                rle["size"]
+                for rle in (entry.values() if isinstance(entry, dict) else ())
+                if isinstance(rle, dict) and _is_size(rle.get("size"))
+            ),
+            [None, None],
+        )
+        heights.append(size[0])
+        widths.append(size[1])
+    return pd.DataFrame(
+        {"height": pd.array(heights, dtype="Int64"), "width": pd.array(widths, dtype="Int64")},
+        index=list(data.keys()),
+    )
+
+
+def _is_size(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    )
+
+
+def _entry_problem(entry: object, json_path: Path, where: str) -> str | None:
+    """Why a segmentation entry cannot give masks (file, entry, field), or None."""
+    if not isinstance(entry, dict):
+        return entry_error(json_path, where, "(entry)", "expected {pathology: RLE}")
+    sizes = set()
+    for pathology, rle in entry.items():
         try:
-            first = next(iter(entry.values()))
-            height, width = (int(v) for v in first["size"])
-            for pathology, rle in entry.items():
-                unified_class(pathology)
-                if [int(v) for v in rle["size"]] != [height, width] or not rle["counts"]:
-                    raise ValueError(f"pathology {pathology!r} has size {rle['size']}")
-        except (AttributeError, StopIteration, KeyError, TypeError, ValueError) as exc:
-            raise MetadataError(
-                json_path,
-                f"entry {cxr_id!r}",
-                f"expected {{pathology: {{'size': [h, w], 'counts': str}}}} ({exc!r})",
-                "Re-download the CheXlocalize annotations",
-            ) from exc
-        heights.append(height)
-        widths.append(width)
-    return pd.DataFrame({"height": heights, "width": widths}, index=list(data.keys()))
+            unified_class(pathology)
+        except (KeyError, ValueError):
+            return entry_error(json_path, where, pathology, "unknown pathology")
+        try:
+            sizes.add(validate_rle(rle))
+        except RleTextError as error:
+            return entry_error(json_path, where, f"{pathology}.{error.field}", str(error))
+    if len(sizes) > 1:
+        return entry_error(
+            json_path, where, "size", f"pathologies disagree on the image size: {sorted(sizes)}"
+        )
+    return None
 
 
 def _sex(table: pd.DataFrame) -> pd.Series:

@@ -9,6 +9,7 @@ import pydicom
 from pydicom.errors import InvalidDicomError
 from pydicom.tag import Tag
 
+from ..processing.image_files import ImageFileError, confined
 from .base import read_csv, require_columns
 
 METADATA_NAMES = ("mimic-cxr-2.0.0-metadata.csv.gz", "mimic-cxr-2.0.0-metadata.csv")
@@ -35,14 +36,19 @@ def raw_view_positions(files_dir: Path, dicom_ids: pd.Series, paths: pd.Series) 
         by_id = table.drop_duplicates("dicom_id").set_index("dicom_id")["ViewPosition"]
         listed = dicom_ids.isin(by_id.index)
         views = views.mask(listed, dicom_ids.map(by_id).astype("string"))
-    for position in views.index[~listed.to_numpy() & paths.str.endswith(".dcm").to_numpy()]:
-        views.loc[position] = dicom_view_position(files_dir / paths.loc[position])
+    dicoms = paths.str.endswith(".dcm").fillna(False).to_numpy()
+    for position in views.index[~listed.to_numpy() & dicoms]:
+        views.loc[position] = dicom_view_position(files_dir / paths.loc[position], files_dir)
     return views
 
 
-def dicom_view_position(path: Path) -> str | None:
-    """The header's ViewPosition, read without the pixel data; None when absent or unreadable
-    (the images stage reports unreadable files)."""
+def dicom_view_position(path: Path, files_dir: Path) -> str | None:
+    """The header's ViewPosition, read without the pixel data; None when absent, unreadable or
+    outside `files_dir` through a symlink (the images stage reports those files)."""
+    try:
+        confined(path, files_dir)
+    except ImageFileError:
+        return None
     try:
         header = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=[VIEW_POSITION_TAG])
     except (OSError, InvalidDicomError):

@@ -11,6 +11,7 @@ import pandas as pd
 from ..processing.vocabulary import unified_class
 from .base import (
     DatasetSource,
+    RowErrors,
     SplitTables,
     confine_paths,
     index_frame,
@@ -113,7 +114,7 @@ mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICO
     def image_files(self, split: str) -> Iterator[Path]:
         # The files/ tree is all of MIMIC-CXR; only the images the CSV names belong to the split.
         index = self.read_split(split).index
-        for relative in index["image_path"]:
+        for relative in index.loc[index["status"] == "ok", "image_path"]:
             path = self._files / relative
             if path.exists():
                 yield path
@@ -132,8 +133,12 @@ mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICO
         boxes = self._split_rows(split)
         images = _images_of(boxes, csv_path)
         relative = self._resolve_extensions(images["stem"])
-        confine_paths(relative, self._files, csv_path, rows=images["csv_row"].tolist())
-        view_raw = raw_view_positions(self._files, images["dicom_id"], relative)
+        errors = RowErrors(len(images))
+        lines = images["csv_row"].tolist()
+        errors.update(confine_paths(relative, csv_path, lambda i: f"row {lines[i]}", "path"))
+        # An unusable path is an error row: its DICOM header is never read for the view.
+        usable = pd.Series([i not in errors for i in range(len(images))], index=images.index)
+        view_raw = raw_view_positions(self._files, images["dicom_id"], relative.where(usable))
         index = index_frame(
             self.key,
             split,
@@ -149,7 +154,7 @@ mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICO
             },
         )
         labels = label_frame(index["image_id"], _label_columns(boxes, images["dicom_id"]))
-        return SplitTables(index=index, labels=labels)
+        return SplitTables(index=index, labels=labels).with_row_errors(errors)
 
     def read_boxes(self, split: str) -> pd.DataFrame:
         """One row per CSV row of the split: top-left + size in image_width × image_height."""

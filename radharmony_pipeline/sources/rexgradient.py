@@ -15,10 +15,12 @@ import pyarrow.compute as pc
 
 from .base import (
     DatasetSource,
+    RowErrors,
     SplitTables,
     arrow_system_allocator,
     confine_paths,
     empty_phrase_lists,
+    entry_error,
     garbage_collection_paused,
     index_frame,
     label_frame,
@@ -108,7 +110,7 @@ rexgradient/
     def image_files(self, split: str) -> Iterator[Path]:
         # deid_png/ holds every split; only the images this split's JSON names belong to it.
         index = self.read_split(split).index
-        for relative in index["image_path"]:
+        for relative in index.loc[index["status"] == "ok", "image_path"]:
             path = self._images / relative
             if path.exists():
                 yield path
@@ -147,7 +149,22 @@ rexgradient/
         # The parsed JSON is the largest object of the step; nothing keeps it past this call.
         studies, images = _study_and_image_tables(read_json(path), path, split)
         image_path = pd.Series(images["image_path"])
-        confine_paths(image_path, self._images, path, rows=images["entry"])
+        errors = RowErrors(len(image_path))
+        errors.update(images["problems"])
+        entries = images["entry"]
+        errors.update(
+            confine_paths(image_path, path, lambda i: f"entry {entries[i]!r}", "ImagePath")
+        )
+        for position in np.flatnonzero(images["date_problem"]).tolist():
+            errors.add(
+                position,
+                entry_error(
+                    path,
+                    f"entry {entries[position]!r}",
+                    "StudyDate",
+                    f"{images['date_raw'][position]!r} is not a YYYYMMDD date",
+                ),
+            )
         # All per-study work is done: one take per column spreads it over the study's images.
         per_image = {name: column.take(images["study"]) for name, column in studies.items()}
         view_raw = pd.Series(images["view_position_raw"])
@@ -179,7 +196,7 @@ rexgradient/
                 "label_text": empty_phrase_lists(len(index)),
             },
         )
-        return SplitTables(index=index, labels=labels)
+        return SplitTables(index=index, labels=labels).with_row_errors(errors)
 
     def count_metrics(self, tables: SplitTables) -> dict[str, int]:
         index = tables.index
@@ -210,6 +227,8 @@ def _study_and_image_tables(
 
     Study-level work is done once per study, not once per image; `images["study"]` gives
     each image's study position. Per-image lists shorter than ImagePath are padded with nulls.
+    A study or path that cannot be read gives an image row with a null path, and its reason
+    in `images["problems"]` (by image position).
     """
     if not isinstance(studies, dict):
         raise MetadataError(
@@ -218,68 +237,104 @@ def _study_and_image_tables(
             "expected an object keyed by study",
             f"Use {metadata_json_name(split)} from the ReXGradient download",
         )
-    fields = _entry_fields(studies, path)
+    study_problems = _unusable_studies(studies, path)
+    if study_problems:
+        # Each unusable study stands in as one image without a path, so it is reported.
+        studies = {
+            key: {"ImagePath": [None]} if key in study_problems else study
+            for key, study in studies.items()
+        }
+    fields = _entry_fields(studies)
     path_lists = fields["ImagePath"]
     counts = list(map(len, path_lists))
     image_paths = list(chain.from_iterable(path_lists))
-    if not all(map(isinstance, image_paths, repeat(str))):
-        raise _bad_entry(studies, path)
-    # Same as stripping the regex ^(?:\.\./)?(?:deid_png/)? but without a regex call per image.
-    relative = [p.removeprefix("../").removeprefix("deid_png/") for p in image_paths]
     positions = np.repeat(np.arange(len(counts)), counts)
+    keys = np.asarray(list(studies), dtype=object)[positions]
+    problems: dict[int, str] = {}
+    if not all(map(isinstance, image_paths, repeat(str))):
+        first_of_study = np.concatenate(([0], np.cumsum(counts)[:-1])) if counts else []
+        for position, value in enumerate(image_paths):
+            if isinstance(value, str):
+                continue
+            key = keys[position]
+            problems[position] = study_problems.get(key) or entry_error(
+                path,
+                f"entry {key!r}",
+                f"ImagePath[{position - first_of_study[positions[position]]}]",
+                f"expected a path string, got {value!r}",
+            )
+            image_paths[position] = None
+    # Same as stripping the regex ^(?:\.\./)?(?:deid_png/)? but without a regex call per image.
+    relative = [
+        p.removeprefix("../").removeprefix("deid_png/") if p is not None else None
+        for p in image_paths
+    ]
+    native_ids = [
+        p.rsplit("/", 1)[-1].rsplit(".", 1)[0] if p is not None else _pathless_id(keys, i)
+        for i, p in enumerate(relative)
+    ]
+    study_columns = _derived_study_columns(fields)
+    date_problem = study_columns.pop("date_problem")[positions]
     images = {
         "study": positions,
-        # Only read to name the study of a rejected path.
-        "entry": np.asarray(list(studies), dtype=object)[positions],
+        # Read to name the study of a rejected path.
+        "entry": keys,
         "image_path": text_column(relative),
-        "native_id": text_column([p.rsplit("/", 1)[-1].rsplit(".", 1)[0] for p in relative]),
+        "native_id": text_column(native_ids),
         "view_position_raw": _per_image_views(fields["ImageViewPosition"], counts),
+        "problems": problems,
+        "date_problem": date_problem,
+        "date_raw": np.asarray(fields["StudyDate"], dtype=object)[positions],
     }
-    return _derived_study_columns(fields), images
+    return study_columns, images
 
 
-def _entry_fields(studies: dict, path: Path) -> dict[str, tuple[object, ...]]:
+def _pathless_id(keys: np.ndarray, position: int) -> str:
+    """`<study>-image<n>` for the study's n-th image, which has no usable path."""
+    first = position
+    while first > 0 and keys[first - 1] == keys[position]:
+        first -= 1
+    return f"{keys[position]}-image{position - first}"
+
+
+def _unusable_studies(studies: dict, path: Path) -> dict[str, str]:
+    """Studies that are not objects with an ImagePath list, by key, with their reason."""
+    if all(map(isinstance, studies.values(), repeat(dict))) and all(
+        isinstance(study.get("ImagePath"), list) for study in studies.values()
+    ):
+        return {}
+    problems = {}
+    for key, study in studies.items():
+        if not isinstance(study, dict):
+            problems[key] = entry_error(
+                path, f"entry {key!r}", "(study)", f"expected an object, got {study!r:.60}"
+            )
+        elif not isinstance(study.get("ImagePath"), list):
+            problems[key] = entry_error(
+                path,
+                f"entry {key!r}",
+                "ImagePath",
+                f"expected a list of image paths, got {study.get('ImagePath')!r:.60}",
+            )
+    return problems
+
+
+def _entry_fields(studies: dict) -> dict[str, tuple[object, ...]]:
     """Each field of _ENTRY_FIELDS across all studies, in study order (None where absent).
 
     One pass over the studies, transposed in C afterwards: each study dict is visited once.
+    Every study is a dict with an ImagePath list (see _unusable_studies).
     """
     try:
         # Usually every study has every field: one C-level itemgetter call per study then
         # takes half the time of eleven dict.get calls.
         rows = list(map(_ALL_ENTRY_FIELDS, studies.values()))
     except KeyError:
-        rows = None
-    except TypeError as exc:
-        raise _bad_entry(studies, path) from exc
-    if rows is None:
-        try:
-            rows = [
-                (study["ImagePath"], *map(study.get, _ENTRY_FIELDS[1:]))
-                for study in studies.values()
-            ]
-        except KeyError as exc:
-            raise _bad_entry(studies, path) from exc
+        rows = [
+            (study["ImagePath"], *map(study.get, _ENTRY_FIELDS[1:])) for study in studies.values()
+        ]
     columns = list(zip(*rows, strict=True)) or [()] * len(_ENTRY_FIELDS)
-    fields = dict(zip(_ENTRY_FIELDS, columns, strict=True))
-    if not all(map(isinstance, fields["ImagePath"], repeat(list))):
-        raise _bad_entry(studies, path)
-    return fields
-
-
-def _bad_entry(studies: dict, path: Path) -> MetadataError:
-    """The error naming the first study without an ImagePath list of strings."""
-    for key, study in studies.items():
-        paths = study.get("ImagePath") if isinstance(study, dict) else None
-        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-            return MetadataError(
-                path,
-                f"entry {key!r}",
-                "has no 'ImagePath' list of strings",
-                "Re-download the metadata JSON",
-            )
-    return MetadataError(
-        path, "top level", "an entry could not be read", "Re-download the metadata JSON"
-    )
+    return dict(zip(_ENTRY_FIELDS, columns, strict=True))
 
 
 def _per_image_views(lists: Sequence[object], counts: list[int]) -> pd.arrays.ArrowStringArray:
@@ -328,9 +383,12 @@ def _derived_study_columns(fields: dict[str, Sequence[object]]) -> dict[str, obj
     table["patient_age_years"] = _per_unique(
         pd.Series(table["PatientAge"]), age_in_years
     ).to_numpy()
-    table["study_date"] = _per_unique(
-        pd.Series(fields["StudyDate"], dtype=object), _study_dates
-    ).to_numpy()
+    raw_dates = pd.Series(fields["StudyDate"], dtype=object)
+    dates = _per_unique(raw_dates, _study_dates)
+    table["study_date"] = dates.to_numpy()
+    # A date that is present but unreadable (Infinity, 2023-13-45) makes its images errors;
+    # a missing one (null, NaN) is just null.
+    table["date_problem"] = (dates.isna() & ~raw_dates.map(_is_missing)).to_numpy(dtype=bool)
     return table
 
 
@@ -390,11 +448,22 @@ def _all_null_int(n: int) -> pd.arrays.IntegerArray:
 
 def _study_dates(values: list[object]) -> pd.Series:
     text = pd.Series(
-        [str(int(v)) if isinstance(v, (int, float)) and not _is_nan(v) else v for v in values],
+        [
+            str(int(v)) if isinstance(v, (int, float)) and math.isfinite(v) else _text_or_none(v)
+            for v in values
+        ],
         dtype="string",
     )
     return pd.to_datetime(text, format="%Y%m%d", errors="coerce")
 
 
-def _is_nan(value: object) -> bool:
-    return isinstance(value, float) and math.isnan(value)
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _is_missing(value: object) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, float) and math.isnan(value):
+        return True
+    return isinstance(value, str) and not value.strip()

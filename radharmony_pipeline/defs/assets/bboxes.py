@@ -10,6 +10,7 @@ from ..automation import REBUILD_WHEN_CHANGED
 from ..metadata import definition_metadata, status_counts
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
+from ..row_errors import fail_if_strict
 from .previews import box_preview
 
 CODE_VERSION = "1"
@@ -53,13 +54,24 @@ def bboxes(
         [native[list(BOX_COLUMNS)].reset_index(drop=True), converted.table.reset_index(drop=True)],
         axis=1,
     )
-    degenerate = pd.Series(converted.degenerate, index=table.index)
-    table["status"] = pd.Series("ok", index=table.index, dtype="string").mask(degenerate, "error")
-    table["error"] = _degenerate_messages(native.reset_index(drop=True)).where(degenerate)
+    # A box the reader could not use (not four numbers) carries its reason in `error`.
+    malformed = (
+        native["error"].reset_index(drop=True).astype("string")
+        if "error" in native
+        else pd.Series(pd.NA, index=table.index, dtype="string")
+    )
+    degenerate = pd.Series(converted.degenerate, index=table.index) & malformed.isna()
+    failed = degenerate | malformed.notna()
+    table["status"] = pd.Series("ok", index=table.index, dtype="string").mask(failed, "error")
+    table["error"] = malformed.fillna(
+        _degenerate_messages(native.reset_index(drop=True)).where(degenerate)
+    )
+    fail_if_strict(table, datasets.strict, "bboxes")
     metadata = {
         "boxes": len(table),
         "clipped": int(converted.clipped.sum()),
         "degenerate": int(degenerate.sum()),
+        "malformed": int(malformed.notna().sum()),
         "status": dg.MetadataValue.json(status_counts(table)),
     }
     # Every partition gets a sheet: without boxes it shows the images themselves.

@@ -1,7 +1,6 @@
 """`images`: every image decoded, resized to S×S with its geometry recorded, packed per
 partition."""
 
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -9,29 +8,36 @@ import dagster as dg
 import pandas as pd
 from pydantic import Field
 
-from ...processing.atomic import TEMP_MARKER
+from ...processing.atomic import TEMP_MARKER, remove_orphaned_temporaries, writer_is_gone
 from ...processing.geometry import letterbox_geometry, squash_geometry
 from ...processing.image_jobs import (
     IMAGE_CODE_VERSION,
     ImageJob,
     build_packed_images,
+    image_job_stopped,
     image_table,
 )
 from ...processing.parallel import worker_count
 from ...processing.progress import ProgressLog
+from ...processing.settings import MAX_IMAGE_SIZE
+from ...processing.settings import image_size as image_size_setting
 from ...processing.table_schemas import IMAGES
+from ...processing.supervised import TimeLimit, job_timeout
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
 from ..metadata import definition_metadata, status_counts
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
+from ..row_errors import fail_if_strict
 
 GEOMETRIES = {"letterbox": letterbox_geometry, "squash": squash_geometry}
 
 
 class ImagesConfig(dg.Config):
     size: int = Field(
-        default_factory=lambda: int(os.environ.get("RADHARMONY_IMAGE_SIZE") or 224),
+        default_factory=image_size_setting,
+        ge=1,
+        le=MAX_IMAGE_SIZE,
         description="Output side S in pixels; default RADHARMONY_IMAGE_SIZE or 224.",
     )
     resize: Literal["letterbox", "squash"] = Field(
@@ -75,10 +81,12 @@ def images(
     folder.mkdir(parents=True, exist_ok=True)
     _remove_interrupted_writes(folder, packed)
     unions = _union_masks(masks, root)
+    base = source.image_dir(split)
+    errors = raw_index["error"] if "error" in raw_index else pd.Series(pd.NA, index=raw_index.index)
     jobs = [
         ImageJob(
             image_id=image_id,
-            source_file=source.image_dir(split) / relative,
+            source_file=base / relative,
             union_mask_file=unions.get(image_id),
             output_root=root,
             image_relative=f"images/{context.partition_key}/{image_key}.png",
@@ -91,14 +99,26 @@ def images(
             geometry_of=GEOMETRIES[config.resize],
             packed_file=packed,
             row=row,
+            source_root=base,
+            index_error=None if pd.isna(error) else f"raw_index: {error}",
         )
-        for row, (image_id, image_key, relative) in enumerate(
-            raw_index[["image_id", "image_key", "image_path"]].itertuples(index=False)
+        for row, (image_id, image_key, relative, error) in enumerate(
+            zip(
+                raw_index["image_id"],
+                raw_index["image_key"],
+                raw_index["image_path"].fillna(""),
+                errors,
+                strict=True,
+            )
         )
     ]
     progress = ProgressLog(context.log, "images to decode", len(jobs))
-    rows = build_packed_images(jobs, packed, config.size, worker_count(), progress.update)
+    limit = TimeLimit(job_timeout(), image_job_stopped)
+    rows = build_packed_images(jobs, packed, config.size, worker_count(), progress.update, limit)
+    # A killed worker (time limit) leaves its temporary PNG behind.
+    _remove_interrupted_writes(folder, packed)
     table = image_table(rows)
+    fail_if_strict(table, datasets.strict, "images")
     return dg.Output(
         table.drop(columns="decoded"),
         metadata={
@@ -122,7 +142,9 @@ def _union_masks(masks: pd.DataFrame, root: Path) -> dict[str, Path]:
 
 
 def _remove_interrupted_writes(folder: Path, packed: Path) -> None:
-    """A killed run leaves temporary files (never partial outputs); clear them before resuming."""
-    stale = [*folder.glob(f"{TEMP_MARKER}*"), *packed.parent.glob(f"{TEMP_MARKER}*{packed.name}*")]
-    for path in stale:
-        path.unlink(missing_ok=True)
+    """A killed run leaves temporary files (never partial outputs); clear those whose writer
+    is gone before resuming. A live writer's (another run of this partition) are left alone."""
+    remove_orphaned_temporaries(folder)
+    for path in packed.parent.glob(f"{TEMP_MARKER}*{packed.name}*"):
+        if writer_is_gone(path):
+            path.unlink(missing_ok=True)

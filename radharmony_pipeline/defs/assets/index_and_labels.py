@@ -11,9 +11,10 @@ from ...processing.vocabulary import LABEL_COLUMNS
 from ...sources import DatasetSource, SourceError, SplitTables, parse_partition_key
 from ...sources.base import arrow_system_allocator
 from ..automation import REBUILD_WHEN_CHANGED
-from ..metadata import definition_metadata
+from ..metadata import definition_metadata, status_counts
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource
+from ..row_errors import fail_if_strict
 from .source_files import source_files
 
 CODE_VERSION = "1"
@@ -73,6 +74,7 @@ def raw_index_and_labels(context: dg.AssetExecutionContext, datasets: DatasetsRe
             raise dg.Failure(
                 description=str(exc), metadata={"partition": context.partition_key}
             ) from exc
+        fail_if_strict(tables.index, datasets.strict, "raw_index")
         metrics = source.count_metrics(tables)
         outputs = _outputs(source, split, tables, metrics)
     context.log.info(f"{context.partition_key}: {len(tables.index)} images, {metrics}")
@@ -95,6 +97,7 @@ def _outputs(
                 "view_positions": dg.MetadataValue.json(
                     _value_counts(tables.index["view_position"])
                 ),
+                "status": dg.MetadataValue.json(status_counts(tables.index)),
             },
         ),
         "labels": (

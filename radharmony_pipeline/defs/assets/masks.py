@@ -3,15 +3,25 @@
 import dagster as dg
 import pandas as pd
 
-from ...processing.mask_jobs import MASK_CODE_VERSION, MaskTarget, mask_table, run_mask_job
+from ...processing.atomic import remove_orphaned_temporaries
+from ...processing.mask_jobs import (
+    MASK_CODE_VERSION,
+    MaskTarget,
+    carried_index_errors,
+    mask_job_stopped,
+    mask_table,
+    run_mask_job,
+)
 from ...processing.parallel import map_in_chunks, worker_count
 from ...processing.progress import ProgressLog
+from ...processing.supervised import TimeLimit, job_timeout
 from ...processing.table_schemas import MASKS
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
 from ..metadata import definition_metadata, status_counts
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
+from ..row_errors import fail_if_strict
 from .previews import mask_preview
 
 
@@ -44,13 +54,25 @@ def masks(
     source = datasets.source(dataset)
     root = outputs.local_root()
     folder = f"masks/{context.partition_key}"
+    remove_orphaned_temporaries(root / folder)
+    usable = raw_index["status"] == "ok"
     # Only images the dataset segments get masks (and an `any` row): a lateral view or an
     # image of a dataset without masks is "not annotated", never an all-zero negative.
-    segmented = raw_index[source.localizable_images(raw_index).to_numpy()]
+    segmented = raw_index[(usable & source.localizable_images(raw_index)).to_numpy()]
     jobs = source.mask_jobs(split, segmented, lambda key: MaskTarget(root, f"{folder}/{key}"))
     progress = ProgressLog(context.log, "images", len(jobs))
-    rows = map_in_chunks(run_mask_job, jobs, worker_count(), on_progress=progress.update)
-    table = mask_table([row for image_rows in rows for row in image_rows])
+    rows = map_in_chunks(
+        run_mask_job,
+        jobs,
+        worker_count(),
+        on_progress=progress.update,
+        time_limit=TimeLimit(job_timeout(), mask_job_stopped),
+    )
+    # A killed worker (time limit) leaves its temporary PNG behind.
+    remove_orphaned_temporaries(root / folder)
+    carried = carried_index_errors(raw_index[~usable]) if source.mask_classes else []
+    table = mask_table([*(row for image_rows in rows for row in image_rows), *carried])
+    fail_if_strict(table, datasets.strict, "masks")
     metadata = {
         "images": len(jobs),
         "masks_written": int(table["written"].sum()),

@@ -12,6 +12,7 @@ import pandas as pd
 from PIL import Image
 
 from ...processing.decode import decode_grayscale
+from ...processing.image_files import confined
 from ...processing.masks import read_mask_png
 from ...processing.previews import PreviewSample, choose_samples, contact_sheet, save_png
 from ...sources.base import DatasetSource
@@ -87,8 +88,12 @@ def _write_sheet(source, split, index, root, relative, prefer, masks_of, boxes_o
     samples = []
     for position in positions:
         row = index.iloc[position]
-        image_file = source.image_dir(split) / row["image_path"]
+        if pd.isna(row["image_path"]):
+            continue  # an error row of raw_index: nothing to show
+        base = source.image_dir(split)
         try:
+            # Confined like every reader: a symlink leaving the image folder is never opened.
+            image_file = confined(base / row["image_path"], base)
             pixels = decode_grayscale(image_file, target_size=PREVIEW_SIDE).pixels
         except (OSError, ValueError):
             continue  # the images stage reports unreadable files; a preview just skips them

@@ -1,0 +1,54 @@
+"""Error rows of each stage, reported by reason: warnings, or blocking errors in strict mode."""
+
+import dagster as dg
+import pandas as pd
+
+from ..partitions import dataset_split_partitions
+from ..resources import DatasetsResource
+from ..row_errors import row_errors_result
+
+_DESCRIPTION = (
+    "Rows with status `error` (the reason names the file, the entry and the field), counted "
+    "by reason. A warning, so the good rows still flow; blocks downstream in strict mode "
+    "(RADHARMONY_STRICT=1)."
+)
+
+
+@dg.asset_check(
+    asset="raw_index",
+    partitions_def=dataset_split_partitions,
+    blocking=True,
+    description=_DESCRIPTION,
+)
+def raw_index_error_rows(raw_index: pd.DataFrame, datasets: DatasetsResource):
+    return row_errors_result(raw_index, datasets.strict)
+
+
+@dg.asset_check(
+    asset="masks", partitions_def=dataset_split_partitions, blocking=True, description=_DESCRIPTION
+)
+def masks_error_rows(masks: pd.DataFrame, datasets: DatasetsResource):
+    return row_errors_result(masks, datasets.strict)
+
+
+@dg.asset_check(
+    asset="bboxes",
+    partitions_def=dataset_split_partitions,
+    blocking=True,
+    description=_DESCRIPTION,
+)
+def bboxes_error_rows(bboxes: pd.DataFrame, datasets: DatasetsResource):
+    return row_errors_result(bboxes, datasets.strict)
+
+
+@dg.asset_check(
+    asset="images",
+    partitions_def=dataset_split_partitions,
+    blocking=True,
+    description=_DESCRIPTION,
+)
+def images_error_rows(images: pd.DataFrame, datasets: DatasetsResource):
+    return row_errors_result(images, datasets.strict)
+
+
+ROW_ERROR_CHECKS = [raw_index_error_rows, masks_error_rows, bboxes_error_rows, images_error_rows]

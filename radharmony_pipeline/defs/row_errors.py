@@ -1,0 +1,50 @@
+"""Per-row errors of the stage tables: strict mode fails the step, otherwise they are reported.
+
+DESIGN §8: one bad image never sinks a partition. Its row is kept with `status = error` and
+a reason naming the file, the entry and the field; the rest is built. Strict mode (resource
+config `strict`, or RADHARMONY_STRICT=1) fails the step on the first error row instead, with
+that row's message.
+"""
+
+import dagster as dg
+import pandas as pd
+
+from .metadata import status_counts
+
+EXAMPLES = 20
+
+
+def fail_if_strict(table: pd.DataFrame, strict: bool, stage: str) -> None:
+    """In strict mode, raise the first error row's message as the step's failure."""
+    if not strict or "status" not in table:
+        return
+    errors = table.loc[table["status"] == "error", "error"]
+    if len(errors):
+        raise dg.Failure(
+            description=str(errors.iloc[0]),
+            metadata={
+                "stage": stage,
+                "error_rows": len(errors),
+                "strict": "RADHARMONY_STRICT / resource `datasets.strict` is on; turn it off "
+                "to keep error rows and build the rest",
+            },
+        )
+
+
+def row_errors_result(table: pd.DataFrame, strict: bool) -> dg.AssetCheckResult:
+    """Passes when no row is an error; a warning listing reasons unless strict mode is on."""
+    errors = table.loc[table["status"] == "error", "error"].astype(str)
+    return dg.AssetCheckResult(
+        passed=errors.empty,
+        severity=dg.AssetCheckSeverity.ERROR if strict else dg.AssetCheckSeverity.WARN,
+        metadata={
+            "error_rows": len(errors),
+            "status": dg.MetadataValue.json(status_counts(table)),
+            "examples": dg.MetadataValue.json(errors.head(EXAMPLES).tolist()),
+        },
+        description=(
+            f"{len(errors)} error row(s); first: {errors.iloc[0]}"
+            if len(errors)
+            else "no error rows"
+        ),
+    )

@@ -1,0 +1,178 @@
+"""Helpers of the fault-injection suite: build stages on sabotaged copies, compare with a clean
+run, prove nothing outside the dataset roots was opened, and load every written file."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pandas as pd
+from PIL import Image
+
+from radharmony_pipeline.definitions import defs
+from radharmony_pipeline.defs.assets.source_files import source_files
+from radharmony_pipeline.defs.io_managers import ParquetIOManager
+from radharmony_pipeline.defs.resources import DatasetsResource, OutputsResource
+from radharmony_pipeline.processing.atomic import TEMP_MARKER
+
+TABLES = ("raw_index", "labels", "masks", "bboxes", "images")
+STAGES = dg.AssetSelection.all() - dg.AssetSelection.groups("manifest")
+# Every build of a tiny partition finishes well within this, hostile input or not.
+BUILD_SECONDS = 120
+_ASSETS = [d for d in defs.assets if not isinstance(d, dg.SourceAsset) and d is not source_files]
+_KEYS = {
+    "raw_index": ["image_id"],
+    "labels": ["image_id"],
+    "masks": ["image_id", "mask_class"],
+    "bboxes": ["image_id", "box_index"],
+    "images": ["image_id"],
+}
+
+
+def build(
+    data_root: Path, output: Path, partition: str, strict: bool = False, checks: bool = False
+) -> dg.ExecuteInProcessResult:
+    """Materialize every stage of one partition (and its checks when asked), within bounds."""
+    resources = {
+        "datasets": DatasetsResource(data_root=str(data_root), strict=strict),
+        "outputs": OutputsResource(output_root=str(output)),
+        "io_manager": ParquetIOManager(outputs=OutputsResource(output_root=str(output))),
+    }
+    assets = [*_ASSETS, *defs.asset_checks] if checks else _ASSETS
+    started = time.monotonic()
+    result = dg.materialize(
+        assets,
+        partition_key=partition,
+        resources=resources,
+        selection=STAGES,
+        raise_on_error=False,
+    )
+    assert time.monotonic() - started < BUILD_SECONDS
+    return result
+
+
+def tables(output: Path, partition: str) -> dict[str, pd.DataFrame]:
+    return {
+        name: pd.read_parquet(output / "tables" / name / f"{partition}.parquet") for name in TABLES
+    }
+
+
+def packed_rows(output: Path, partition: str, images: pd.DataFrame) -> dict[str, bytes]:
+    """Each ok image's row of the packed array, by image_id."""
+    packed = np.load(output / "images" / f"{partition}.npy")
+    ok = images[images["status"] == "ok"]
+    return {
+        image_id: packed[row].tobytes()
+        for image_id, row in zip(ok["image_id"], ok["tensor_index"], strict=True)
+    }
+
+
+def assert_other_rows_identical(
+    clean: dict[str, pd.DataFrame], faulty: dict[str, pd.DataFrame], affected: set[str]
+) -> None:
+    """Every row of an image outside `affected` equals the clean run's row (row positions in
+    the packed array may move when a study collapses into one error row; pixels may not)."""
+    for name in TABLES:
+        keys = _KEYS[name]
+        columns = [c for c in clean[name].columns if c != "tensor_index"]
+        left, right = (
+            frame.loc[~frame["image_id"].isin(affected), columns]
+            .sort_values(keys)
+            .reset_index(drop=True)
+            for frame in (clean[name], faulty[name])
+        )
+        pd.testing.assert_frame_equal(left, right, obj=name)
+
+
+def error_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["status"] == "error"]
+
+
+def assert_error_row(frame: pd.DataFrame, image_id: str, *parts: str) -> str:
+    """The image's error row exists and its reason names every part (file, entry, field)."""
+    rows = error_rows(frame)
+    rows = rows[rows["image_id"] == image_id]
+    assert len(rows) >= 1, f"no error row for {image_id}: {error_rows(frame)['error'].tolist()}"
+    message = rows["error"].iloc[0]
+    for part in parts:
+        assert str(part) in message, f"{part!r} not in {message!r}"
+    return message
+
+
+def assert_outputs_load(output: Path) -> None:
+    """No temporary file is left, and every Parquet, PNG and .npy written loads."""
+    leftovers = [p for p in output.rglob("*") if TEMP_MARKER in p.name]
+    assert leftovers == []
+    for path in output.rglob("*"):
+        if path.suffix == ".parquet":
+            pd.read_parquet(path)
+        elif path.suffix == ".png":
+            with Image.open(path) as image:
+                image.load()
+        elif path.suffix == ".npy":
+            np.load(path)
+
+
+class OpenAudit:
+    """Records files opened in this process whose real path lies under a forbidden folder,
+    and access times of the sentinel files there (which also catch other processes)."""
+
+    def __init__(self, forbidden: Path):
+        self.forbidden = os.path.realpath(forbidden)
+        self.opened: list[str] = []
+        self._atimes: dict[Path, float] = {}
+
+    def hook(self, event: str, args: tuple) -> None:
+        if event != "open" or not args or not isinstance(args[0], (str, bytes, os.PathLike)):
+            return
+        try:
+            real = os.path.realpath(os.fsdecode(args[0]))
+        except (TypeError, ValueError):
+            return
+        if real.startswith(self.forbidden + os.sep):
+            self.opened.append(real)
+
+    def arm_sentinels(self) -> None:
+        """Set every forbidden file's access time before its modification time, so that any
+        read (with the usual relatime mount) moves it forward."""
+        for path in Path(self.forbidden).rglob("*"):
+            if path.is_file():
+                stat = path.stat()
+                os.utime(path, (stat.st_mtime - 3600, stat.st_mtime))
+                self._atimes[path] = path.stat().st_atime
+
+    def read_sentinels(self) -> list[Path]:
+        return [path for path, atime in self._atimes.items() if path.stat().st_atime != atime]
+
+
+_AUDITS: list[OpenAudit] = []
+
+
+def _dispatch(event: str, args: tuple) -> None:
+    # Audit hooks cannot be removed: one hook forwards to the audits active right now.
+    for audit in _AUDITS:
+        audit.hook(event, args)
+
+
+sys.addaudithook(_dispatch)
+
+
+@contextmanager
+def nothing_opened_under(forbidden: Path) -> Iterator[OpenAudit]:
+    """Fail unless no file under `forbidden` is opened (here) or read (anywhere) in the block."""
+    audit = OpenAudit(forbidden)
+    audit.arm_sentinels()
+    assert audit._atimes, "the forbidden folder needs sentinel files"
+    _AUDITS.append(audit)
+    try:
+        yield audit
+    finally:
+        _AUDITS.remove(audit)
+    assert audit.opened == []
+    assert audit.read_sentinels() == []

@@ -1,0 +1,252 @@
+"""kill -9 / SIGTERM of the `radharmony` CLI during masks and images, then the same command on
+the same DAGSTER_HOME: the dead run's pool slot is freed and the outputs are byte-identical.
+
+The per-image work is slowed down by a `sitecustomize` module on PYTHONPATH (loaded by the CLI
+and by its worker processes alike), so that the kill lands while the stage is writing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import dagster as dg
+import pytest
+
+from radharmony_pipeline.processing.atomic import TEMP_MARKER
+
+PARTITION = "chestx_det.test"  # has masks, boxes and images
+REPO = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "radharmony_pipeline.cli"]
+SLOW = """
+import os, time
+stage = os.environ.get("SLOW_STAGE")
+if stage:
+    from radharmony_pipeline.processing import image_jobs, mask_jobs
+
+    def slowed(method):
+        def run(self, *args, **kwargs):
+            time.sleep(0.4)
+            return method(self, *args, **kwargs)
+        return run
+
+    if stage == "masks":
+        mask_jobs.PolygonMaskJob.run = slowed(mask_jobs.PolygonMaskJob.run)
+    else:
+        image_jobs.ImageJob.process = slowed(image_jobs.ImageJob.process)
+"""
+STAGE_FOLDER = {"masks": "masks", "images": "images"}
+
+
+def environment(tmp_path: Path, home: Path, output: Path, slow_stage: str | None) -> dict:
+    slow = tmp_path / "slow"
+    slow.mkdir(exist_ok=True)
+    (slow / "sitecustomize.py").write_text(SLOW)
+    environ = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "RADHARMONY_OUTPUT_ROOT": str(output),
+        "RADHARMONY_WORKERS": "1",
+        "PYTHONPATH": os.pathsep.join([str(slow), str(REPO)]),
+    }
+    environ.pop("SLOW_STAGE", None)
+    if slow_stage:
+        environ["SLOW_STAGE"] = slow_stage
+    return environ
+
+
+def new_home(path: Path) -> Path:
+    path.mkdir()
+    shutil.copy(REPO / "dagster_home" / "dagster.yaml", path / "dagster.yaml")
+    return path
+
+
+def command(data_root: Path) -> list[str]:
+    return [*CLI, "demo", "--data-root", str(data_root), "--partition", PARTITION]
+
+
+def run_to_end(data_root: Path, environ: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command(data_root), env=environ, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def start_and_wait_for_stage(data_root: Path, environ: dict, output: Path, stage: str):
+    """Start the CLI and return it once the stage has written its first file."""
+    process = subprocess.Popen(
+        command(data_root),
+        env=environ,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    folder = output / STAGE_FOLDER[stage] / PARTITION
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if folder.is_dir() and any(p.suffix == ".png" for p in folder.rglob("*")):
+            return process
+        if process.poll() is not None:
+            pytest.fail(f"the CLI ended before {stage} started: {process.stderr.read()}")
+        time.sleep(0.05)
+    process.kill()
+    pytest.fail(f"{stage} never started")
+
+
+def outputs_of(output: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(output)): p.read_bytes()
+        for p in sorted(output.rglob("*"))
+        if p.is_file() and "previews" not in p.parts
+    }
+
+
+def temporaries(output: Path) -> list[Path]:
+    return [p for p in output.rglob("*") if TEMP_MARKER in p.name]
+
+
+def wait_for_orphans(output: Path, seconds: float = 10) -> None:
+    """A killed CLI's worker may finish its current image (and rename its file) after the
+    kill; such a writer is alive, so its temporary file is legitimately there until then."""
+    deadline = time.monotonic() + seconds
+    while temporaries(output) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def runs_holding_the_pool(home: Path) -> list[str]:
+    with (
+        mock.patch.dict(os.environ, {"DAGSTER_HOME": str(home)}),
+        dg.DagsterInstance.get() as instance,
+    ):
+        return sorted(instance.event_log_storage.get_concurrency_run_ids())
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_root, tmp_path_factory):
+    """An uninterrupted run of the same command."""
+    tmp = tmp_path_factory.mktemp("reference")
+    output = tmp / "out"
+    done = run_to_end(tiny_root, environment(tmp, new_home(tmp / "home"), output, None))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return outputs_of(output)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["masks", "images"])
+def test_kill_9_then_same_command_on_same_instance_is_byte_identical(
+    stage, tiny_root, tmp_path, reference
+):
+    home = new_home(tmp_path / "home")
+    output = tmp_path / "out"
+    process = start_and_wait_for_stage(
+        tiny_root, environment(tmp_path, home, output, stage), output, stage
+    )
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    # The scenario is real: the dead run still holds the heavy pool's slot.
+    assert runs_holding_the_pool(home), "the killed run should still hold its pool slot"
+
+    started = time.monotonic()
+    done = run_to_end(tiny_root, environment(tmp_path, home, output, None), timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert time.monotonic() - started < 240
+    assert "freed the pool slots of run" in done.stdout
+    wait_for_orphans(output)
+    assert temporaries(output) == []
+    resumed = outputs_of(output)
+    assert resumed.keys() == reference.keys()
+    different = [name for name in reference if resumed[name] != reference[name]]
+    assert different == []
+    assert runs_holding_the_pool(home) == []
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_cli_during_masks_and_a_rerun_completes(tiny_root, tmp_path, reference):
+    home = new_home(tmp_path / "home")
+    output = tmp_path / "out"
+    environ = environment(tmp_path, home, output, "masks")
+    process = start_and_wait_for_stage(tiny_root, environ, output, "masks")
+    os.kill(process.pid, signal.SIGTERM)
+    try:
+        code = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert code != 0
+    wait_for_orphans(output)
+    assert temporaries(output) == []
+    done = run_to_end(tiny_root, environment(tmp_path, home, output, None), timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert outputs_of(output) == reference
+
+
+def test_free_slots_command_reports_when_nothing_is_held(tmp_path):
+    home = new_home(tmp_path / "home")
+    environ = {**os.environ, "DAGSTER_HOME": str(home)}
+    done = subprocess.run(
+        [*CLI, "free-slots"], env=environ, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "no run with a dead process holds a pool slot" in done.stdout
+
+
+def test_a_waiting_run_is_told_who_holds_the_slot_and_dead_holders_are_freed():
+    from radharmony_pipeline.defs.recovery import (
+        HEAVY_POOL,
+        free_slots_of_dead_runs,
+        waiting_message,
+    )
+
+    overrides = {"concurrency": {"pools": {"default_limit": 1}}}
+    with dg.instance_for_test(overrides=overrides) as instance:
+        storage = instance.event_log_storage
+        storage.initialize_concurrency_limit_to_default(HEAVY_POOL)
+        assert storage.claim_concurrency_slot(HEAVY_POOL, "ghost-run", "masks").is_claimed
+        assert not storage.claim_concurrency_slot(HEAVY_POOL, "waiting-run", "images").is_claimed
+        message = waiting_message(instance, "waiting-run")
+        assert message is not None and "heavy_image_work" in message and "ghost-ru" in message
+        said = []
+        # Neither run exists in the run storage (so no process of theirs can be alive).
+        assert free_slots_of_dead_runs(instance, said.append) == ["ghost-run", "waiting-run"]
+        assert "freed the pool slots of run ghost-ru" in said[0]
+        assert storage.get_concurrency_info(HEAVY_POOL).claimed_slots == []
+        assert storage.claim_concurrency_slot(HEAVY_POOL, "next-run", "images").is_claimed
+
+
+def test_temporary_files_of_a_live_writer_are_never_removed(tmp_path):
+    from radharmony_pipeline.processing.atomic import (
+        remove_orphaned_temporaries,
+        temporary_sibling,
+    )
+
+    live = temporary_sibling(tmp_path / "a.png")  # named after this (live) process
+    live.write_bytes(b"x")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        name = live.name.replace(f"{TEMP_MARKER}{os.getpid()}@", f"{TEMP_MARKER}{other.pid}@")
+        (tmp_path / name.replace(".png", "-b.png")).write_bytes(b"x")
+        dead = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        gone = live.name.replace("@", "@", 1).replace(
+            f"{TEMP_MARKER}{os.getpid()}@", f"{TEMP_MARKER}{int(dead.stdout)}@"
+        )
+        (tmp_path / gone.replace(".png", "-c.png")).write_bytes(b"x")
+        legacy = tmp_path / f"{TEMP_MARKER}0123456789abcdef0123456789abcdef-d.png"
+        legacy.write_bytes(b"x")
+        removed = remove_orphaned_temporaries(tmp_path)
+        assert sorted(p.name for p in removed) == sorted(
+            [gone.replace(".png", "-c.png"), legacy.name]
+        )
+        assert live.exists() and (tmp_path / name.replace(".png", "-b.png")).exists()
+    finally:
+        other.kill()
+        other.wait()
