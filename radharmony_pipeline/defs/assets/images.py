@@ -21,8 +21,8 @@ from ...processing.parallel import worker_count
 from ...processing.progress import ProgressLog
 from ...processing.settings import MAX_IMAGE_SIZE
 from ...processing.settings import image_size as image_size_setting
-from ...processing.table_schemas import IMAGES
 from ...processing.supervised import TimeLimit, job_timeout
+from ...processing.table_schemas import IMAGES
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
 from ..metadata import definition_metadata, status_counts
