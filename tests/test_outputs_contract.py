@@ -165,6 +165,8 @@ def test_extras_are_typed_nulls_and_nullable_ints_stay_ints():
                 for c in TABLE_SCHEMAS["labels"].names
                 if c.startswith("label_") and c != "label_text"
             },
+            "status": ["ok", "ok"],
+            "error": [None, None],
         }
     )
     table = conform(frame, TABLE_SCHEMAS["labels"], {"dataset": "d", "split": "train"})
