@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ from radharmony_pipeline.definitions import defs
 from radharmony_pipeline.sources import partition_keys
 
 PACKAGE = Path(__file__).resolve().parents[1] / "radharmony_pipeline"
+ASSET_JOB = type(dg.define_asset_job("probe"))  # what define_asset_job returns
 
 
 def test_definitions_load_with_every_asset_check_and_job():
@@ -52,6 +55,43 @@ def test_every_asset_has_a_description_and_a_stage_group():
         assert node.kinds, key
         if node.is_materializable:
             assert node.owners == ["team:radharmony"], key
+
+
+def test_every_definition_under_defs_is_loaded_without_listing_it():
+    """A module added under defs/ needs no edit elsewhere: everything found there is loaded."""
+    found = {"assets": set(), "checks": set(), "jobs": set()}
+    for path in sorted((PACKAGE / "defs").rglob("*.py")):
+        module = importlib.import_module(
+            ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        )
+        for value in vars(module).values():
+            if isinstance(value, dg.AssetChecksDefinition):
+                found["checks"].update(key.name for key in value.check_keys)
+            elif isinstance(value, dg.AssetsDefinition):
+                found["assets"].update(key.to_user_string() for key in value.keys)
+            elif isinstance(value, dg.SourceAsset):
+                found["assets"].add(value.key.to_user_string())
+            elif isinstance(value, ASSET_JOB):
+                found["jobs"].add(value.name)
+    graph = defs.resolve_asset_graph()
+    assert found["assets"] == {key.to_user_string() for key in graph.get_all_asset_keys()}
+    assert found["checks"] == {key.name for key in graph.asset_check_keys}
+    assert found["jobs"] == {job.name for job in defs.jobs}
+
+
+def test_dg_cli_loads_the_project(tmp_path):
+    environ = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+    dg_cli = Path(sys.executable).with_name("dg")
+    completed = subprocess.run(
+        [str(dg_cli), "check", "defs"],
+        cwd=PACKAGE.parent,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+    assert "All definitions loaded successfully" in completed.stdout + completed.stderr
 
 
 def _imported_modules(path: Path) -> set[str]:
