@@ -84,6 +84,26 @@ def test_every_definition_under_defs_is_loaded_without_listing_it():
     assert found["jobs"] == {job.name for job in defs.jobs}
 
 
+def test_defs_modules_make_no_deprecated_call_at_import():
+    """dg.load_from_defs_folder silences Dagster's warnings while it imports defs/, so the
+    modules are imported here directly, in a fresh process, with deprecations as errors."""
+    modules = [
+        ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        for path in sorted((PACKAGE / "defs").rglob("*.py"))
+    ]
+    code = (
+        "import importlib, sys, warnings\n"
+        "for category in (DeprecationWarning, FutureWarning):\n"
+        "    warnings.filterwarnings('error', category=category, module='radharmony_pipeline')\n"
+        "for name in sys.argv[1:]:\n"
+        "    importlib.import_module(name)\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code, *modules], capture_output=True, text=True, timeout=300
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+
+
 def test_dg_cli_loads_the_project(tmp_path):
     environ = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
     dg_cli = Path(sys.executable).with_name("dg")
