@@ -41,6 +41,7 @@ class _DatasetsResourceBase(dg.ConfigurableResource):
 DatasetsResource = create_model(
     "DatasetsResource",
     __base__=_DatasetsResourceBase,
+    __doc__=_DatasetsResourceBase.__doc__,
     __module__=__name__,
     **{
         key: (
