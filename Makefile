@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME := $(CURDIR)/dagster_home
+# tests/test_e2e_ui.py drives Debian's chromium through Playwright (no browser download).
+CHROMIUM ?= /usr/bin/chromium
+APT_GET ?= apt-get
+CHROMIUM_INSTALL := $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -q chromium
 
-.PHONY: install install-dev demo test ui lint bench clean-demo
+.PHONY: install install-dev chromium demo test ui lint bench clean-demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,12 +26,25 @@ install: $(VENV)/.installed
 
 install-dev: $(VENV)/.installed-dev
 
+## Debian's chromium for the UI test: installed when missing (as root), else the command to run.
+chromium:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v $(firstword $(APT_GET)) >/dev/null; then \
+			echo "$(CHROMIUM) is missing; installing Debian's chromium ..."; \
+			$(CHROMIUM_INSTALL) || { echo "installing chromium failed; run as root:" \
+				"$(CHROMIUM_INSTALL)" >&2; exit 1; }; \
+		else \
+			echo "tests/test_e2e_ui.py needs Debian's chromium at $(CHROMIUM); run as root:" \
+				"$(CHROMIUM_INSTALL)" >&2; exit 1; \
+		fi; \
+	fi
+
 ## Generate the demo datasets if missing, materialize every asset of every partition, summarize.
 demo: install
 	$(BIN)/radharmony demo
 
-## The whole test suite.
-test: install-dev
+## The whole test suite, after installing what it needs (Python packages, chromium).
+test: install-dev chromium
 	$(BIN)/pytest
 
 ## The Dagster UI on the demo's instance: http://127.0.0.1:3000

@@ -43,18 +43,17 @@ def materialize_index_and_labels(root: str, queue: multiprocessing.Queue) -> Non
     import dagster as dg
 
     from radharmony_pipeline.defs.assets.index_and_labels import raw_index_and_labels
-    from radharmony_pipeline.defs.io_managers import ParquetIOManager
     from radharmony_pipeline.defs.resources import (
         DatasetsResource,
-        OutputsResource,
         SourceLocationConfig,
+        pipeline_resources,
     )
 
     baseline_rss = _peak_rss_mib()
     with tempfile.TemporaryDirectory() as output:
         resources = {
+            **pipeline_resources(output_root=output),
             "datasets": DatasetsResource(rexgradient=SourceLocationConfig(root=root)),
-            "io_manager": ParquetIOManager(outputs=OutputsResource(output_root=output)),
         }
         instance = dg.DagsterInstance.ephemeral()
         start = time.perf_counter()

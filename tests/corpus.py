@@ -10,21 +10,11 @@ import dagster as dg
 
 from radharmony_pipeline.definitions import defs
 from radharmony_pipeline.defs.assets.source_files import source_files
-from radharmony_pipeline.defs.io_managers import ParquetIOManager
-from radharmony_pipeline.defs.resources import DatasetsResource, OutputsResource
+from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.sources import partition_keys
 
 DEFINITIONS = [d for d in [*defs.assets, *defs.asset_checks] if d is not source_files]
 MANIFEST = dg.AssetSelection.assets("unified_manifest")
-
-
-def resources(data_root: Path, output: Path) -> dict:
-    outputs = OutputsResource(output_root=str(output))
-    return {
-        "datasets": DatasetsResource(data_root=str(data_root)),
-        "outputs": outputs,
-        "io_manager": ParquetIOManager(outputs=outputs),
-    }
 
 
 def materialize_corpus(
@@ -38,7 +28,7 @@ def materialize_corpus(
         key: dg.materialize(
             DEFINITIONS,
             partition_key=key,
-            resources=resources(data_root, output),
+            resources=pipeline_resources(data_root, output),
             selection=stages,
             instance=instance,
             raise_on_error=False,
@@ -47,7 +37,7 @@ def materialize_corpus(
     }
     manifest = dg.materialize(
         DEFINITIONS,
-        resources=resources(data_root, output),
+        resources=pipeline_resources(data_root, output),
         selection=MANIFEST,
         instance=instance,
         raise_on_error=False,

@@ -17,8 +17,7 @@ from PIL import Image
 
 from radharmony_pipeline.definitions import defs
 from radharmony_pipeline.defs.assets.source_files import source_files
-from radharmony_pipeline.defs.io_managers import ParquetIOManager
-from radharmony_pipeline.defs.resources import DatasetsResource, OutputsResource
+from radharmony_pipeline.defs.resources import DatasetsResource, pipeline_resources
 from radharmony_pipeline.processing.atomic import TEMP_MARKER
 
 TABLES = ("raw_index", "labels", "masks", "bboxes", "images")
@@ -40,9 +39,8 @@ def build(
 ) -> dg.ExecuteInProcessResult:
     """Materialize every stage of one partition (and its checks when asked), within bounds."""
     resources = {
+        **pipeline_resources(data_root, output),
         "datasets": DatasetsResource(data_root=str(data_root), strict=strict),
-        "outputs": OutputsResource(output_root=str(output)),
-        "io_manager": ParquetIOManager(outputs=OutputsResource(output_root=str(output))),
     }
     assets = [*_ASSETS, *defs.asset_checks] if checks else _ASSETS
     started = time.monotonic()

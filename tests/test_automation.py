@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import dagster as dg
 import pytest
 
-from radharmony_pipeline.definitions import defs
-from radharmony_pipeline.defs.io_managers import ParquetIOManager
-from radharmony_pipeline.defs.jobs import all_stages_job, manifest_job, observe_source_files_job
-from radharmony_pipeline.defs.resources import DatasetsResource, OutputsResource
+from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.sources import partition_keys
 
 STAGES = ("raw_index", "labels", "masks", "bboxes", "images")
@@ -23,17 +21,7 @@ class Deployment:
     """The project's definitions on private data, an instance, and the automation cursor."""
 
     def __init__(self, data_root, output):
-        outputs = OutputsResource(output_root=str(output))
-        self.defs = dg.Definitions(
-            assets=list(defs.assets),
-            asset_checks=list(defs.asset_checks),
-            jobs=[observe_source_files_job, all_stages_job, manifest_job],
-            resources={
-                "datasets": DatasetsResource(data_root=str(data_root)),
-                "outputs": outputs,
-                "io_manager": ParquetIOManager(outputs=outputs),
-            },
-        )
+        self.defs = build_definitions(data_root, output)
         self.instance = dg.DagsterInstance.ephemeral()
         self.cursor = None
 
@@ -59,24 +47,52 @@ class Deployment:
                 requested[key] = {p for p in partitions if p is not None}
         return requested
 
+    def settle(self) -> None:
+        """Rebuild whatever the last change made stale, so the next test starts up to date."""
+        requested = self.requested_after_observation()
+        stale = set().union(*(requested.get(stage, set()) for stage in STAGES))
+        for partition in sorted(stale):
+            self.run("all_stages", partition)
+        if requested:
+            self.run("manifest")
+        assert self.evaluate() == {}
 
-@pytest.fixture
-def deployment(tiny_copy, tmp_path):
-    deployment = Deployment(tiny_copy, tmp_path / "out")
+
+@pytest.fixture(scope="module")
+def built(tiny_root, tmp_path_factory):
+    """Every partition and the manifest built once for the module, on a private data copy."""
+    folder = tmp_path_factory.mktemp("automation")
+    data = folder / "data"
+    shutil.copytree(tiny_root, data)
+    deployment = Deployment(data, folder / "out")
     deployment.run("observe_source_files")
     for key in partition_keys():
         deployment.run("all_stages", key)
     deployment.run("manifest")
     assert deployment.evaluate() == {}
+    return deployment, data
+
+
+@pytest.fixture
+def deployment(built):
+    """The module's deployment, brought up to date after the previous test's change."""
+    deployment, _ = built
+    deployment.settle()
     return deployment
+
+
+@pytest.fixture
+def data(built):
+    """The deployment's datasets; a test may change them (the next test rebuilds)."""
+    return built[1]
 
 
 def test_nothing_changed_requests_nothing(deployment):
     assert deployment.requested_after_observation() == {}
 
 
-def test_changed_annotation_file_rebuilds_its_partition_then_the_manifest(deployment, tiny_copy):
-    path = tiny_copy / "chestx-det" / "ChestX_Det_train.json"
+def test_changed_annotation_file_rebuilds_its_partition_then_the_manifest(deployment, data):
+    path = data / "chestx-det" / "ChestX_Det_train.json"
     path.write_text(json.dumps(json.loads(path.read_text()), indent=1))
     assert deployment.requested_after_observation() == {
         stage: {"chestx_det.train"} for stage in STAGES
@@ -85,16 +101,16 @@ def test_changed_annotation_file_rebuilds_its_partition_then_the_manifest(deploy
     assert deployment.evaluate() == {"unified_manifest": set()}
 
 
-def test_shared_annotation_file_rebuilds_every_split_it_describes(deployment, tiny_copy):
-    path = tiny_copy / "ms-cxr" / "MS_CXR_Local_Alignment_v1.1.0.csv"
+def test_shared_annotation_file_rebuilds_every_split_it_describes(deployment, data):
+    path = data / "ms-cxr" / "MS_CXR_Local_Alignment_v1.1.0.csv"
     path.write_text(path.read_text() + "\n")
     assert deployment.requested_after_observation() == {
         stage: {"ms_cxr.train", "ms_cxr.val", "ms_cxr.test"} for stage in STAGES
     }
 
 
-def test_replaced_image_rebuilds_only_its_partition(deployment, tiny_copy):
-    image = sorted((tiny_copy / "chexlocalize" / "CheXpert" / "val").rglob("*.jpg"))[0]
+def test_replaced_image_rebuilds_only_its_partition(deployment, data):
+    image = sorted((data / "chexlocalize" / "CheXpert" / "val").rglob("*.jpg"))[0]
     time.sleep(0.01)
     image.write_bytes(image.read_bytes())
     os.utime(image, None)

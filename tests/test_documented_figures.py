@@ -18,6 +18,7 @@ from PIL import Image
 
 from radharmony_pipeline.defs.assets.index_and_labels import raw_index_and_labels
 from radharmony_pipeline.defs.checks.counts import counts_match_documentation
+from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.processing.masks import rasterize_polygons
 from radharmony_pipeline.sources import mimic_views
 from radharmony_pipeline.sources.ms_cxr import CSV_NAME
@@ -26,12 +27,10 @@ METADATA_CSV = "mimic-cxr-2.0.0-metadata.csv.gz"
 
 
 def labels_check(data_root, output, partition: str):
-    from corpus import resources
-
     result = dg.materialize(
         [raw_index_and_labels, counts_match_documentation],
         partition_key=partition,
-        resources=resources(data_root, output),
+        resources=pipeline_resources(data_root, output),
         raise_on_error=False,
     )
     return check_evaluations(result)["counts_match_documentation"]

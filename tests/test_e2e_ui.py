@@ -1,7 +1,7 @@
 """End to end through the UI server: `dagster dev` on tiny data, one partition of `all_stages`
 launched over GraphQL, its checks read back over GraphQL, the lineage graph in headless Chromium.
 
-Needs Debian's chromium at /usr/bin/chromium (`.ci/run` installs it) and the `playwright` Python
+Needs Debian's chromium at /usr/bin/chromium (`make test` installs it) and the `playwright` Python
 package (the `dev` extra); no browser is downloaded. Screenshot: test-artifacts/ui-lineage.png,
 copied to docs/ui-screenshot.png when RADHARMONY_UPDATE_SCREENSHOT=1.
 """

@@ -79,8 +79,10 @@ def test_letterbox_puts_the_long_side_at_s_and_centres_the_content(source):
     assert placement == LETTERBOX_CASES[source]
     assert max(geometry.resized_height, geometry.resized_width) == S
     assert geometry.scale == geometry.scale_y == geometry.scale_x == S / max(height, width)
-    assert abs(geometry.pad_top - geometry.pad_bottom) <= 1
-    assert abs(geometry.pad_left - geometry.pad_right) <= 1
+    pad_bottom = S - geometry.pad_top - geometry.resized_height
+    pad_right = S - geometry.pad_left - geometry.resized_width
+    assert abs(geometry.pad_top - pad_bottom) <= 1
+    assert abs(geometry.pad_left - pad_right) <= 1
 
 
 @pytest.mark.parametrize("source", SOURCES)

@@ -18,21 +18,12 @@ PARTITION = "rexgradient.train"
 # Materializes every partitioned stage of one partition, as `dagster asset materialize` would.
 SCRIPT = """
 import sys
-import dagster as dg
-from radharmony_pipeline.definitions import defs
-from radharmony_pipeline.defs.assets.source_files import source_files
-from radharmony_pipeline.defs.io_managers import ParquetIOManager
-from radharmony_pipeline.defs.resources import DatasetsResource, OutputsResource
+from radharmony_pipeline.definitions import build_definitions
 
 if __name__ == "__main__":
     data_root, output, partition = sys.argv[1:]
-    assets = [d for d in [*defs.assets, *defs.asset_checks] if d is not source_files]
-    resources = {"datasets": DatasetsResource(data_root=data_root),
-                 "outputs": OutputsResource(output_root=output),
-                 "io_manager": ParquetIOManager(outputs=OutputsResource(output_root=output))}
-    stages = dg.AssetSelection.all() - dg.AssetSelection.groups("manifest")
-    result = dg.materialize(assets, partition_key=partition, resources=resources,
-                            selection=stages)
+    job = build_definitions(data_root, output).resolve_job_def("all_stages")
+    result = job.execute_in_process(partition_key=partition, raise_on_error=False)
     sys.exit(0 if result.success else 1)
 """
 

@@ -12,26 +12,17 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from radharmony_pipeline.defs.assets.index_and_labels import raw_index_and_labels
-from radharmony_pipeline.defs.checks.counts import counts_match_documentation
-from radharmony_pipeline.defs.checks.expectations import labels_suite, raw_index_suite
-from radharmony_pipeline.defs.io_managers import ParquetIOManager
-from radharmony_pipeline.defs.resources import DatasetsResource, OutputsResource
+from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
 from radharmony_pipeline.sources import partition_keys
 
-ASSETS = [raw_index_and_labels, counts_match_documentation, raw_index_suite, labels_suite]
 REPO = Path(__file__).resolve().parents[1]
 
 
 def materialize(data_root: Path, output: Path, partition: str) -> dg.ExecuteInProcessResult:
-    resources = {
-        "datasets": DatasetsResource(data_root=str(data_root)),
-        "io_manager": ParquetIOManager(outputs=OutputsResource(output_root=str(output))),
-    }
-    return dg.materialize(
-        ASSETS, partition_key=partition, resources=resources, raise_on_error=False
-    )
+    """raw_index + labels and their checks, as the UI's `index_and_labels` job runs them."""
+    job = build_definitions(data_root, output).resolve_job_def("index_and_labels")
+    return job.execute_in_process(partition_key=partition, raise_on_error=False)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, RLELossless
 
+from radharmony_pipeline.sources import SOURCE_TYPES, open_source
 from radharmony_pipeline.synthetic import (
     DATASET_NAMES,
     generate_datasets,
@@ -137,12 +138,15 @@ def test_returns_each_dataset_root(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.iterdir() if p.name.endswith((".staging", ".old"))]
 
 
-def test_default_writes_all_four_dataset_roots(out: Path) -> None:
-    assert DATASET_NAMES == ("chexlocalize", "ms_cxr", "chestx_det", "rexgradient")
+def test_default_writes_every_registered_dataset(out: Path) -> None:
+    assert tuple(SOURCE_TYPES) == DATASET_NAMES
+    assert {"chexlocalize", "ms_cxr", "chestx_det", "rexgradient"} <= set(DATASET_NAMES)
     for folder in ("chexlocalize", "ms-cxr", "mimic-cxr", "chestx-det", "rexgradient"):
         assert (out / folder).is_dir()
-    for folder in ("chexlocalize", "ms-cxr", "chestx-det", "rexgradient"):
-        assert (out / folder / "expected_counts.json").is_file()
+    for dataset in DATASET_NAMES:
+        # Each dataset's reader finds its generated root and its expected counts there.
+        source = open_source(dataset, environ={"RADHARMONY_DATA_ROOT": str(out)})
+        assert (source.root / "expected_counts.json").is_file(), dataset
 
 
 def test_same_seed_gives_byte_identical_trees(out: Path, tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ from ..processing.atomic import write_atomically
 from ..processing.table_schemas import PARTITION_COLUMNS, TABLE_SCHEMAS, conform
 from ..sources import parse_partition_key
 from .metadata import table_metadata
-from .resources import OutputsResource
 
 
 class ParquetTableIOManager(dg.UPathIOManager):
@@ -59,14 +58,15 @@ def _is_local(path: UPath) -> bool:
     return path.protocol in ("", "file", "local")
 
 
-class ParquetIOManager(dg.ConfigurableIOManagerFactory):
+@dg.io_manager(
+    required_resource_keys={"outputs"},
+    description="Tables under `<output_root>/tables` of the `outputs` resource (folder or s3://).",
+)
+def parquet_io_manager(context: dg.InitResourceContext) -> ParquetTableIOManager:
     """Tables under `<output_root>/tables`; `output_root` may be a local folder or `s3://...`.
 
     The root comes from the shared `outputs` resource, so tables, masks and images always land
-    under the same root whatever the launchpad sets.
+    under the same root whatever the launchpad sets. A resource dependency rather than a nested
+    resource: Dagster 1.13 initializes nested resources through a deprecated API.
     """
-
-    outputs: OutputsResource
-
-    def create_io_manager(self, context: dg.InitResourceContext) -> ParquetTableIOManager:
-        return ParquetTableIOManager(base_path=UPath(self.outputs.output_root) / "tables")
+    return ParquetTableIOManager(base_path=UPath(context.resources.outputs.output_root) / "tables")

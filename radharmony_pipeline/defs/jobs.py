@@ -3,7 +3,6 @@
 import dagster as dg
 
 from .assets.source_files import source_files
-from .partitions import dataset_split_partitions
 
 OBSERVE_JOB = "observe_source_files"
 
@@ -21,7 +20,6 @@ all_stages_job = dg.define_asset_job(
     selection=dg.AssetSelection.all()
     - dg.AssetSelection.assets(source_files.key)
     - dg.AssetSelection.groups("manifest"),
-    partitions_def=dataset_split_partitions,
     description="Every stage of one `<dataset>.<split>` partition, with its checks.",
 )
 
@@ -36,6 +34,5 @@ manifest_job = dg.define_asset_job(
 index_and_labels_job = dg.define_asset_job(
     "index_and_labels",
     selection=dg.AssetSelection.groups("index", "labels"),
-    partitions_def=dataset_split_partitions,
     description="Read the native metadata of a partition into raw_index and labels.",
 )

@@ -4,11 +4,13 @@ import os
 from pathlib import Path
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, create_model
 
 from ..processing.settings import strict_mode
-from ..sources import DatasetSource, SourceLocation, open_source
+from ..sources import SOURCE_TYPES, DatasetSource, SourceLocation, open_source
 from ..sources.location import DATA_ROOT_ENV
+
+OUTPUT_ROOT_ENV = "RADHARMONY_OUTPUT_ROOT"
 
 
 class SourceLocationConfig(dg.Config):
@@ -20,16 +22,12 @@ class SourceLocationConfig(dg.Config):
     mask_json_path: str | None = None
 
 
-class DatasetsResource(dg.ConfigurableResource):
+class _DatasetsResourceBase(dg.ConfigurableResource):
     """Opens the reader of each dataset. Unset paths fall back to the RADHARMONY_* variables."""
 
     data_root: str | None = Field(
         default=None, description="Folder of all datasets; default RADHARMONY_DATA_ROOT."
     )
-    chexlocalize: SourceLocationConfig = Field(default_factory=SourceLocationConfig)
-    ms_cxr: SourceLocationConfig = Field(default_factory=SourceLocationConfig)
-    chestx_det: SourceLocationConfig = Field(default_factory=SourceLocationConfig)
-    rexgradient: SourceLocationConfig = Field(default_factory=SourceLocationConfig)
     strict: bool = Field(
         default_factory=strict_mode,
         description="Fail a step on its first error row (a malformed entry, an undecodable "
@@ -40,15 +38,35 @@ class DatasetsResource(dg.ConfigurableResource):
         environ = dict(os.environ)
         if self.data_root:
             environ[DATA_ROOT_ENV] = self.data_root
-        config: SourceLocationConfig = getattr(self, dataset)
+        config = getattr(self, dataset, None) or SourceLocationConfig()
         return open_source(dataset, SourceLocation.from_strings(config.model_dump()), environ)
+
+
+# One config block per registered dataset, named by its key: a new dataset in
+# sources.SOURCE_TYPES gets its launchpad fields without an edit here.
+DatasetsResource = create_model(
+    "DatasetsResource",
+    __base__=_DatasetsResourceBase,
+    __doc__=_DatasetsResourceBase.__doc__,
+    __module__=__name__,
+    **{
+        key: (
+            SourceLocationConfig,
+            Field(
+                default_factory=SourceLocationConfig,
+                description=f"Where {key} lives; unset fields are discovered.",
+            ),
+        )
+        for key in SOURCE_TYPES
+    },
+)
 
 
 class OutputsResource(dg.ConfigurableResource):
     """Where everything the pipeline writes goes: tables, masks, images, previews."""
 
     output_root: str = Field(
-        default_factory=lambda: os.environ.get("RADHARMONY_OUTPUT_ROOT") or "data/output",
+        default_factory=lambda: os.environ.get(OUTPUT_ROOT_ENV) or "data/output",
         description="Folder (or URL, for tables) of all outputs; default RADHARMONY_OUTPUT_ROOT.",
     )
 
@@ -64,3 +82,24 @@ class OutputsResource(dg.ConfigurableResource):
                 "and images are written to local disk (set RADHARMONY_OUTPUT_ROOT to a path)"
             )
         return Path(self.output_root.removeprefix("file://"))
+
+
+def pipeline_resources(
+    data_root: str | Path | None = None, output_root: str | Path | None = None
+) -> dict[str, object]:
+    """Every resource the assets and checks ask for, under the keys they ask for them by.
+
+    Unset roots come from RADHARMONY_DATA_ROOT / RADHARMONY_OUTPUT_ROOT, read when a run starts
+    (dg.EnvVar, so the UI shows where a value comes from), else the documented defaults.
+    """
+    from .io_managers import parquet_io_manager
+
+    datasets = DatasetsResource(data_root=_setting(data_root, DATA_ROOT_ENV))
+    outputs = OutputsResource(output_root=_setting(output_root, OUTPUT_ROOT_ENV) or "data/output")
+    return {"datasets": datasets, "outputs": outputs, "io_manager": parquet_io_manager}
+
+
+def _setting(value: str | Path | None, env_var: str) -> str | dg.EnvVar | None:
+    if value is not None:
+        return str(value)
+    return dg.EnvVar(env_var) if os.environ.get(env_var) else None

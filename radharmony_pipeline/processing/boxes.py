@@ -5,15 +5,16 @@ height h covers columns x … x+w−1 and rows y … y+h−1, i.e. the edge inte
 [y, y+h). In an image W pixels wide and H pixels high it normalizes to
 x_min = x / W, x_max = (x + w) / W, y_min = y / H, y_max = (y + h) / H, all in [0, 1].
 MS-CXR's `x, y, w, h` are such boxes in `image_width × image_height`; ChestX-Det's
-`[x1, y1, x2, y2]` corners are read as edges in its 1024×1024 frame, so w = x2 − x1 and
-x_max = x2 / W. Boxes are clipped to [0, W] × [0, H] in pixel space before normalizing.
+`[x1, y1, x2, y2]` corners are read as edges in its 1024×1024 frame: the reader turns them
+into x = x1, w = x2 − x1, so x_max = x2 / W. Boxes are clipped to [0, W] × [0, H] in pixel
+space before normalizing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, TypeAlias
+from typing import TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -44,15 +45,6 @@ class BoxConversion:
         return len(self.table)
 
 
-class PixelBoxes(NamedTuple):
-    """Top-left corner and size in source pixels, one int64 entry per box."""
-
-    x: np.ndarray
-    y: np.ndarray
-    w: np.ndarray
-    h: np.ndarray
-
-
 def normalize_xywh(
     x: Values, y: Values, w: Values, h: Values, width: Values, height: Values
 ) -> BoxConversion:
@@ -61,27 +53,6 @@ def normalize_xywh(
     return _normalize_edges(
         left, top, left + _floats(w), top + _floats(h), width, height, index=_index_of(x)
     )
-
-
-def normalize_corners(
-    x1: Values, y1: Values, x2: Values, y2: Values, width: Values, height: Values
-) -> BoxConversion:
-    """Corner boxes `[x1, y1, x2, y2]` (ChestX-Det), read as pixel edges."""
-    return _normalize_edges(
-        _floats(x1), _floats(y1), _floats(x2), _floats(y2), width, height, index=_index_of(x1)
-    )
-
-
-def to_pixels(
-    y_min: Values, y_max: Values, x_min: Values, x_max: Values, width: Values, height: Values
-) -> PixelBoxes:
-    """Inverse of the normalization: normalized edges back to integer x, y, w, h.
-
-    Raises ValueError on missing values: filter degenerate rows first.
-    """
-    left, right = _pixel_edges(x_min, x_max, width)
-    top, bottom = _pixel_edges(y_min, y_max, height)
-    return PixelBoxes(x=left, y=top, w=right - left, h=bottom - top)
 
 
 def _normalize_edges(left, top, right, bottom, width, height, index) -> BoxConversion:
@@ -130,18 +101,6 @@ def _pixel_columns(left, top, right, bottom) -> dict[str, np.ndarray]:
     """Integer x, y, w, h; sizes come from rounded edges so x + w is the rounded right edge."""
     left, top, right, bottom = (_round_half_up(edge) for edge in (left, top, right, bottom))
     return {"x_px": left, "y_px": top, "w_px": right - left, "h_px": bottom - top}
-
-
-def _pixel_edges(low: Values, high: Values, size: Values) -> tuple[np.ndarray, np.ndarray]:
-    low, high, size = np.broadcast_arrays(_floats(low), _floats(high), _floats(size))
-    edges = np.stack([low * size, high * size])
-    if not np.isfinite(edges).all():
-        raise ValueError(
-            "to_pixels needs present boxes and frame sizes; "
-            "drop degenerate rows before converting back to pixels"
-        )
-    rounded = _round_half_up(edges)
-    return rounded[0], rounded[1]
 
 
 def _round_half_up(values: np.ndarray) -> np.ndarray:

@@ -231,10 +231,6 @@ def pair_a_less_than_b(column_a: str, column_b: str) -> Expectation:
     )
 
 
-def row_count_equals(n: int) -> Expectation:
-    return Expectation("ExpectTableRowCountToEqual", {"value": int(n)})
-
-
 # --------------------------------------------------------------------------------------
 # Suites of the pipeline's tables
 # --------------------------------------------------------------------------------------
@@ -381,11 +377,6 @@ def validate_table(
         outcomes.update(_run_gx(df, suite, to_gx))
     ordered = tuple(outcomes[index] for index in range(len(expectations)))
     return SuiteReport(suite=suite, success=all(o.success for o in ordered), outcomes=ordered)
-
-
-def warm_up() -> None:
-    """Import GX and build the shared context now (e.g. at process start) instead of lazily."""
-    _batch_definition()
 
 
 def _run_gx(

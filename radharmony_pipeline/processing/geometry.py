@@ -61,14 +61,6 @@ class ResizeGeometry:
             )
         return self.scale_x
 
-    @property
-    def pad_bottom(self) -> int:
-        return self.size - self.pad_top - self.resized_height
-
-    @property
-    def pad_right(self) -> int:
-        return self.size - self.pad_left - self.resized_width
-
 
 def letterbox_geometry(source_height: int, source_width: int, size: int) -> ResizeGeometry:
     """Long side to `size`, short side in proportion, content centred in zero padding."""

@@ -5,14 +5,19 @@ Used by tests, the demo and benchmarks; see `generate_datasets`.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
-from radharmony_pipeline.synthetic import chestx_det, chexlocalize, ms_cxr, rexgradient
+from radharmony_pipeline.sources import SOURCE_TYPES
+from radharmony_pipeline.synthetic import ms_cxr, rexgradient
 from radharmony_pipeline.synthetic.files import staged_roots
 
-DATASET_NAMES = ("chexlocalize", "ms_cxr", "chestx_det", "rexgradient")
+# Every registered dataset has its generator here, in the module named like its key.
+DATASET_NAMES = tuple(SOURCE_TYPES)
 SCALES = ("tiny", "small")
 MIMIC_FORMATS = ms_cxr.MIMIC_FORMATS
 
@@ -41,22 +46,23 @@ def generate_datasets(
     """
     chosen = _validated(scale, seed, datasets, mimic_format)
     out = Path(out)
-    writers: dict[str, tuple[tuple[str, ...], Callable[[Path], Path]]] = {
-        "chexlocalize": (
-            chexlocalize.ROOTS,
-            lambda stage: chexlocalize.generate(stage, scale, seed),
-        ),
-        "ms_cxr": (ms_cxr.ROOTS, lambda stage: ms_cxr.generate(stage, scale, seed, mimic_format)),
-        "chestx_det": (chestx_det.ROOTS, lambda stage: chestx_det.generate(stage, scale, seed)),
-        "rexgradient": (rexgradient.ROOTS, lambda stage: rexgradient.generate(stage, scale, seed)),
-    }
+    options = {"mimic_format": mimic_format}
     roots = {}
     for name in chosen:
-        root_names, write = writers[name]
-        with staged_roots(out, name, root_names) as stage:
-            staged_root = write(stage)
+        generator = _generator(name)
+        # Options reach the generators that take them (the MIMIC format: MS-CXR's only).
+        accepted = inspect.signature(generator.generate).parameters
+        with staged_roots(out, name, generator.ROOTS) as stage:
+            staged_root = generator.generate(
+                stage, scale, seed, **{k: v for k, v in options.items() if k in accepted}
+            )
         roots[name] = out / staged_root.relative_to(stage)
     return roots
+
+
+def _generator(dataset: str) -> ModuleType:
+    """The module writing `dataset`: `ROOTS` (its top folders) and `generate(out, scale, seed)`."""
+    return importlib.import_module(f"{__name__}.{dataset}")
 
 
 def write_full_scale_rexgradient_metadata(out: Path, seed: int = 0) -> Path:

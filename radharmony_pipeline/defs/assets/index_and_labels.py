@@ -79,7 +79,7 @@ def raw_index_and_labels(context: dg.AssetExecutionContext, datasets: DatasetsRe
         outputs = _outputs(source, split, tables, metrics)
     context.log.info(f"{context.partition_key}: {len(tables.index)} images, {metrics}")
     for name in _OUTPUT_ORDER:
-        if name in context.selected_output_names:
+        if dg.AssetKey(name) in context.selected_asset_keys:
             value, metadata = outputs[name]
             yield dg.Output(value, output_name=name, metadata=metadata)
 

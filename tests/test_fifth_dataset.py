@@ -1,0 +1,91 @@
+"""A fifth dataset is one module plus one registry line: the toy dataset of toy_dataset.py,
+registered in a fresh process, goes through every stage and the manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image, ImageDraw
+from toy_dataset import CSV_NAME, FOLDER, IMAGES, write_toy_dataset
+
+from radharmony_pipeline.sources import partition_keys
+
+SCRIPT = Path(__file__).with_name("toy_dataset.py")
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("toy")
+    write_toy_dataset(folder / "data")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RADHARMONY_")}
+    environ["RADHARMONY_WORKERS"] = "2"
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), str(folder / "data"), str(folder / "out")],
+        env=environ,
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return folder, json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def test_registering_the_dataset_adds_its_partitions_and_config(toy):
+    _, summary = toy
+    assert summary["partitions"] == [*partition_keys(), "toy_cxr.train", "toy_cxr.test"]
+    assert "toy_cxr" in summary["datasets_config"]
+    assert "toy_cxr.train" not in partition_keys(), "this process's registry is untouched"
+
+
+@pytest.mark.parametrize("partition", ["toy_cxr.train", "toy_cxr.test"])
+def test_every_stage_materializes_with_every_check_passing(toy, partition):
+    _, summary = toy
+    outcome = summary[partition]
+    assert outcome["success"]
+    assert outcome["materialized"] == ["bboxes", "images", "labels", "masks", "raw_index"]
+    assert {
+        "counts_match_documentation",
+        "raw_index_suite",
+        "labels_suite",
+        "masks_match_documentation",
+        "bboxes_match_documentation",
+    } <= set(outcome["checks"])
+    assert [name for name, passed in outcome["checks"].items() if not passed] == []
+
+
+def test_the_manifest_holds_every_toy_image_with_its_box_and_mask(toy):
+    folder, summary = toy
+    assert summary["unified_manifest"]["success"]
+    assert all(summary["unified_manifest"]["checks"].values())
+    output = folder / "out"
+    manifest = pd.read_parquet(output / "tables" / "unified_manifest.parquet")
+    csv = pd.read_csv(folder / "data" / FOLDER / CSV_NAME)
+    assert sorted(manifest["image_id"]) == sorted("toy_cxr/" + csv["image"].str[:-4])
+    for name, split, height, width, x, y, w, h in IMAGES:
+        row = manifest.set_index("image_id").loc[f"toy_cxr/{name}"]
+        assert row["split"] == split and (row["orig_height"], row["orig_width"]) == (height, width)
+        assert row["label_nodule"] == int(w > 0)
+        if w == 0:
+            assert len(row["bboxes"]) == 0 and not row["has_mask"]
+            continue
+        assert np.allclose(
+            row["bboxes"][0], [y / height, (y + h) / height, x / width, (x + w) / width]
+        )
+        masks = pd.read_parquet(output / "tables" / "masks" / f"toy_cxr.{split}.parquet")
+        path = masks.set_index(["image_id", "mask_class"]).loc[(f"toy_cxr/{name}", "nodule")]
+        with Image.open(output / path["mask_path"]) as image:
+            got = np.asarray(image) > 0
+        reference = Image.new("1", (width, height), 0)
+        ImageDraw.Draw(reference).rectangle([x, y, x + w - 1, y + h - 1], fill=1)
+        # Polygon edges on the box boundary may rasterize one pixel either way.
+        assert np.abs(got.astype(int) - np.asarray(reference)).sum() <= 2 * (w + h) + 4
+        with Image.open(output / row["image_path"]) as image:
+            assert image.size == (224, 224)
