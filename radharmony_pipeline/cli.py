@@ -86,21 +86,21 @@ def _demo(args: argparse.Namespace) -> int:
 
     import dagster as dg
 
-    from .definitions import defs
     from .defs.runner import (
         format_summary,
         materialize_manifest,
         materialize_partitions,
         observe_sources,
+        project_location,
     )
     from .sources import partition_keys
 
-    with dg.DagsterInstance.get() as instance:
+    with dg.DagsterInstance.get() as instance, project_location(instance) as location:
         print("observing source files ...", flush=True)
-        observe_sources(defs, instance)
+        observe_sources(location, instance)
         print("materializing every asset of every partition ...", flush=True)
         outcomes = materialize_partitions(
-            defs,
+            location,
             instance,
             partition_keys(),
             on_done=lambda o: print(
@@ -108,7 +108,7 @@ def _demo(args: argparse.Namespace) -> int:
             ),
         )
         print("joining the unified manifest ...", flush=True)
-        outcomes.append(materialize_manifest(defs, instance))
+        outcomes.append(materialize_manifest(location, instance))
     print()
     print(format_summary(outcomes))
     print()
