@@ -5,7 +5,7 @@ import pandas as pd
 
 from ...processing.manifest import MANIFEST_COLUMNS, combine, partition_manifest
 from ...processing.vocabulary import LABEL_COLUMNS
-from ..automation import REBUILD_WHEN_CHANGED
+from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..partitions import OWNERS
 
 CODE_VERSION = "1"
@@ -49,7 +49,7 @@ _SOURCES = {
         "and the 21 unified label columns. Images whose stage errored are left out and "
         "counted by reason."
     ),
-    automation_condition=REBUILD_WHEN_CHANGED,
+    automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
     code_version=CODE_VERSION,
     kinds={"parquet", "pandas"},
 )
