@@ -24,8 +24,7 @@ _REBUILD_DUE = (
 # The manifest joins every partition: it is rebuilt once, after the changed partitions'
 # stages have all finished — not alongside them, and not again for each stage that lands.
 REBUILD_WHEN_PARTITIONS_SETTLE = (
-    dg.AutomationCondition.eager()
-    & ~dg.AutomationCondition.any_deps_match(_REBUILD_DUE)
+    dg.AutomationCondition.eager() & ~dg.AutomationCondition.any_deps_match(_REBUILD_DUE)
 ).with_label("eager, once no upstream partition is being or due to be rebuilt")
 
 nightly_observation = dg.ScheduleDefinition(
@@ -40,5 +39,9 @@ rebuild_sensor = dg.AutomationConditionSensorDefinition(
     "rebuild_changed_partitions",
     target=dg.AssetSelection.all(),
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Requests runs for the partitions whose sources or upstream tables changed.",
+    # One run per requested partition, tagged with it, rather than one backfill per tick: a
+    # tick then lists runs that each name their partition (`dagster/partition`).
+    emit_backfills=False,
+    description="Requests one run per partition whose sources or upstream tables changed "
+    "(stages), and the manifest once those runs have finished.",
 )
