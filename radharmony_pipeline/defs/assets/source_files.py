@@ -45,8 +45,16 @@ def partition_version(source: DatasetSource, split: str) -> str:
 def observation_metadata(
     current: SourceSnapshot, previous: SourceSnapshot | None
 ) -> dict[str, dg.MetadataValue]:
-    """What was observed (files, hashes, image count) and what changed since last time."""
+    """What changed since last time (first, as the UI lists it), then what was observed."""
+    if previous is None:
+        annotations = images = None
+        summary = "first observation (nothing to compare)"
+    else:
+        annotations = compare(previous.annotations, current.annotations)
+        images = compare(previous.images, current.images)
+        summary = describe_changes(annotations, images)
     metadata: dict[str, dg.MetadataValue] = {
+        "changes": dg.MetadataValue.text(summary),
         "annotation_files": dg.MetadataValue.json(dict(current.annotations)),
         "images": dg.MetadataValue.int(len(current.images)),
     }
@@ -55,12 +63,8 @@ def observation_metadata(
     missing = [name for name, digest in current.annotations.items() if digest == ABSENT]
     if missing:
         metadata["annotation_files_missing"] = dg.MetadataValue.json(missing)
-    if previous is None:
-        metadata["changes"] = dg.MetadataValue.text("first observation (nothing to compare)")
+    if annotations is None or images is None:
         return metadata
-    annotations = compare(previous.annotations, current.annotations)
-    images = compare(previous.images, current.images)
-    metadata["changes"] = dg.MetadataValue.text(describe_changes(annotations, images))
     metadata["annotation_files_changed"] = dg.MetadataValue.json(
         {
             "added": annotations.added,
