@@ -145,3 +145,18 @@ def test_loader_reads_the_manifest(corpus):
     rex = ManifestDataset(output / "tables" / "unified_manifest.parquet", datasets="rexgradient")
     reports = [rex[i]["report"] for i in range(len(rex))]
     assert None in reports and "None" not in reports
+
+
+def test_manifest_column_lineage_names_real_upstream_columns(corpus):
+    output, _, manifest, _, _ = corpus
+    (event,) = manifest.get_asset_materialization_events()
+    metadata = event.materialization.metadata
+    lineage = metadata["dagster/column_lineage"].value.deps_by_column
+    assert {"image_id", "report", "bboxes", "label_cardiomegaly"} <= set(lineage)
+    readable = metadata["column_lineage"].value
+    for column, deps in lineage.items():
+        (dep,) = deps
+        asset = dep.asset_key.to_user_string()
+        upstream = pd.read_parquet(output / "tables" / asset / "chestx_det.train.parquet")
+        assert dep.column_name in upstream.columns, (column, asset)
+        assert f"| `{column}` | [{asset}](/assets/{asset}) | `{dep.column_name}` |" in readable
