@@ -152,11 +152,15 @@ def test_manifest_column_lineage_names_real_upstream_columns(corpus):
     (event,) = manifest.get_asset_materialization_events()
     metadata = event.materialization.metadata
     lineage = metadata["dagster/column_lineage"].value.deps_by_column
-    assert {"image_id", "report", "bboxes", "label_cardiomegaly"} <= set(lineage)
+    assert set(lineage) == set(MANIFEST_COLUMNS)
     readable = metadata["column_lineage"].value
     for column, deps in lineage.items():
-        (dep,) = deps
-        asset = dep.asset_key.to_user_string()
-        upstream = pd.read_parquet(output / "tables" / asset / "chestx_det.train.parquet")
-        assert dep.column_name in upstream.columns, (column, asset)
-        assert f"| `{column}` | [{asset}](/assets/{asset}) | `{dep.column_name}` |" in readable
+        assert deps, column
+        for dep in deps:
+            asset = dep.asset_key.to_user_string()
+            upstream = set()
+            for table in (output / "tables" / asset).glob("*.parquet"):
+                upstream |= set(pd.read_parquet(table).columns)
+            assert dep.column_name in upstream, (column, asset, dep.column_name)
+            assert f"`{dep.column_name}`" in readable
+        assert f"| `{column}` | [" in readable, column
