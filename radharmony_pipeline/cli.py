@@ -123,12 +123,12 @@ def _demo(args: argparse.Namespace) -> int:
 
     import dagster as dg
 
-    from .definitions import defs
     from .defs.runner import (
         format_summary,
         materialize_manifest,
         materialize_partitions,
         observe_sources,
+        project_location,
     )
     from .sources import partition_keys
 
@@ -138,12 +138,12 @@ def _demo(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown partition(s) {unknown}; known: {every_partition}", file=sys.stderr)
         return 2
-    with dg.DagsterInstance.get() as instance:
+    with dg.DagsterInstance.get() as instance, project_location(instance) as location:
         print("observing source files ...", flush=True)
-        observe_sources(defs, instance)
+        observe_sources(location, instance)
         print("materializing every asset of every partition ...", flush=True)
         outcomes = materialize_partitions(
-            defs,
+            location,
             instance,
             chosen,
             on_done=lambda o: print(
@@ -153,7 +153,7 @@ def _demo(args: argparse.Namespace) -> int:
         )
         if set(chosen) == set(every_partition):
             print("joining the unified manifest ...", flush=True)
-            outcomes.append(materialize_manifest(defs, instance))
+            outcomes.append(materialize_manifest(location, instance))
     print()
     print(format_summary(outcomes))
     print()

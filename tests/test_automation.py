@@ -25,9 +25,12 @@ class Deployment:
         self.instance = dg.DagsterInstance.ephemeral()
         self.cursor = None
 
-    def run(self, job: str, partition: str | None = None) -> None:
+    def run(self, job: str, partition: str | None = None, assets: tuple[str, ...] = ()) -> None:
         result = self.defs.resolve_job_def(job).execute_in_process(
-            partition_key=partition, instance=self.instance, run_config=QUIET
+            partition_key=partition,
+            instance=self.instance,
+            run_config=QUIET,
+            asset_selection=[dg.AssetKey(name) for name in assets] or None,
         )
         assert result.success
 
@@ -99,6 +102,29 @@ def test_changed_annotation_file_rebuilds_its_partition_then_the_manifest(deploy
     }
     deployment.run("all_stages", "chestx_det.train")
     assert deployment.evaluate() == {"unified_manifest": set()}
+
+
+def test_one_changed_partition_yields_one_manifest_after_its_stages(deployment, data):
+    """However the stages land (here one level per run, as a backfill launches them), the
+    manifest is requested once, after the last of them, and never alongside them."""
+    path = data / "chestx-det" / "ChestX_Det_train.json"
+    path.write_text(json.dumps(json.loads(path.read_text()), indent=1))
+    assert deployment.requested_after_observation() == {
+        stage: {"chestx_det.train"} for stage in STAGES
+    }
+    manifest_requests = 0
+    for level in (("raw_index", "labels"), ("masks", "bboxes"), ("images",)):
+        deployment.run("all_stages", "chestx_det.train", assets=level)
+        requested = deployment.evaluate()
+        # Only that partition's stages may be asked for while it is being rebuilt.
+        assert set(requested) - {"unified_manifest"} <= set(STAGES)
+        assert all(p == {"chestx_det.train"} for k, p in requested.items() if k in STAGES)
+        if "unified_manifest" in requested:
+            manifest_requests += 1
+            assert level == ("images",), f"manifest requested before the stages finished: {level}"
+    assert manifest_requests == 1
+    deployment.run("manifest")
+    assert deployment.evaluate() == {}
 
 
 def test_shared_annotation_file_rebuilds_every_split_it_describes(deployment, data):

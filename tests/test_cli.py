@@ -77,3 +77,8 @@ def test_demo_materializes_every_partition_and_prints_the_summary(tiny_root, tmp
     with dg.DagsterInstance.from_config(str(home)) as instance:
         runs = instance.get_runs()
     assert len(runs) == 12 and all(run.is_success for run in runs)
+    # Recorded as runs of the project's jobs in its code location, as the UI launches them.
+    assert sorted(run.job_name for run in runs).count("all_stages") == 10
+    assert {
+        run.remote_job_origin.repository_origin.code_location_origin.location_name for run in runs
+    } == {"radharmony_pipeline"}

@@ -8,8 +8,12 @@ copied to docs/ui-screenshot.png when RADHARMONY_UPDATE_SCREENSHOT=1.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -247,3 +251,292 @@ def test_ui_runs_a_partition_and_shows_the_lineage(dagster_dev: DagsterDev):
     assert artifact.stat().st_size > 10_000
     if os.environ.get("RADHARMONY_UPDATE_SCREENSHOT") == "1":
         shutil.copyfile(artifact, REPO / "docs" / "ui-screenshot.png")
+
+
+# --- A freshly built demo instance, as a new user sees it after `make demo` and `make ui` ---
+
+RADHARMONY = Path(sys.executable).with_name("radharmony")
+CHANGED_PARTITION = "chestx_det.train"
+CHANGED_FILE = "ChestX_Det_train.json"
+DOCUMENTED_EXCEPTION = "chexlocalize/patient65086_study1_view1_frontal"
+
+SENSOR_STATE = """
+query Sensor($selector: SensorSelector!) {
+  sensorOrError(sensorSelector: $selector) {
+    __typename
+    ... on Sensor { sensorState { id selectorId status } }
+  }
+}
+"""
+STOP_SENSOR = """
+mutation Stop($originId: String, $selectorId: String) {
+  stopSensor(jobOriginId: $originId, jobSelectorId: $selectorId) {
+    __typename
+    ... on StopSensorMutationResult { instigationState { status } }
+    ... on PythonError { message }
+  }
+}
+"""
+RUNS = """
+query Runs($filter: RunsFilter) {
+  runsOrError(filter: $filter) {
+    __typename
+    ... on Runs {
+      results {
+        runId jobName status
+        tags { key value }
+        repositoryOrigin { repositoryLocationName repositoryName }
+      }
+    }
+  }
+}
+"""
+CHECK_EXECUTIONS = """
+query Checks($assetKey: AssetKeyInput!, $checkName: String!) {
+  assetCheckExecutions(assetKey: $assetKey, checkName: $checkName, limit: 50) {
+    status
+    evaluation { partition success description }
+  }
+}
+"""
+OBSERVATIONS = """
+query Observations($assetKey: AssetKeyInput!, $partition: String!) {
+  assetOrError(assetKey: $assetKey) {
+    __typename
+    ... on Asset {
+      assetObservations(partitions: [$partition], limit: 1) {
+        runId partition
+        metadataEntries {
+          label
+          ... on TextMetadataEntry { text }
+          ... on JsonMetadataEntry { jsonString }
+          ... on IntMetadataEntry { intValue }
+        }
+      }
+    }
+  }
+}
+"""
+COLUMN_SCHEMA = """
+query Schema($assetKey: AssetKeyInput!) {
+  assetOrError(assetKey: $assetKey) {
+    ... on Asset {
+      assetMaterializations(limit: 1) {
+        metadataEntries {
+          label
+          ... on TableSchemaMetadataEntry { schema { columns { name description } } }
+        }
+      }
+    }
+  }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def demo_server(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
+    """`radharmony demo` on a private copy of the tiny datasets, then `dagster dev` on it."""
+    base = tmp_path_factory.mktemp("demo-ui")
+    data = base / "data"
+    shutil.copytree(tiny_root, data)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RADHARMONY_", "DAGSTER_"))}
+    env.update(
+        DAGSTER_HOME=str(write_instance(base / "dagster_home")),
+        RADHARMONY_DATA_ROOT=str(data),
+        RADHARMONY_OUTPUT_ROOT=str(base / "output"),
+        RADHARMONY_WORKERS="1",
+    )
+    demo = subprocess.run(
+        [str(RADHARMONY), "demo"], cwd=base, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    server = DagsterDev(REPO, env, base / "dagster-dev.log", free_port())
+    try:
+        server.wait_until_loaded(LOCATION, timeout=120)
+        server.data_root = data
+        yield server
+    finally:
+        server.stop(grace=30)
+
+
+@contextlib.contextmanager
+def _browser_page(server: DagsterDev):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS, timeout=60_000
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.set_default_timeout(UI_TIMEOUT_MS)
+            yield page
+        finally:
+            browser.close()
+
+
+def _open(page, server: DagsterDev, path: str, *texts: str) -> str:
+    """Open a UI page and wait until every text is visible on it; returns the page's text."""
+    page.goto(server.base_url + path, wait_until="domcontentloaded")
+    for text in texts:
+        try:
+            page.get_by_text(text, exact=False).first.wait_for(state="visible")
+        except Exception as error:  # the page's text says more than the timeout
+            raise AssertionError(
+                f"{path}: {text!r} not shown ({error}); page text:\n"
+                + page.inner_text("body")[:3000]
+                + server.log_tail()
+            ) from error
+    return page.inner_text("body")
+
+
+def _shot(page, name: str) -> Path:
+    out = REPO / "test-artifacts" / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    page.wait_for_timeout(1000)
+    page.screenshot(path=str(out), full_page=False)
+    if os.environ.get("RADHARMONY_UPDATE_SCREENSHOT") == "1":
+        shutil.copyfile(out, REPO / "docs" / name)
+    return out
+
+
+def _metadata(entries: list[dict]) -> dict[str, object]:
+    values = {}
+    for entry in entries:
+        if "jsonString" in entry:
+            values[entry["label"]] = json.loads(entry["jsonString"])
+        else:
+            values[entry["label"]] = entry.get("text", entry.get("intValue"))
+    return values
+
+
+def test_demo_runs_show_under_the_project_job(demo_server: DagsterDev):
+    server = demo_server
+    runs = server.graphql(RUNS, {"filter": {"pipelineName": ALL_STAGES_JOB}})["runsOrError"]
+    assert runs["__typename"] == "Runs", runs
+    partitions = set()
+    for run in runs["results"]:
+        assert run["status"] == "SUCCESS", run
+        assert run["repositoryOrigin"] == {
+            "repositoryLocationName": LOCATION,
+            "repositoryName": REPOSITORY_NAME,
+        }, "a run without its code location is left off the Overview timeline and job page"
+        partitions |= {t["value"] for t in run["tags"] if t["key"] == "dagster/partition"}
+    assert len(partitions) == 10, partitions
+
+    with _browser_page(server) as page:
+        text = _open(page, server, "/runs", ALL_STAGES_JOB, f"partition: {CHANGED_PARTITION}")
+        assert "__ASSET_JOB" not in text
+        _open(page, server, f"/locations/{LOCATION}/jobs/{ALL_STAGES_JOB}/runs", "rexgradient.val")
+        _open(
+            page, server, "/overview/timeline", ALL_STAGES_JOB, "manifest", "observe_source_files"
+        )
+        assert "No runs or scheduled ticks" not in page.inner_text("body")
+        _shot(page, "ui-timeline.png")
+
+
+def test_documented_exception_passes_and_is_named(demo_server: DagsterDev):
+    server = demo_server
+    executions = server.graphql(
+        CHECK_EXECUTIONS,
+        {"assetKey": {"path": ["masks"]}, "checkName": "positives_without_masks"},
+    )["assetCheckExecutions"]
+    by_partition = {e["evaluation"]["partition"]: e for e in executions if e["evaluation"]}
+    documented = by_partition["chexlocalize.test"]
+    assert documented["status"] == "SUCCEEDED", documented
+    assert DOCUMENTED_EXCEPTION in documented["evaluation"]["description"]
+
+    with _browser_page(server) as page:
+        path = "/assets/masks?view=checks&checkDetail=positives_without_masks"
+        _open(page, server, path, "positives_without_masks")
+        page.get_by_text("Execution history", exact=True).first.click()
+        row = page.locator("tr", has_text="chexlocalize.test").first
+        row.wait_for(state="visible")
+        assert "Passed" in row.inner_text() or "Succeeded" in row.inner_text(), row.inner_text()
+
+
+def test_manifest_column_lineage_renders(demo_server: DagsterDev):
+    server = demo_server
+    with _browser_page(server) as page:
+        _open(page, server, "/assets/unified_manifest", "column_lineage")
+        page.locator("tr", has_text="column_lineage").get_by_text("Show Markdown").first.click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_text("manifest column").wait_for(state="visible")
+        lineage = dialog.inner_text()
+        assert "label_cardiomegaly" in lineage and "labels" in lineage, lineage
+        assert "bboxes_resized" in lineage and "raw_index" in lineage, lineage
+        _shot(page, "ui-column-lineage.png")
+
+
+def test_column_descriptions_show_on_the_schema(demo_server: DagsterDev):
+    server = demo_server
+    # Every column's description (published in `dagster/column_schema`) is on the schema table.
+    materialization = server.graphql(COLUMN_SCHEMA, {"assetKey": {"path": ["raw_index"]}})[
+        "assetOrError"
+    ]["assetMaterializations"][0]
+    schema = next(
+        e["schema"]
+        for e in materialization["metadataEntries"]
+        if e["label"] == "dagster/column_schema"
+    )
+    description = {c["name"]: c["description"] for c in schema["columns"]}["image_id"]
+    assert description, "raw_index.image_id has no description in its published schema"
+    with _browser_page(server) as page:
+        _open(page, server, "/assets/raw_index", "Columns")
+        row = page.locator("tr", has_text="image_id").first
+        assert description.split(".")[0][:40] in row.inner_text(), row.inner_text()
+
+
+def test_a_changed_annotation_file_marks_its_partition(demo_server: DagsterDev):
+    server = demo_server
+    # Keep the rebuild sensor from rebuilding the partition while the test looks at it.
+    selector = {
+        "repositoryLocationName": LOCATION,
+        "repositoryName": REPOSITORY_NAME,
+        "sensorName": "rebuild_changed_partitions",
+    }
+    state = server.graphql(SENSOR_STATE, {"selector": selector})["sensorOrError"]["sensorState"]
+    stopped = server.graphql(
+        STOP_SENSOR, {"originId": state["id"], "selectorId": state["selectorId"]}
+    )["stopSensor"]
+    assert stopped["__typename"] == "StopSensorMutationResult", stopped
+
+    path = server.data_root / "chestx-det" / CHANGED_FILE
+    path.write_text(json.dumps(json.loads(path.read_text()), indent=1))
+    client = DagsterGraphQLClient("127.0.0.1", port_number=server.port, timeout=60)
+    run_id = client.submit_job_execution(
+        "observe_source_files", repository_location_name=LOCATION, repository_name=REPOSITORY_NAME
+    )
+    assert _wait_for_run(server, client, run_id) == "SUCCESS", server.log_tail()
+
+    observed = {}
+    for partition in (CHANGED_PARTITION, "chestx_det.test"):
+        asset = server.graphql(
+            OBSERVATIONS, {"assetKey": {"path": ["source_files"]}, "partition": partition}
+        )["assetOrError"]
+        (latest,) = asset["assetObservations"]
+        assert latest["runId"] == run_id
+        observed[partition] = _metadata(latest["metadataEntries"])
+    changed = observed[CHANGED_PARTITION]
+    assert changed["annotation_files_changed"]["modified"] == [CHANGED_FILE], changed
+    assert CHANGED_FILE in changed["changes"] and changed["images"] > 0
+    assert observed["chestx_det.test"]["changes"] == "unchanged since the previous observation"
+
+    with _browser_page(server) as page:
+        # The changed partition's stages read "Unsynced"; an unchanged partition does not.
+        _open(page, server, f"/assets/raw_index?view=partitions&partition={CHANGED_PARTITION}")
+        page.get_by_text("Unsynced", exact=False).first.wait_for(state="visible")
+        _shot(page, "ui-changed-partition.png")
+        _open(page, server, "/assets/raw_index?view=partitions&partition=chestx_det.test")
+        page.get_by_text("Latest materialization").first.wait_for(state="visible")
+        page.wait_for_timeout(2000)
+        assert "Unsynced" not in page.inner_text("body")
+        # The observation itself, with what changed, on the source's events page.
+        text = _open(
+            page,
+            server,
+            f"/assets/source_files?view=events&partition={CHANGED_PARTITION}",
+            "annotation file(s) modified",
+        )
+        assert CHANGED_FILE in text
+        _shot(page, "ui-observation.png")

@@ -186,3 +186,22 @@ def test_loader_reads_the_manifest(corpus):
     rex = ManifestDataset(output / "tables" / "unified_manifest.parquet", datasets="rexgradient")
     reports = [rex[i]["report"] for i in range(len(rex))]
     assert None in reports and "None" not in reports
+
+
+def test_manifest_column_lineage_names_real_upstream_columns(corpus):
+    output, _, manifest, _, _ = corpus
+    (event,) = manifest.get_asset_materialization_events()
+    metadata = event.materialization.metadata
+    lineage = metadata["dagster/column_lineage"].value.deps_by_column
+    assert set(lineage) == set(MANIFEST_COLUMNS)
+    readable = metadata["column_lineage"].value
+    for column, deps in lineage.items():
+        assert deps, column
+        for dep in deps:
+            asset = dep.asset_key.to_user_string()
+            upstream = set()
+            for table in (output / "tables" / asset).glob("*.parquet"):
+                upstream |= set(pd.read_parquet(table).columns)
+            assert dep.column_name in upstream, (column, asset, dep.column_name)
+            assert f"`{dep.column_name}`" in readable
+        assert f"| `{column}` | [" in readable, column

@@ -281,3 +281,45 @@ def test_rle_size_mismatch_is_a_per_image_error_with_both_sizes(tiny_copy, tmp_p
     error = masks.loc[masks["image_id"] == f"chexlocalize/{cxr_id}", "error"].iloc[0]
     height, _width = entries[cxr_id][name]["size"]
     assert str(height) in error and str(height - 7) in error
+
+
+def test_the_documented_unsegmented_positive_passes_and_is_listed(built):
+    _, results = built
+    evaluation = {
+        e.check_name: e for e in results["chexlocalize.test"].get_asset_check_evaluations()
+    }["positives_without_masks"]
+    assert evaluation.passed
+    documented = "chexlocalize/patient65086_study1_view1_frontal"
+    assert evaluation.metadata["documented_exceptions"].value == [documented]
+    assert evaluation.metadata["unexpected"].value == 0
+    assert documented in evaluation.description
+
+
+def test_an_undocumented_unsegmented_positive_warns_with_its_id(tiny_copy, tmp_path):
+    # A frontal image without a segmentation entry turns positive for a localizable class.
+    base = tiny_copy / "chexlocalize"
+    entries = json.loads((base / "CheXlocalize" / "gt_segmentations_test.json").read_text())
+    csv = base / "CheXpert" / "test_labels.csv"
+    rows = pd.read_csv(csv)
+    native = rows["Path"].str.removeprefix("test/").str.removesuffix(".jpg").str.replace("/", "_")
+    candidates = rows.index[
+        rows["Path"].str.endswith("_frontal.jpg")
+        & ~native.isin(entries)
+        & ~native.str.startswith("patient65086")
+    ]
+    chosen = candidates[0]
+    rows.loc[chosen, "Cardiomegaly"] = 1.0
+    rows.to_csv(csv, index=False)
+    result = run(tiny_copy, tmp_path / "out", "chexlocalize.test")
+    evaluation = {e.check_name: e for e in result.get_asset_check_evaluations()}[
+        "positives_without_masks"
+    ]
+    image_id = f"chexlocalize/{native[chosen]}"
+    assert not evaluation.passed
+    assert evaluation.severity == dg.AssetCheckSeverity.WARN
+    assert image_id in evaluation.description
+    assert "patient65086" not in evaluation.description
+    assert evaluation.metadata["unexpected_image_ids"].value == [image_id]
+    assert evaluation.metadata["documented_exceptions"].value == [
+        "chexlocalize/patient65086_study1_view1_frontal"
+    ]

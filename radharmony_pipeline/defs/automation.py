@@ -13,6 +13,20 @@ DEFAULT_OBSERVE_CRON = "0 2 * * *"  # nightly, 02:00
 # materialized), once each upstream is present; code_version changes count as changes too.
 REBUILD_WHEN_CHANGED = dg.AutomationCondition.eager()
 
+# A partition of a stage is due for a rebuild while one of its own inputs changed after it was
+# last built (its run may not have started yet, or may be launched one stage at a time).
+_REBUILD_DUE = (
+    dg.AutomationCondition.any_deps_match(dg.AutomationCondition.newly_updated())
+    .since(dg.AutomationCondition.newly_updated())
+    .with_label("an input changed since it was last built")
+)
+
+# The manifest joins every partition: it is rebuilt once, after the changed partitions'
+# stages have all finished — not alongside them, and not again for each stage that lands.
+REBUILD_WHEN_PARTITIONS_SETTLE = (
+    dg.AutomationCondition.eager() & ~dg.AutomationCondition.any_deps_match(_REBUILD_DUE)
+).with_label("eager, once no upstream partition is being or due to be rebuilt")
+
 nightly_observation = dg.ScheduleDefinition(
     name="observe_source_files_nightly",
     job=observe_source_files_job,
@@ -25,5 +39,9 @@ rebuild_sensor = dg.AutomationConditionSensorDefinition(
     "rebuild_changed_partitions",
     target=dg.AssetSelection.all(),
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Requests runs for the partitions whose sources or upstream tables changed.",
+    # One run per requested partition, tagged with it, rather than one backfill per tick: a
+    # tick then lists runs that each name their partition (`dagster/partition`).
+    emit_backfills=False,
+    description="Requests one run per partition whose sources or upstream tables changed "
+    "(stages), and the manifest once those runs have finished.",
 )

@@ -1,8 +1,12 @@
-"""Materialize every partition in-process against a Dagster instance and summarize the result.
+"""Run the project's jobs against a Dagster instance and summarize the result.
 
-Used by `radharmony demo`: the runs land in DAGSTER_HOME, so `make ui` shows them.
+Used by `radharmony demo`. The runs are recorded as runs of the project's code location
+(`radharmony_pipeline`, as in workspace.yaml), like runs launched from the UI: the UI's
+Overview timeline and job pages list only runs that name the code location they came from,
+which `execute_in_process` runs do not.
 """
 
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -10,12 +14,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import dagster as dg
+from dagster._core.execution.api import execute_run
+from dagster._core.execution.execution_result import ExecutionResult
+from dagster._core.remote_origin import InProcessCodeLocationOrigin
+from dagster._core.remote_representation.code_location import CodeLocation
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from dagster._utils.hosted_user_process import recon_job_from_origin
 
 from .jobs import ALL_STAGES_JOB, MANIFEST_JOB, OBSERVE_JOB
 from .recovery import free_slots_of_dead_runs, waiting_message
 
 # How often a run blocked on a pool says what it waits for (and re-checks for dead holders).
 WAIT_REPORT_SECONDS = 10.0
+
+# The code location and repository names `make ui` (workspace.yaml) shows the project under.
+CODE_LOCATION = "radharmony_pipeline"
+DEFINITIONS_MODULE = "radharmony_pipeline.definitions"
+REPOSITORY = "__repository__"
 
 
 @dataclass
@@ -26,43 +41,74 @@ class PartitionOutcome:
     checks: dict[str, bool] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     error: str | None = None
+    run_id: str | None = None
 
 
-# The per-event debug log drowns the summary; warnings and errors still print.
-QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+# The per-event debug log drowns the summary; warnings and errors still print. Steps run in
+# the demo's process, one after the other (as `execute_in_process` did).
+RUN_CONFIG = {
+    "loggers": {"console": {"config": {"log_level": "WARNING"}}},
+    "execution": {"config": {"in_process": {}}},
+}
 
 
-def observe_sources(defs: dg.Definitions, instance: dg.DagsterInstance) -> None:
+@contextmanager
+def project_location(instance: dg.DagsterInstance) -> Iterator[CodeLocation]:
+    """The project's code location, loaded in this process under the name the UI uses."""
+    origin = InProcessCodeLocationOrigin(
+        LoadableTargetOrigin(module_name=DEFINITIONS_MODULE, working_directory=os.getcwd()),
+        location_name=CODE_LOCATION,
+    )
+    with origin.create_location(instance) as location:
+        yield location
+
+
+def run_job(
+    location: CodeLocation,
+    instance: dg.DagsterInstance,
+    job_name: str,
+    partition_key: str | None = None,
+    run_id: str | None = None,
+) -> ExecutionResult:
+    """Record a run of one of the project's jobs with its code-location origin, execute it here."""
+    remote_job = location.get_repository(REPOSITORY).get_full_job(job_name)
+    recon_job = recon_job_from_origin(remote_job.get_python_origin())
+    tags = {**remote_job.tags}
+    if partition_key is not None:
+        tags["dagster/partition"] = partition_key
+    run = instance.create_run_for_job(
+        job_def=recon_job.get_definition(),
+        run_config=RUN_CONFIG,
+        tags=tags,
+        remote_job_origin=remote_job.get_remote_origin(),
+        job_code_origin=remote_job.get_python_origin(),
+        run_id=run_id,
+    )
+    return execute_run(recon_job, run, instance)
+
+
+def observe_sources(location: CodeLocation, instance: dg.DagsterInstance) -> None:
     """Record a data version for every partition of `source_files` (what rebuilds compare)."""
-    job = defs.resolve_job_def(OBSERVE_JOB)
-    result = job.execute_in_process(instance=instance, run_config=QUIET)
-    if not result.success:
+    if not run_job(location, instance, OBSERVE_JOB).success:
         raise RuntimeError("observing source_files failed; see the log above")
 
 
 def materialize_partitions(
-    defs: dg.Definitions,
+    location: CodeLocation,
     instance: dg.DagsterInstance,
     partition_keys: Sequence[str],
     on_done: Callable[[PartitionOutcome], None] = lambda outcome: None,
     say: Callable[[str], None] = lambda text: None,
 ) -> list[PartitionOutcome]:
-    """Run the whole asset graph once per partition; one failing partition does not stop others.
+    """One `all_stages` run per partition; one failing partition does not stop the others.
 
     Slots of runs killed earlier on this instance are freed first, and while a run waits for
     a pool slot, `say` is told every few seconds which run holds it."""
-    job = defs.resolve_job_def(ALL_STAGES_JOB)
     outcomes = []
     for key in partition_keys:
         run_id = str(uuid.uuid4())
         with reporting_waits(instance, run_id, say):
-            result = job.execute_in_process(
-                partition_key=key,
-                instance=instance,
-                raise_on_error=False,
-                run_config=QUIET,
-                run_id=run_id,
-            )
+            result = run_job(location, instance, ALL_STAGES_JOB, key, run_id=run_id)
         outcomes.append(_outcome(key, result))
         on_done(outcomes[-1])
     return outcomes
@@ -95,15 +141,13 @@ def reporting_waits(
         watcher.join()
 
 
-def materialize_manifest(defs: dg.Definitions, instance: dg.DagsterInstance) -> PartitionOutcome:
+def materialize_manifest(location: CodeLocation, instance: dg.DagsterInstance) -> PartitionOutcome:
     """Join every materialized partition into the unified manifest (with its checks)."""
-    job = defs.resolve_job_def(MANIFEST_JOB)
-    result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET)
-    return _outcome("unified_manifest", result)
+    return _outcome("unified_manifest", run_job(location, instance, MANIFEST_JOB))
 
 
-def _outcome(key: str, result: dg.ExecuteInProcessResult) -> PartitionOutcome:
-    outcome = PartitionOutcome(partition=key, success=result.success)
+def _outcome(key: str, result: ExecutionResult) -> PartitionOutcome:
+    outcome = PartitionOutcome(partition=key, success=result.success, run_id=result.run_id)
     for event in result.get_asset_materialization_events():
         materialization = event.materialization
         row_count = materialization.metadata.get("dagster/row_count")

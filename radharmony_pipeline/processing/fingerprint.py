@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 
@@ -13,19 +12,16 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def tree_fingerprint(files: Iterable[Path], base: Path) -> str:
-    """Hash of (relative name, size, mtime) of every file: a changed or added image shows.
+def entries_fingerprint(entries: Mapping[str, tuple[int, int]]) -> str:
+    """Hash of (relative name, size, mtime) of every image: a changed or added image shows.
 
     Reading pixels would cost hours on 270K images; size + mtime change whenever a file is
     re-downloaded or replaced, which is what a rebuild must notice.
     """
     digest = hashlib.sha256()
-    entries = []
-    for path in files:
-        stat = os.stat(path)
-        entries.append(f"{path.relative_to(base).as_posix()}\t{stat.st_size}\t{stat.st_mtime_ns}")
-    for entry in sorted(entries):
-        digest.update(entry.encode())
+    for name in sorted(entries):
+        size, mtime_ns = entries[name]
+        digest.update(f"{name}\t{size}\t{mtime_ns}".encode())
         digest.update(b"\n")
     return f"{len(entries)}:{digest.hexdigest()}"
 

@@ -122,6 +122,9 @@ class DatasetSource(ABC):
     # Unified classes this dataset draws masks for (empty: no masks), and whether it has boxes.
     mask_classes: ClassVar[tuple[str, ...]] = ()
     has_boxes: ClassVar[bool] = False
+    # Images the dataset's documentation says have a positive localizable label but no mask,
+    # by native id (the part of `image_id` after `<dataset>/`): expected, not a defect.
+    documented_unmasked_positives: ClassVar[frozenset[str]] = frozenset()
 
     def mask_jobs(
         self, split: str, index: pd.DataFrame, target_for: Callable[[str], MaskTarget]

@@ -106,6 +106,8 @@ chexlocalize/
         "pleural_effusion",
         "support_devices",
     )
+    # The CheXlocalize release notes one test image with positive labels and no segmentation.
+    documented_unmasked_positives = frozenset({"patient65086_study1_view1_frontal"})
     count_hints = {
         "images": "rows of CheXpert/{split}_labels.csv (re-download the CheXpert {split} labels)",
         "patients": "patient folders under CheXpert/{split}/ or rows of {split}_labels.csv",

@@ -2,26 +2,82 @@
 
 import dagster as dg
 
-from ...processing.fingerprint import combined_version, file_sha256, tree_fingerprint
+from ...processing.source_snapshot import (
+    ABSENT,
+    SourceSnapshot,
+    compare,
+    describe_changes,
+    hash_annotation_files,
+    load_snapshot,
+    save_snapshot,
+    stat_images,
+)
 from ...sources import SourceError, parse_partition_key
 from ...sources.base import DatasetSource
 from ..partitions import dataset_split_partitions
-from ..resources import DatasetsResource
+from ..resources import DatasetsResource, OutputsResource
+
+# The tag Dagster reads a source's data version from (what `DataVersionsByPartition` writes).
+DATA_VERSION_TAG = "dagster/data_version"
+# Where the previous observation of each partition is kept, under the output root.
+SNAPSHOT_FOLDER = "observations/source_files"
+# File names listed per kind of change in the metadata (the counts are always complete).
+NAMES_SHOWN = 20
+
+
+def observe_partition(source: DatasetSource, split: str) -> SourceSnapshot:
+    """Hash the split's annotation files and list its images (size + mtime, no pixels)."""
+    annotations = hash_annotation_files(source.annotation_files(split), source.root)
+    try:
+        base = source.image_dir(split)
+        if not base.is_dir():
+            return SourceSnapshot(annotations, {}, f"absent: {base}")
+        return SourceSnapshot(annotations, stat_images(source.image_files(split), base))
+    except SourceError as exc:
+        return SourceSnapshot(annotations, {}, f"unreadable: {exc}")
 
 
 def partition_version(source: DatasetSource, split: str) -> str:
     """Content hash of the annotation files + fingerprint of the image tree of one split."""
-    parts = []
-    for path in source.annotation_files(split):
-        parts.append(file_sha256(path) if path.is_file() else f"absent:{path}")
-    try:
-        base = source.image_dir(split)
-        parts.append(
-            tree_fingerprint(source.image_files(split), base) if base.is_dir() else f"absent:{base}"
-        )
-    except SourceError as exc:
-        parts.append(f"unreadable:{exc}")
-    return combined_version(parts)
+    return observe_partition(source, split).data_version()
+
+
+def observation_metadata(
+    current: SourceSnapshot, previous: SourceSnapshot | None
+) -> dict[str, dg.MetadataValue]:
+    """What changed since last time (first, as the UI lists it), then what was observed."""
+    if previous is None:
+        annotations = images = None
+        summary = "first observation (nothing to compare)"
+    else:
+        annotations = compare(previous.annotations, current.annotations)
+        images = compare(previous.images, current.images)
+        summary = describe_changes(annotations, images)
+    metadata: dict[str, dg.MetadataValue] = {
+        "changes": dg.MetadataValue.text(summary),
+        "annotation_files": dg.MetadataValue.json(dict(current.annotations)),
+        "images": dg.MetadataValue.int(len(current.images)),
+    }
+    if current.image_tree_problem:
+        metadata["image_tree_problem"] = dg.MetadataValue.text(current.image_tree_problem)
+    missing = [name for name, digest in current.annotations.items() if digest == ABSENT]
+    if missing:
+        metadata["annotation_files_missing"] = dg.MetadataValue.json(missing)
+    if annotations is None or images is None:
+        return metadata
+    metadata["annotation_files_changed"] = dg.MetadataValue.json(
+        {
+            "added": annotations.added,
+            "removed": annotations.removed,
+            "modified": annotations.modified,
+        }
+    )
+    for kind in ("added", "removed", "modified"):
+        names = getattr(images, kind)
+        metadata[f"images_{kind}"] = dg.MetadataValue.int(len(names))
+        if names:
+            metadata[f"images_{kind}_names"] = dg.MetadataValue.json(names[:NAMES_SHOWN])
+    return metadata
 
 
 SOURCE_KINDS = ("jpeg", "png", "dicom", "json", "csv")
@@ -33,17 +89,41 @@ SOURCE_KINDS = ("jpeg", "png", "dicom", "json", "csv")
     description=(
         "The dataset files as downloaded. Each partition's data version hashes its annotation "
         "files' content and fingerprints its image tree (names, sizes, modification times), "
-        "so a re-download or a replaced image marks exactly that partition as changed."
+        "so a re-download or a replaced image marks exactly that partition as changed. Each "
+        "observation lists the annotation files with their hashes, the image count, and what "
+        "was added, removed or modified since the previous observation (`changes`)."
     ),
     # Observable sources take kinds as tags (the `kinds=` argument is not kept for them).
     tags={"stage": "sources", **{f"dagster/kind/{kind}": "" for kind in SOURCE_KINDS}},
 )
 def source_files(
-    context: dg.AssetExecutionContext, datasets: DatasetsResource
+    context: dg.AssetExecutionContext, datasets: DatasetsResource, outputs: OutputsResource
 ) -> dg.DataVersionsByPartition:
-    versions = {}
+    snapshots = outputs.local_root() / SNAPSHOT_FOLDER
+    changed = []
     for partition_key in dataset_split_partitions.get_partition_keys():
         dataset, split = parse_partition_key(partition_key)
-        versions[partition_key] = partition_version(datasets.source(dataset), split)
-    context.log.info(f"observed {len(versions)} partitions")
-    return dg.DataVersionsByPartition(versions)
+        source = datasets.source(dataset)
+        current = observe_partition(source, split)
+        path = snapshots / f"{partition_key}.json.gz"
+        previous = load_snapshot(path)
+        version = current.data_version()
+        # Logged here rather than returned: `DataVersionsByPartition` carries no metadata, and
+        # the observation a user opens should say what it saw and what changed.
+        context.log_event(
+            dg.AssetObservation(
+                asset_key=context.asset_key,
+                partition=partition_key,
+                tags={DATA_VERSION_TAG: version},
+                metadata=observation_metadata(current, previous),
+            )
+        )
+        save_snapshot(current, path)
+        if previous is not None and previous.data_version() != version:
+            changed.append(partition_key)
+    context.log.info(
+        f"observed {len(dataset_split_partitions.get_partition_keys())} partitions; "
+        f"changed since the previous observation: {', '.join(changed) or 'none'}"
+    )
+    # Every observation is already logged above, with its data version.
+    return dg.DataVersionsByPartition({})
