@@ -7,9 +7,14 @@ from .defs.assets.images import images
 from .defs.assets.index_and_labels import raw_index_and_labels
 from .defs.assets.manifest import unified_manifest
 from .defs.assets.masks import masks
+from .defs.assets.near_duplicates import near_duplicates
 from .defs.assets.source_files import source_files
 from .defs.automation import nightly_observation, rebuild_sensor
 from .defs.checks.counts import counts_match_documentation
+from .defs.checks.duplicates import (
+    near_duplicates_across_splits,
+    no_identical_images_across_train_and_test,
+)
 from .defs.checks.expectations import labels_suite, raw_index_suite
 from .defs.checks.manifest import (
     manifest_paths_exist,
@@ -36,7 +41,15 @@ from .defs.resources import DatasetsResource, OutputsResource
 outputs = OutputsResource()
 
 defs = dg.Definitions(
-    assets=[source_files, raw_index_and_labels, masks, bboxes, images, unified_manifest],
+    assets=[
+        source_files,
+        raw_index_and_labels,
+        masks,
+        bboxes,
+        images,
+        unified_manifest,
+        near_duplicates,
+    ],
     asset_checks=[
         counts_match_documentation,
         raw_index_suite,
@@ -50,6 +63,8 @@ defs = dg.Definitions(
         manifest_paths_exist,
         manifest_suite,
         no_patient_in_train_and_test,
+        no_identical_images_across_train_and_test,
+        near_duplicates_across_splits,
     ],
     jobs=[observe_source_files_job, all_stages_job, index_and_labels_job, manifest_job],
     schedules=[nightly_observation],
