@@ -308,3 +308,28 @@ def count_test_images_with_train_duplicate(members: pd.DataFrame, dataset: str) 
     own = members[members["dataset"] == dataset]
     train_groups = set(own.loc[own["split"] == "train", "group_id"])
     return int(((own["split"] == "test") & own["group_id"].isin(train_groups)).sum())
+
+
+def with_duplicate_groups(manifest: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame:
+    """The manifest with `duplicate_group`: the image's near-duplicate group id, else null."""
+    groups = dict(zip(members["image_id"], members["group_id"], strict=True))
+    return manifest.assign(
+        duplicate_group=pd.Series(manifest["image_id"].map(groups), dtype="string")
+    )
+
+
+def without_cross_split_groups(manifest: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose duplicate group has no member in another split (of any dataset)."""
+    grouped = manifest.dropna(subset=["duplicate_group"])
+    splits = grouped.groupby("duplicate_group")["split"].nunique()
+    spanning = set(splits[splits > 1].index)
+    return manifest[~manifest["duplicate_group"].isin(spanning).fillna(False).to_numpy(bool)]
+
+
+def one_per_duplicate_group(manifest: pd.DataFrame) -> pd.DataFrame:
+    """Rows with each duplicate group reduced to its smallest `image_id` (others untouched)."""
+    keep = manifest["duplicate_group"].isna().to_numpy(bool)
+    grouped = manifest.loc[~keep].sort_values("image_id")
+    first = grouped.drop_duplicates("duplicate_group").index
+    keep[manifest.index.get_indexer(first)] = True
+    return manifest[keep]

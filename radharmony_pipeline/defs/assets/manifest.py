@@ -3,12 +3,13 @@
 import dagster as dg
 import pandas as pd
 
+from ...processing.duplicates import with_duplicate_groups
 from ...processing.manifest import MANIFEST_COLUMNS, combine, partition_manifest
 from ...processing.vocabulary import LABEL_COLUMNS
 from ..automation import REBUILD_WHEN_CHANGED
 from ..partitions import OWNERS
 
-CODE_VERSION = "1"
+CODE_VERSION = "2"  # 2: duplicate_group from near_duplicates
 UPSTREAM = ("raw_index", "labels", "masks", "bboxes", "images")
 
 # Where each manifest column comes from (shown as column lineage in the UI).
@@ -41,12 +42,14 @@ _SOURCES = {
             metadata={"allow_missing_partitions": True},
         )
         for name in UPSTREAM
-    },
+    }
+    | {"near_duplicates": dg.AssetIn("near_duplicates")},
     description=(
         "One row per usable image of every materialized partition: ids, split, view, source "
         "and resized paths, packed-array row, masks, boxes in the source frame (`bboxes`) and "
         "in the resized frame (`bboxes_resized`, letterbox padding included), phrases, report "
-        "and the 21 unified label columns. Images whose stage errored are left out and "
+        "and the 21 unified label columns, and `duplicate_group` (the image's group in "
+        "`near_duplicates`, else null). Images whose stage errored are left out and "
         "counted by reason."
     ),
     automation_condition=REBUILD_WHEN_CHANGED,
@@ -60,6 +63,7 @@ def unified_manifest(
     masks: dict[str, pd.DataFrame],
     bboxes: dict[str, pd.DataFrame],
     images: dict[str, pd.DataFrame],
+    near_duplicates: pd.DataFrame,
 ) -> dg.Output[pd.DataFrame]:
     complete = sorted(set(raw_index) & set(labels) & set(masks) & set(bboxes) & set(images))
     parts, excluded = {}, {}
@@ -72,7 +76,7 @@ def unified_manifest(
             bboxes[partition],
             images[partition],
         )
-    manifest = combine(parts)
+    manifest = with_duplicate_groups(combine(parts), near_duplicates)
     context.log.info(f"{len(manifest)} images from {len(complete)} partitions")
     return dg.Output(
         manifest,
@@ -86,6 +90,13 @@ def unified_manifest(
                     for asset, columns in _SOURCES.items()
                     for column in columns
                     if column in MANIFEST_COLUMNS
+                }
+                | {
+                    "duplicate_group": [
+                        dg.TableColumnDep(
+                            asset_key=dg.AssetKey("near_duplicates"), column_name="group_id"
+                        )
+                    ]
                 }
             ),
         },

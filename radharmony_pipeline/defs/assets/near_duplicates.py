@@ -85,9 +85,7 @@ def example_sheet(members: pd.DataFrame, root: Path) -> dict:
     """Up to six groups side by side (those spanning the most partitions first)."""
     if members.empty:
         return {}
-    spans = members.drop_duplicates("group_id").assign(
-        width=lambda f: f["group_splits"].map(len)
-    )
+    spans = members.drop_duplicates("group_id").assign(width=lambda f: f["group_splits"].map(len))
     chosen = spans.sort_values(["width", "group_id"], ascending=[False, True])["group_id"]
     samples = []
     for group_id in chosen.head(SHEET_GROUPS):
