@@ -328,7 +328,7 @@ def without_cross_split_groups(manifest: pd.DataFrame) -> pd.DataFrame:
 
 def one_per_duplicate_group(manifest: pd.DataFrame) -> pd.DataFrame:
     """Rows with each duplicate group reduced to its smallest `image_id` (others untouched)."""
-    keep = manifest["duplicate_group"].isna().to_numpy(bool)
+    keep = np.array(manifest["duplicate_group"].isna(), dtype=bool)
     grouped = manifest.loc[~keep].sort_values("image_id")
     first = grouped.drop_duplicates("duplicate_group").index
     keep[manifest.index.get_indexer(first)] = True
