@@ -32,7 +32,7 @@ BLOCKS = HASH_BITS // BLOCK_BITS
 # Tuned on planted copies vs distinct radiographs (docs/design-notes.md, "Near duplicates").
 DEFAULT_RADIUS = 15
 # Candidate pairs are checked this many at a time, so memory stays bounded for large buckets.
-_CANDIDATE_CHUNK = 2_000_000
+_CANDIDATE_CHUNK = 250_000
 
 KINDS = ("identical_file", "identical_pixels", "near")
 
