@@ -8,6 +8,7 @@ from .defs.assets.index_and_labels import raw_index_and_labels
 from .defs.assets.manifest import unified_manifest
 from .defs.assets.masks import masks
 from .defs.assets.near_duplicates import near_duplicates
+from .defs.assets.profile import corpus_profile, partition_profile
 from .defs.assets.source_files import source_files
 from .defs.automation import nightly_observation, rebuild_sensor
 from .defs.checks.counts import counts_match_documentation
@@ -49,6 +50,8 @@ defs = dg.Definitions(
         images,
         unified_manifest,
         near_duplicates,
+        partition_profile,
+        corpus_profile,
     ],
     asset_checks=[
         counts_match_documentation,

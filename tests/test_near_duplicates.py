@@ -9,6 +9,7 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 import pytest
+from PIL import Image
 
 from radharmony_pipeline.definitions import defs
 from radharmony_pipeline.defs.assets.source_files import source_files
@@ -246,3 +247,32 @@ def test_multi_index_search_equals_brute_force():
 def test_radius_beyond_blocks_is_refused():
     with pytest.raises(ValueError, match="radius"):
         group_fingerprints(np.zeros((2, 4), dtype=np.uint64), radius=16)
+
+
+def test_profiles_are_pictures_of_every_partition_and_the_corpus(demo_like):
+    _, output, _, joined = demo_like
+    folder = output / "previews" / "profile"
+    for name in [*partition_keys(), "corpus"]:
+        with Image.open(folder / f"{name}.png") as image:
+            assert image.format == "PNG" and image.width > 1000 and image.height > 500
+    corpus = next(
+        e.materialization
+        for e in joined.get_asset_materialization_events()
+        if e.materialization.asset_key == dg.AssetKey("corpus_profile")
+    )
+    assert corpus.metadata["profile_inline"].value.startswith("![profile of corpus](data:image/png")
+    prevalence = pd.read_parquet(output / "tables" / "corpus_profile.parquet")
+    manifest = pd.read_parquet(output / "tables" / "unified_manifest.parquet")
+    chestx = prevalence[(prevalence["dataset"] == "chestx_det") & (prevalence["label"] == "nodule")]
+    rows = manifest[manifest["dataset"] == "chestx_det"]
+    assert int(chestx["positive"].iloc[0]) == int((rows["label_nodule"] == 1).sum())
+    assert int(chestx["not_annotated"].iloc[0]) == 0
+    rex = prevalence[prevalence["dataset"] == "rexgradient"]
+    assert (rex["positive"] == 0).all() and (rex["not_annotated"] > 0).all()
+
+
+def test_near_duplicate_sheet_shows_groups(demo_like):
+    _, output, members, joined = demo_like
+    with Image.open(output / "previews" / "near_duplicates" / "examples.png") as sheet:
+        assert sheet.width == 4 * 224
+        assert sheet.height > members["group_id"].nunique() * 224
