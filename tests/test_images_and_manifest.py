@@ -108,7 +108,7 @@ def test_manifest_has_the_contract_columns_and_every_usable_image(corpus):
         if evaluation.severity == dg.AssetCheckSeverity.ERROR:
             assert evaluation.passed, (evaluation.check_name, evaluation.metadata)
     manifest = pd.read_parquet(output / "tables" / "unified_manifest.parquet")
-    assert list(manifest.columns) == list(MANIFEST_COLUMNS)
+    assert list(manifest.columns) == [*MANIFEST_COLUMNS, "duplicate_group"]
     images = sum(
         len(pd.read_parquet(output / "tables" / "raw_index" / f"{k}.parquet")) for k in first
     )

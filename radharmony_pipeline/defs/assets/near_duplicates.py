@@ -20,6 +20,7 @@ CODE_VERSION = "1"
 SHEET = "previews/near_duplicates/examples.png"
 SHEET_GROUPS = 6
 SHEET_MEMBERS = 4
+_KIND_LABELS = {"identical_file": "same file", "identical_pixels": "same pixels", "near": "near"}
 
 
 @dg.asset(
@@ -94,7 +95,7 @@ def example_sheet(members: pd.DataFrame, root: Path) -> dict:
             with Image.open(root / row.image_path) as image:
                 pixels = np.asarray(image.convert("L"))
             title = (
-                f"{group_id[-6:]} {row.dataset}.{row.split} {row.kind} "
+                f"{row.dataset}.{row.split} {_KIND_LABELS[row.kind]} "
                 f"d={row.distance_to_representative}"
             )
             samples.append(PreviewSample(title=title, image=pixels))
