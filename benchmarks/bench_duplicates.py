@@ -119,7 +119,7 @@ def main() -> None:
     print(
         f"multi-index hashing: {elapsed:.2f} s for all; {grouping.candidate_pairs:,} candidate "
         f"pairs compared ({grouping.candidate_pairs / len(words):.1f} per fingerprint), "
-        f"{grouping.edges:,} within radius"
+        f"{grouping.edges:,} within radius (a pair counts once per block it shares)"
     )
     print(
         f"  planted pairs grouped: {grouped_pairs:,} / {len(pairs):,}; identical group in one "
