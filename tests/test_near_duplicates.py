@@ -272,7 +272,7 @@ def test_profiles_are_pictures_of_every_partition_and_the_corpus(demo_like):
 
 
 def test_near_duplicate_sheet_shows_groups(demo_like):
-    _, output, members, joined = demo_like
+    _, output, members, _ = demo_like
     with Image.open(output / "previews" / "near_duplicates" / "examples.png") as sheet:
         assert sheet.width == 4 * 224
         assert sheet.height > members["group_id"].nunique() * 224
