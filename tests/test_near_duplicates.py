@@ -106,7 +106,7 @@ def test_kinds_and_spans(planted):
     data, _, members, _ = planted
     kind = dict(zip(members["image_id"], members["kind"], strict=True))
     for plant in read_truth(data):
-        expected = {"copy": "identical_file"}.get(plant["transform"])
+        expected = {"copy": "identical_file", "as_png": "identical_pixels"}.get(plant["transform"])
         if expected:
             assert kind[plant["source_id"]] == kind[plant["target_id"]] == expected
         elif plant["transform"] == "shifted":
@@ -276,3 +276,24 @@ def test_near_duplicate_sheet_shows_groups(demo_like):
     with Image.open(output / "previews" / "near_duplicates" / "examples.png") as sheet:
         assert sheet.width == 4 * 224
         assert sheet.height > members["group_id"].nunique() * 224
+
+
+def test_a_large_identical_group_across_splits_is_one_line_per_test_image():
+    n = 2_000
+    frame = pd.DataFrame(
+        {
+            "image_id": [f"rexgradient/{i:05d}" for i in range(n)],
+            "dataset": "rexgradient",
+            "split": ["train" if i % 2 else "test" for i in range(n)],
+            "image_path": "x.png",
+            "perceptual_hash": "ab" * 32,
+            "source_sha256": "same",
+            "pixels_sha256": "same",
+        }
+    )
+    members = near_duplicate_members(frame)
+    assert len(members) == n and members["group_id"].nunique() == 1
+    assert (members["kind"] == "identical_file").all()
+    leaks = train_test_leaks(members)
+    assert len(leaks) == n // 2 and all(leak.identical for leak in leaks)
+    assert {leak.test_id for leak in leaks} == set(frame.loc[frame["split"] == "test", "image_id"])

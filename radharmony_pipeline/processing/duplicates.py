@@ -264,8 +264,8 @@ class SplitLeak:
 def train_test_leaks(members: pd.DataFrame) -> list[SplitLeak]:
     """Train/test pairs inside groups; `identical` when both are the same file or pixels.
 
-    One pair per (group, test image): the train member it is identical to if any, else the
-    group's first train member, so a large group yields n pairs, not n².
+    One pair per (group, test image): the train member it is identical to if any (looked up
+    by digest), else the group's first train member, so a group of n costs O(n), never n².
     """
     leaks = []
     for group_id, group in members.groupby("group_id", sort=True):
@@ -273,22 +273,17 @@ def train_test_leaks(members: pd.DataFrame) -> list[SplitLeak]:
         test = group[group["split"] == "test"]
         if train.empty or test.empty:
             continue
-        for test_row in test.itertuples(index=False):
-            twin = _identical_member(train, test_row)
-            chosen = twin if twin is not None else train.iloc[0]
+        by_file = dict(zip(train["source_sha256"][::-1], train["image_id"][::-1], strict=True))
+        by_pixels = dict(zip(train["pixels_sha256"][::-1], train["image_id"][::-1], strict=True))
+        first_train = str(train["image_id"].iloc[0])
+        for test_id, source_sha, pixels_sha in zip(
+            test["image_id"], test["source_sha256"], test["pixels_sha256"], strict=True
+        ):
+            twin = by_file.get(source_sha) or by_pixels.get(pixels_sha)
             leaks.append(
-                SplitLeak(str(chosen["image_id"]), test_row.image_id, group_id, twin is not None)
+                SplitLeak(str(twin or first_train), str(test_id), str(group_id), twin is not None)
             )
     return leaks
-
-
-def _identical_member(train: pd.DataFrame, test_row) -> pd.Series | None:
-    # The kind only says a member has some identical partner; check this pair's digests.
-    same = train[
-        (train["source_sha256"] == test_row.source_sha256)
-        | (train["pixels_sha256"] == test_row.pixels_sha256)
-    ]
-    return None if same.empty else same.iloc[0]
 
 
 def partition_pair_counts(members: pd.DataFrame) -> dict[str, int]:

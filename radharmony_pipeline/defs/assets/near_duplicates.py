@@ -75,6 +75,13 @@ def corpus_images(images: dict[str, pd.DataFrame]) -> pd.DataFrame:
                 description=f"images of {partition} have no perceptual_hash column; "
                 "rematerialize `images` for that partition"
             )
+        unhashed = ok["perceptual_hash"].isna()
+        if unhashed.any():
+            raise dg.Failure(
+                description=f"{int(unhashed.sum())} images of {partition} have no perceptual "
+                f"hash (e.g. {ok.loc[unhashed, 'image_id'].iloc[0]}); rematerialize `images` "
+                "for that partition"
+            )
         ok["dataset"], ok["split"] = dataset, split
         frames.append(ok)
     if not frames:
