@@ -57,8 +57,9 @@ def label_prevalence(tables: CorpusTables) -> pd.DataFrame:
     ).astype({"dataset": "string", "label": "string"})
 
 
-def profile_png(tables: CorpusTables, title: str, dpi: int = 80) -> bytes:
-    """The profile as PNG bytes: a grid of panels, `COLUMNS` wide."""
+def profile_pngs(tables: CorpusTables, title: str, dpis: tuple[int, ...]) -> list[bytes]:
+    """The profile as PNG bytes at each resolution in `dpis`: a grid of panels, `COLUMNS`
+    wide (drawn once, saved once per resolution)."""
     prevalence = label_prevalence(tables)
     datasets = list(dict.fromkeys(prevalence["dataset"]))
     cooccurring = _fully_annotated(tables)
@@ -90,11 +91,14 @@ def profile_png(tables: CorpusTables, title: str, dpi: int = 80) -> bytes:
             ax.axis("off")
         figure.suptitle(title, fontsize=13)
         figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=dpi)
+        pictures = []
+        for dpi in dpis:
+            buffer = io.BytesIO()
+            figure.savefig(buffer, format="png", dpi=dpi)
+            pictures.append(buffer.getvalue())
     finally:
         plt.close(figure)
-    return buffer.getvalue()
+    return pictures
 
 
 def _empty(ax: Axes, text: str) -> None:

@@ -7,12 +7,15 @@ import dagster as dg
 import pandas as pd
 
 from ...processing.atomic import write_atomically
-from ...processing.profile_plots import CorpusTables, label_prevalence, profile_png
+from ...processing.profile_plots import CorpusTables, label_prevalence, profile_pngs
 from ..automation import REBUILD_WHEN_CHANGED
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import OutputsResource
 
 CODE_VERSION = "1"
+FILE_DPI = 100
+# The UI shows inline metadata in a dialog about 1,000 pixels wide: the 4-panel rows fit.
+INLINE_DPI = 56
 STAGES = ("raw_index", "labels", "masks", "bboxes", "images")
 DESCRIPTION = (
     "label prevalence per unified class (positive / negative / not annotated, per dataset), "
@@ -86,10 +89,10 @@ def corpus_profile(
 def _profile(tables: CorpusTables, name: str, outputs: OutputsResource) -> dg.Output:
     root = outputs.local_root()
     path = root / "previews" / "profile" / f"{name}.png"
-    png = profile_png(tables, f"RadHarmony profile: {name} ({len(tables.raw_index):,} images)")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    title = f"RadHarmony profile: {name} ({len(tables.raw_index):,} images)"
+    png, small = profile_pngs(tables, title, dpis=(FILE_DPI, INLINE_DPI))
     write_atomically(path, lambda temp: temp.write_bytes(png))
-    inline = f"![profile of {name}](data:image/png;base64,{base64.b64encode(png).decode()})"
+    inline = f"![profile of {name}](data:image/png;base64,{base64.b64encode(small).decode()})"
     return dg.Output(
         label_prevalence(tables),
         metadata={
