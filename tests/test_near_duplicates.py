@@ -297,3 +297,12 @@ def test_a_large_identical_group_across_splits_is_one_line_per_test_image():
     leaks = train_test_leaks(members)
     assert len(leaks) == n // 2 and all(leak.identical for leak in leaks)
     assert {leak.test_id for leak in leaks} == set(frame.loc[frame["split"] == "test", "image_id"])
+
+
+def test_no_usable_images_gives_an_empty_typed_table():
+    columns = ["image_id", "dataset", "split", "image_path", "perceptual_hash"]
+    frame = pd.DataFrame({c: pd.Series(dtype="string") for c in columns})
+    frame["source_sha256"] = frame["pixels_sha256"] = pd.Series(dtype="string")
+    members = near_duplicate_members(frame)
+    assert members.empty and members["group_size"].dtype == "int64"
+    assert train_test_leaks(members) == []

@@ -57,7 +57,7 @@ def hashes_to_words(hex_hashes: pd.Series | list[str]) -> np.ndarray:
             f"(rematerialize `images` to compute them)"
         )
     raw = bytes.fromhex("".join(strings))
-    return np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(len(strings), -1)
+    return np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(len(strings), HASH_BITS // 64)
 
 
 def hamming(a: np.ndarray, b: np.ndarray) -> np.ndarray:
