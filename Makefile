@@ -59,6 +59,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_index.py
 	$(BIN)/python benchmarks/bench_masks.py
 	$(BIN)/python benchmarks/bench_images.py
+	$(BIN)/python benchmarks/bench_duplicates.py
 
 clean-demo:
 	rm -rf data/demo data/output

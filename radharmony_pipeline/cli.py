@@ -117,9 +117,10 @@ def _demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("DAGSTER_HOME", str(Path("dagster_home").resolve()))
     if not data_root.exists():
         from .synthetic import generate_datasets
+        from .synthetic.duplicates import DEMO_DUPLICATES
 
         print(f"generating the demo datasets in {data_root} ...")
-        generate_datasets(data_root, scale="small", seed=0)
+        generate_datasets(data_root, scale="small", seed=0, duplicates=DEMO_DUPLICATES)
 
     import dagster as dg
 

@@ -52,8 +52,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 from PIL import Image
 
+from radharmony_pipeline.processing.duplicates import (
+    one_per_duplicate_group,
+    without_cross_split_groups,
+)
 from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
 
 try:  # torch is optional: without it samples are numpy arrays.
@@ -82,6 +87,8 @@ MANIFEST_COLUMNS: tuple[str, ...] = (
     *LABEL_COLUMNS,
 )
 TENSOR_FIELDS: tuple[str, ...] = ("img", "mask", "cls", "bboxes")
+# Needed only by the duplicate options (manifests built before issue 11 lack it).
+DUPLICATE_COLUMNS: tuple[str, ...] = ("duplicate_group",)
 
 
 class ManifestDataset(_DatasetBase):
@@ -91,6 +98,10 @@ class ManifestDataset(_DatasetBase):
     `output_root`: the folder the manifest's paths are relative to; by default the parent of
     the manifest's `tables/` folder. `datasets`, `splits`, `view_positions`: keep rows whose
     value is one of these (a string or a collection); None keeps all.
+    `drop_cross_split_duplicates`: leave out every image whose near-duplicate group
+    (`duplicate_group`) has a member in another split, of any dataset (decided on the whole
+    manifest, before the filters). `one_per_duplicate_group`: of the rows kept, keep only the
+    smallest `image_id` of each group.
     """
 
     def __init__(
@@ -101,11 +112,18 @@ class ManifestDataset(_DatasetBase):
         splits: Filter = None,
         view_positions: Filter = None,
         use_packed: bool = True,
+        drop_cross_split_duplicates: bool = False,
+        one_per_duplicate_group: bool = False,
     ) -> None:
         self.output_root = _output_root(manifest, output_root)
-        table = _read_manifest(manifest)
+        deduplicating = drop_cross_split_duplicates or one_per_duplicate_group
+        table = _read_manifest(manifest, DUPLICATE_COLUMNS if deduplicating else ())
+        if drop_cross_split_duplicates:
+            table = without_cross_split_groups(table)
         filters = {"dataset": datasets, "split": splits, "view_position": view_positions}
         self.table = _filtered(table, filters)
+        if one_per_duplicate_group:
+            self.table = _one_per_group(self.table)
         self.use_packed = use_packed
         # Done once for all rows: per-sample pandas conversions would dominate __getitem__.
         self._labels = _label_matrix(self.table)
@@ -178,12 +196,16 @@ def _output_root(manifest: str | Path | pd.DataFrame, output_root: str | Path | 
     return Path(manifest).resolve().parent.parent
 
 
-def _read_manifest(manifest: str | Path | pd.DataFrame) -> pd.DataFrame:
+def _read_manifest(
+    manifest: str | Path | pd.DataFrame, extra: tuple[str, ...] = ()
+) -> pd.DataFrame:
+    wanted = [*MANIFEST_COLUMNS, *extra]
     if isinstance(manifest, pd.DataFrame):
         table = manifest
     else:
-        table = pd.read_parquet(manifest, columns=list(MANIFEST_COLUMNS))
-    missing = [column for column in MANIFEST_COLUMNS if column not in table.columns]
+        present = set(pq.read_schema(manifest).names)
+        table = pd.read_parquet(manifest, columns=[c for c in wanted if c in present])
+    missing = [column for column in wanted if column not in table.columns]
     if missing:
         raise ValueError(f"manifest lacks columns {missing}; is it a unified_manifest table?")
     return table
@@ -200,6 +222,10 @@ def _filtered(table: pd.DataFrame, filters: dict[str, Filter]) -> pd.DataFrame:
             f"no manifest row matches {_describe(filters)}; available: {_available(table, filters)}"
         )
     return table.loc[keep].reset_index(drop=True)
+
+
+def _one_per_group(table: pd.DataFrame) -> pd.DataFrame:
+    return one_per_duplicate_group(table).reset_index(drop=True)
 
 
 def _as_set(wanted: str | Collection[str]) -> set[str]:

@@ -48,6 +48,9 @@ ASSET_GROUPS = {
     "bboxes": "bboxes",
     "images": "images",
     "unified_manifest": "manifest",
+    "near_duplicates": "manifest",
+    "corpus_profile": "manifest",
+    "partition_profile": "profile",
 }
 CHECKED_ASSETS = ("raw_index", "labels", "masks", "bboxes", "images")
 RUN_TIMEOUT = 240.0

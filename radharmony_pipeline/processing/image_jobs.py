@@ -21,6 +21,7 @@ from PIL import Image
 
 from .atomic import temporary_sibling, write_atomically
 from .decode import DecodeError, decode_grayscale
+from .duplicates import perceptual_hash, pixels_sha256
 from .fingerprint import file_sha256
 from .geometry import ResizeGeometry, resize_image, resize_mask
 from .image_files import confined
@@ -30,7 +31,7 @@ from .supervised import TimeLimit
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
 
 # Bumped when decoding or resizing changes, so every image is redone once.
-IMAGE_CODE_VERSION = "1"
+IMAGE_CODE_VERSION = "2"  # 2: perceptual hash and pixel digest (issue 11)
 GeometryFunction = Callable[[int, int, int], ResizeGeometry]
 
 
@@ -48,6 +49,8 @@ class ImageRow:
     tensor_index: int
     source_sha256: str | None
     resize: str
+    perceptual_hash: str | None = None
+    pixels_sha256: str | None = None
     status: str = "ok"
     error: str | None = None
     decoded: bool = False
@@ -132,6 +135,7 @@ class ImageJob:
             "pad_top": str(geometry.pad_top),
             "pad_left": str(geometry.pad_left),
             "source_sha256": file_sha256(self.source_file),
+            **content_fingerprints(pixels, geometry),
         }
         write_tagged_png(
             self.output_root / self.image_relative, lambda: Image.fromarray(pixels), key, tags
@@ -168,6 +172,8 @@ class ImageJob:
             tensor_index=self.row,
             source_sha256=tags["source_sha256"],
             resize=self.resize_mode,
+            perceptual_hash=tags.get("perceptual_hash"),
+            pixels_sha256=tags.get("pixels_sha256"),
             decoded=decoded,
         )
 
@@ -188,6 +194,14 @@ class ImageJob:
             status="error",
             error=message,
         )
+
+
+def content_fingerprints(pixels: np.ndarray, geometry: ResizeGeometry) -> dict[str, str]:
+    """Perceptual hash of the image without its padding, and a digest of its pixels; kept in
+    the PNG header with the input key, so they are recomputed only when the image is."""
+    top, left = geometry.pad_top, geometry.pad_left
+    content = pixels[top : top + geometry.resized_height, left : left + geometry.resized_width]
+    return {"perceptual_hash": perceptual_hash(content), "pixels_sha256": pixels_sha256(pixels)}
 
 
 @functools.lru_cache(maxsize=2)
@@ -291,6 +305,8 @@ IMAGE_COLUMNS = (
     "tensor_index",
     "source_sha256",
     "resize",
+    "perceptual_hash",
+    "pixels_sha256",
     "status",
     "error",
     "decoded",
@@ -314,6 +330,8 @@ def image_table(rows: Sequence[ImageRow]) -> pd.DataFrame:
             "tensor_index": "int64",
             "source_sha256": "string",
             "resize": "string",
+            "perceptual_hash": "string",
+            "pixels_sha256": "string",
             "status": "string",
             "error": "string",
             "decoded": "bool",

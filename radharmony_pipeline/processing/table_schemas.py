@@ -17,7 +17,7 @@ import pyarrow as pa
 from .vocabulary import INDEX_COLUMNS, LABEL_COLUMNS, UNIFIED_LABELS
 
 # Written into each file's key-value metadata; bumped whenever a declaration changes.
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 SCHEMA_VERSION_KEY = b"radharmony.schema_version"
 TABLE_NAME_KEY = b"radharmony.table"
 
@@ -214,6 +214,13 @@ IMAGES = TableSchema(
         col("tensor_index", INT64, "Row of the image in the partition's packed .npy array"),
         col("source_sha256", STRING, "SHA-256 of the source file"),
         col("resize", STRING, "letterbox or squash"),
+        col(
+            "perceptual_hash",
+            STRING,
+            "256-bit dHash of the resized image without padding (64 hex digits); finds "
+            "re-encoded and near-identical copies",
+        ),
+        col("pixels_sha256", STRING, "SHA-256 of the resized S×S pixels"),
         _STATUS,
         _ERROR,
     ),
@@ -249,6 +256,12 @@ UNIFIED_MANIFEST = TableSchema(
         col("patient_sex", STRING, "M or F; null when unknown"),
         col("patient_age_years", FLOAT64, "Age in years; null when unknown"),
         col("study_date", TIMESTAMP, "Study date; null when unknown"),
+        col(
+            "duplicate_group",
+            STRING,
+            "The image's group in near_duplicates (same or nearly the same pixels as another "
+            "image); null when it has none",
+        ),
     ),
 )
 

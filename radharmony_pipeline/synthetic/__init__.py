@@ -14,6 +14,7 @@ from types import ModuleType
 
 from radharmony_pipeline.sources import SOURCE_TYPES
 from radharmony_pipeline.synthetic import ms_cxr, rexgradient
+from radharmony_pipeline.synthetic.duplicates import PlantedDuplicate, plant_duplicates
 from radharmony_pipeline.synthetic.files import staged_roots
 
 # Every registered dataset has its generator here, in the module named like its key.
@@ -36,13 +37,15 @@ def generate_datasets(
     seed: int = 0,
     datasets: Sequence[str] | None = None,
     mimic_format: str = "mixed",
+    duplicates: Sequence[PlantedDuplicate] = (),
 ) -> dict[str, Path]:
     """Write the chosen datasets (default all) under `out`; return {dataset_key: dataset_root}.
 
     `scale` is tiny (tests: a few seconds for all four) or small (the demo); `mimic_format`
     picks jpg, dcm or mixed (per-file) for the MIMIC-CXR images under MS-CXR. The same seed
     gives byte-identical files. Each dataset is built in a hidden staging folder and swapped
-    into place whole, so a crash never leaves half a dataset.
+    into place whole, so a crash never leaves half a dataset. `duplicates` are planted once
+    every dataset is written, and listed in `out/duplicates_truth.json`.
     """
     chosen = _validated(scale, seed, datasets, mimic_format)
     out = Path(out)
@@ -57,6 +60,8 @@ def generate_datasets(
                 stage, scale, seed, **{k: v for k, v in options.items() if k in accepted}
             )
         roots[name] = out / staged_root.relative_to(stage)
+    if duplicates:
+        plant_duplicates(out, duplicates)
     return roots
 
 

@@ -3,6 +3,7 @@
 import dagster as dg
 import pandas as pd
 
+from ...processing.duplicates import with_duplicate_groups
 from ...processing.manifest import MANIFEST_COLUMNS, combine, partition_manifest
 from ...processing.table_schemas import UNIFIED_MANIFEST
 from ...processing.vocabulary import LABEL_COLUMNS
@@ -10,7 +11,7 @@ from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..metadata import definition_metadata
 from ..partitions import OWNERS
 
-CODE_VERSION = "1"
+CODE_VERSION = "2"  # 2: duplicate_group from near_duplicates
 UPSTREAM = ("raw_index", "labels", "masks", "bboxes", "images")
 
 _BOX_EDGES = ("y_min", "y_max", "x_min", "x_max")
@@ -44,6 +45,7 @@ _COLUMN_SOURCES: dict[str, tuple[tuple[str, str], ...]] = {
         *(("bboxes", edge) for edge in _BOX_EDGES),
         *(("images", column) for column in ("orig_height", "orig_width", "size", "resize")),
     ),
+    "duplicate_group": (("near_duplicates", "group_id"),),
 }
 
 
@@ -85,12 +87,14 @@ def column_lineage_markdown() -> str:
             metadata={"allow_missing_partitions": True},
         )
         for name in UPSTREAM
-    },
+    }
+    | {"near_duplicates": dg.AssetIn("near_duplicates")},
     description=(
         "One row per usable image of every materialized partition: ids, split, view, source "
         "and resized paths, packed-array row, masks, boxes in the source frame (`bboxes`) and "
         "in the resized frame (`bboxes_resized`, letterbox padding included), phrases, report "
-        "and the 21 unified label columns. Images whose stage errored are left out and "
+        "and the 21 unified label columns, and `duplicate_group` (the image's group in "
+        "`near_duplicates`, else null). Images whose stage errored are left out and "
         "counted by reason."
     ),
     automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
@@ -105,6 +109,7 @@ def unified_manifest(
     masks: dict[str, pd.DataFrame],
     bboxes: dict[str, pd.DataFrame],
     images: dict[str, pd.DataFrame],
+    near_duplicates: pd.DataFrame,
 ) -> dg.Output[pd.DataFrame]:
     complete = sorted(set(raw_index) & set(labels) & set(masks) & set(bboxes) & set(images))
     parts, excluded = {}, {}
@@ -117,7 +122,7 @@ def unified_manifest(
             bboxes[partition],
             images[partition],
         )
-    manifest = combine(parts)
+    manifest = with_duplicate_groups(combine(parts), near_duplicates)
     context.log.info(f"{len(manifest)} images from {len(complete)} partitions")
     return dg.Output(
         manifest,

@@ -1,0 +1,107 @@
+"""Measurement behind the choice of perceptual hash (docs/design-notes.md, "Near duplicates").
+
+Generates the small synthetic datasets, decodes every image as the `images` stage does
+(letterbox to 224, padding cut off), and for pHash and dHash at 64 and 256 bits prints:
+the bit distances between distinct radiographs (min, 0.1 % and 1 % quantiles, median) and
+between an image and its transformed copy (median / max over the sample) for each
+transform the synthetic generator plants and some harsher ones.
+
+    .venv/bin/python benchmarks/measure_hashes.py [--images 70]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import tempfile
+import time
+from pathlib import Path
+
+import cv2
+import imagehash
+import numpy as np
+from PIL import Image
+
+from radharmony_pipeline.processing.decode import decode_grayscale
+from radharmony_pipeline.processing.geometry import letterbox_geometry, resize_image
+from radharmony_pipeline.synthetic import generate_datasets
+
+SIZE = 224
+HASHES = {"phash": imagehash.phash, "dhash": imagehash.dhash}
+
+
+def content(pixels: np.ndarray) -> Image.Image:
+    geometry = letterbox_geometry(pixels.shape[0], pixels.shape[1], SIZE)
+    resized = resize_image(pixels, geometry)
+    top, left = geometry.pad_top, geometry.pad_left
+    return Image.fromarray(
+        resized[top : top + geometry.resized_height, left : left + geometry.resized_width]
+    )
+
+
+def jpeg(pixels: np.ndarray, quality: int) -> np.ndarray:
+    _, encoded = cv2.imencode(".jpg", pixels, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    return cv2.imdecode(encoded, cv2.IMREAD_GRAYSCALE)
+
+
+def shifted(pixels: np.ndarray, d: int) -> np.ndarray:
+    matrix = np.float32([[1, 0, d], [0, 1, -d]])
+    size = (pixels.shape[1], pixels.shape[0])
+    return cv2.warpAffine(pixels, matrix, size, borderMode=cv2.BORDER_REPLICATE)
+
+
+def resized(pixels: np.ndarray, factor: float) -> np.ndarray:
+    size = (round(pixels.shape[1] * factor), round(pixels.shape[0] * factor))
+    return cv2.resize(pixels, size, interpolation=cv2.INTER_AREA)
+
+
+def brighter(pixels: np.ndarray, factor: float) -> np.ndarray:
+    return np.clip(pixels.astype(np.float32) * factor, 0, 255).astype(np.uint8)
+
+
+TRANSFORMS = {
+    "jpeg q40": lambda p: jpeg(p, 40),
+    "jpeg q20": lambda p: jpeg(p, 20),
+    "resized 0.75": lambda p: resized(p, 0.75),
+    "resized 0.5": lambda p: resized(p, 0.5),
+    "brightness 1.15": lambda p: brighter(p, 1.15),
+    "brightness 0.8": lambda p: brighter(p, 0.8),
+    "shift 2 px": lambda p: shifted(p, 2),
+    "shift 4 px": lambda p: shifted(p, 4),
+    "shift 8 px": lambda p: shifted(p, 8),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=70)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        generate_datasets(Path(folder), scale="small", seed=0)
+        files = sorted(f for f in Path(folder).rglob("*") if f.suffix in (".png", ".jpg", ".dcm"))
+        step = max(1, len(files) // args.images)
+        images = [decode_grayscale(f, target_size=1 << 14).pixels for f in files[::step]]
+    print(f"{len(images)} synthetic radiographs at full resolution (distances in bits)")
+    for (name, function), size in itertools.product(HASHES.items(), (8, 16)):
+        start = time.perf_counter()
+        base = [function(content(p), hash_size=size) for p in images]
+        per_image = (time.perf_counter() - start) / len(images) * 1000
+        distinct = np.array([a - b for a, b in itertools.combinations(base, 2)])
+        quantiles = np.percentile(distinct, [0.1, 1, 50])
+        print(
+            f"{name} {size * size:>3} bits ({per_image:.1f} ms/image): distinct min "
+            f"{distinct.min()}, 0.1% {quantiles[0]:.0f}, 1% {quantiles[1]:.0f}, "
+            f"median {quantiles[2]:.0f}"
+        )
+        for label, transform in TRANSFORMS.items():
+            copies = np.array(
+                [
+                    function(content(transform(p)), hash_size=size) - b
+                    for p, b in zip(images, base, strict=True)
+                ]
+            )
+            print(f"    {label:<16} median {np.median(copies):>4.0f}  max {copies.max():>3}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""`near_duplicates`: groups of images with (nearly) the same content across the whole corpus,
+and a contact sheet of example groups that join splits or datasets."""
+
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pandas as pd
+from PIL import Image
+
+from ...processing.duplicates import DEFAULT_RADIUS, HASH_BITS, near_duplicate_members
+from ...processing.previews import PreviewSample, contact_sheet, save_png
+from ...sources import parse_partition_key
+from ..automation import REBUILD_WHEN_CHANGED
+from ..partitions import OWNERS
+from ..resources import OutputsResource
+from .previews import _inline_markdown
+
+CODE_VERSION = "1"
+SHEET = "previews/near_duplicates/examples.png"
+SHEET_GROUPS = 6
+SHEET_MEMBERS = 4
+_KIND_LABELS = {"identical_file": "same file", "identical_pixels": "same pixels", "near": "near"}
+
+
+@dg.asset(
+    group_name="manifest",
+    owners=OWNERS,
+    ins={
+        "images": dg.AssetIn(
+            partition_mapping=dg.AllPartitionMapping(),
+            metadata={"allow_missing_partitions": True},
+        )
+    },
+    description=(
+        f"Images whose {HASH_BITS}-bit perceptual hashes (dHash of the resized content) lie "
+        f"within {DEFAULT_RADIUS} bits of each other, as connected components over every "
+        "materialized partition: one row per member with its group, the datasets and splits "
+        "the group spans, its distance to the group's representative and a kind "
+        "(identical_file, identical_pixels, near). Found by multi-index hashing, not by "
+        "comparing every pair."
+    ),
+    automation_condition=REBUILD_WHEN_CHANGED,
+    code_version=CODE_VERSION,
+    kinds={"parquet", "pandas"},
+)
+def near_duplicates(
+    context: dg.AssetExecutionContext,
+    images: dict[str, pd.DataFrame],
+    outputs: OutputsResource,
+) -> dg.Output[pd.DataFrame]:
+    corpus = corpus_images(images)
+    members = near_duplicate_members(corpus)
+    context.log.info(f"{len(members)} images in {members['group_id'].nunique()} groups")
+    metadata = {
+        "images_compared": len(corpus),
+        "partitions": dg.MetadataValue.json(sorted(images)),
+        "groups": int(members["group_id"].nunique()),
+        "images_in_groups": len(members),
+        "kinds": dg.MetadataValue.json(members["kind"].value_counts().to_dict()),
+        "radius_bits": DEFAULT_RADIUS,
+    }
+    metadata.update(example_sheet(members, outputs.local_root()))
+    return dg.Output(members, metadata=metadata)
+
+
+def corpus_images(images: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Usable images of every partition with their dataset and split."""
+    frames = []
+    for partition, table in sorted(images.items()):
+        dataset, split = parse_partition_key(partition)
+        ok = table[table["status"] == "ok"].copy()
+        if "perceptual_hash" not in ok:
+            raise dg.Failure(
+                description=f"images of {partition} have no perceptual_hash column; "
+                "rematerialize `images` for that partition"
+            )
+        unhashed = ok["perceptual_hash"].isna()
+        if unhashed.any():
+            raise dg.Failure(
+                description=f"{int(unhashed.sum())} images of {partition} have no perceptual "
+                f"hash (e.g. {ok.loc[unhashed, 'image_id'].iloc[0]}); rematerialize `images` "
+                "for that partition"
+            )
+        ok["dataset"], ok["split"] = dataset, split
+        frames.append(ok)
+    if not frames:
+        raise dg.Failure(description="no partition of `images` is materialized yet")
+    return pd.concat(frames, ignore_index=True)
+
+
+def example_sheet(members: pd.DataFrame, root: Path) -> dict:
+    """Up to six groups side by side (those spanning the most partitions first)."""
+    if members.empty:
+        return {}
+    spans = members.drop_duplicates("group_id").assign(width=lambda f: f["group_splits"].map(len))
+    chosen = spans.sort_values(["width", "group_id"], ascending=[False, True])["group_id"]
+    samples = []
+    for group_id in chosen.head(SHEET_GROUPS):
+        group = members[members["group_id"] == group_id].head(SHEET_MEMBERS)
+        for row in group.itertuples(index=False):
+            with Image.open(root / row.image_path) as image:
+                pixels = np.asarray(image.convert("L"))
+            title = (
+                f"{row.dataset}.{row.split} {_KIND_LABELS[row.kind]} "
+                f"d={row.distance_to_representative}"
+            )
+            samples.append(PreviewSample(title=title, image=pixels))
+        samples += [PreviewSample(title="", image=np.zeros((8, 8), np.uint8))] * (
+            SHEET_MEMBERS - len(group)
+        )
+    sheet = contact_sheet(samples, columns=SHEET_MEMBERS, tile=224)
+    save_png(sheet, root / SHEET)
+    return {
+        "examples": dg.MetadataValue.path(str(root / SHEET)),
+        "examples_inline": dg.MetadataValue.md(_inline_markdown(sheet)),
+    }
