@@ -7,13 +7,14 @@ import csv
 import gzip
 import io
 import json
+import shutil
 
 import dagster as dg
 import numpy as np
 import pandas as pd
 import pydicom
 import pytest
-from corpus import check_evaluations, materialize_corpus
+from corpus import check_evaluations, materialize_corpus, resources
 from PIL import Image
 
 from radharmony_pipeline.defs.assets.index_and_labels import raw_index_and_labels
@@ -26,8 +27,6 @@ METADATA_CSV = "mimic-cxr-2.0.0-metadata.csv.gz"
 
 
 def labels_check(data_root, output, partition: str):
-    from corpus import resources
-
     result = dg.materialize(
         [raw_index_and_labels, counts_match_documentation],
         partition_key=partition,
@@ -123,8 +122,6 @@ def _raise_a_documented_instance_count(root) -> None:
 
 @pytest.fixture(scope="module")
 def altered(tiny_root, tmp_path_factory):
-    import shutil
-
     data = tmp_path_factory.mktemp("altered") / "data"
     shutil.copytree(tiny_root, data)
     _mirror_consolidation_of_an_overlap(data)
