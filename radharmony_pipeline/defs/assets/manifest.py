@@ -7,7 +7,7 @@ from ...processing.manifest import MANIFEST_COLUMNS, combine, partition_manifest
 from ...processing.table_schemas import UNIFIED_MANIFEST
 from ...processing.vocabulary import LABEL_COLUMNS
 from ..automation import REBUILD_WHEN_CHANGED
-from ..metadata import definition_metadata
+from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS
 
 CODE_VERSION = "1"
@@ -52,7 +52,7 @@ _SOURCES = {
         "counted by reason."
     ),
     automation_condition=REBUILD_WHEN_CHANGED,
-    code_version=CODE_VERSION,
+    code_version=table_code_version(CODE_VERSION),
     kinds={"parquet", "pandas"},
     metadata=definition_metadata(UNIFIED_MANIFEST),
 )

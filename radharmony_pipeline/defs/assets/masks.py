@@ -9,7 +9,7 @@ from ...processing.progress import ProgressLog
 from ...processing.table_schemas import MASKS
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
-from ..metadata import definition_metadata, status_counts
+from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
 from .previews import mask_preview
@@ -29,7 +29,7 @@ from .previews import mask_preview
         "masks are not rewritten. Datasets without masks give an empty table."
     ),
     automation_condition=REBUILD_WHEN_CHANGED,
-    code_version=MASK_CODE_VERSION,
+    code_version=table_code_version(MASK_CODE_VERSION),
     kinds={"png", "parquet"},
     metadata=definition_metadata(MASKS),
     pool="heavy_image_work",
