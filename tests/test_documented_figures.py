@@ -7,6 +7,7 @@ import csv
 import gzip
 import io
 import json
+import shutil
 
 import dagster as dg
 import numpy as np
@@ -122,8 +123,6 @@ def _raise_a_documented_instance_count(root) -> None:
 
 @pytest.fixture(scope="module")
 def altered(tiny_root, tmp_path_factory):
-    import shutil
-
     data = tmp_path_factory.mktemp("altered") / "data"
     shutil.copytree(tiny_root, data)
     _mirror_consolidation_of_an_overlap(data)

@@ -15,14 +15,17 @@ from corpus import check_evaluations
 from PIL import Image, ImageDraw
 
 from radharmony_pipeline.loader import ManifestDataset
+from radharmony_pipeline.processing.manifest import MANIFEST_COLUMNS
 from radharmony_pipeline.processing.previews import TITLE_LINES, _font, title_lines
 from radharmony_pipeline.processing.table_schemas import (
+    RAW_INDEX,
     SCHEMA_VERSION,
     SCHEMA_VERSION_KEY,
     TABLE_SCHEMAS,
     SchemaMismatchError,
     conform,
 )
+from radharmony_pipeline.processing.vocabulary import INDEX_COLUMNS, LABEL_COLUMNS
 from radharmony_pipeline.sources import partition_keys
 
 PARTITIONED = ("raw_index", "labels", "masks", "bboxes", "images")
@@ -132,6 +135,13 @@ def test_materializations_publish_every_column_with_a_description(tiny_corpus):
             assert all(c.description for c in columns), name
             seen.add(name)
     assert seen == set(TABLE_SCHEMAS)
+
+
+def test_declarations_agree_with_the_vocabulary_and_the_index_contract():
+    assert tuple(RAW_INDEX.names[: len(INDEX_COLUMNS)]) == INDEX_COLUMNS
+    for table in ("labels", "unified_manifest"):
+        assert set(LABEL_COLUMNS) <= set(TABLE_SCHEMAS[table].names)
+    assert tuple(TABLE_SCHEMAS["unified_manifest"].names) == MANIFEST_COLUMNS
 
 
 def test_a_frame_that_does_not_fit_names_the_column_and_both_types():

@@ -61,3 +61,10 @@ def status_counts(table: pd.DataFrame) -> dict[str, int]:
     errors = error_reasons(table.loc[table["status"] == "error", "error"])
     counts.update({f"error: {reason}": n for reason, n in errors.items()})
     return counts
+
+
+def table_code_version(stage_code_version: str) -> str:
+    """A stage's code version joined with the table schema version: a changed declaration
+    marks the tables stale (eager automation rebuilds them) without changing the keys of the
+    PNG files the stage writes, so those are not rewritten."""
+    return f"{stage_code_version}+schema{SCHEMA_VERSION}"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 import pyarrow as pa
 
-from .vocabulary import INDEX_COLUMNS, LABEL_COLUMNS, UNIFIED_LABELS
+from .vocabulary import UNIFIED_LABELS
 
 # Written into each file's key-value metadata; bumped whenever a declaration changes.
 SCHEMA_VERSION = "4"
@@ -270,9 +270,6 @@ TABLE_SCHEMAS: dict[str, TableSchema] = {
 }
 # Partitioned tables carry the partition's dataset and split in every row.
 PARTITION_COLUMNS = ("dataset", "split")
-
-assert all(c in LABELS.names for c in LABEL_COLUMNS)
-assert tuple(RAW_INDEX.names[: len(INDEX_COLUMNS)]) == INDEX_COLUMNS
 
 
 class SchemaMismatchError(ValueError):

@@ -7,7 +7,7 @@ from ...processing.boxes import normalize_xywh
 from ...processing.table_schemas import BBOXES
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
-from ..metadata import definition_metadata, status_counts
+from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
@@ -29,7 +29,7 @@ BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")
         "row with status `error`, never dropped. Datasets without boxes give an empty table."
     ),
     automation_condition=REBUILD_WHEN_CHANGED,
-    code_version=CODE_VERSION,
+    code_version=table_code_version(CODE_VERSION),
     kinds={"parquet", "png"},
     metadata=definition_metadata(BBOXES),
 )

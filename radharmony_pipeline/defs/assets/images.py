@@ -25,7 +25,7 @@ from ...processing.supervised import TimeLimit, job_timeout
 from ...processing.table_schemas import IMAGES
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
-from ..metadata import definition_metadata, status_counts
+from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
@@ -60,7 +60,7 @@ class ImagesConfig(dg.Config):
         "re-used after a cheap check; undecodable ones are rows with status `error`."
     ),
     automation_condition=REBUILD_WHEN_CHANGED,
-    code_version=IMAGE_CODE_VERSION,
+    code_version=table_code_version(IMAGE_CODE_VERSION),
     kinds={"png", "numpy", "parquet"},
     metadata=definition_metadata(IMAGES),
     pool="heavy_image_work",

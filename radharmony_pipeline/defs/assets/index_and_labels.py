@@ -11,7 +11,7 @@ from ...processing.vocabulary import LABEL_COLUMNS
 from ...sources import DatasetSource, SourceError, SplitTables, parse_partition_key
 from ...sources.base import arrow_system_allocator
 from ..automation import REBUILD_WHEN_CHANGED
-from ..metadata import definition_metadata, status_counts
+from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource
 from ..row_errors import fail_if_strict
@@ -34,7 +34,7 @@ _OUTPUT_ORDER = ("raw_index", "labels")
             ),
             is_required=False,
             owners=OWNERS,
-            code_version=CODE_VERSION,
+            code_version=table_code_version(CODE_VERSION),
             automation_condition=REBUILD_WHEN_CHANGED,
             kinds={"parquet", "pandas"},
             metadata=definition_metadata(RAW_INDEX),
@@ -48,7 +48,7 @@ _OUTPUT_ORDER = ("raw_index", "labels")
             ),
             is_required=False,
             owners=OWNERS,
-            code_version=CODE_VERSION,
+            code_version=table_code_version(CODE_VERSION),
             automation_condition=REBUILD_WHEN_CHANGED,
             kinds={"parquet", "pandas"},
             metadata=definition_metadata(LABELS),

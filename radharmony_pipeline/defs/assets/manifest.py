@@ -8,7 +8,7 @@ from ...processing.manifest import MANIFEST_COLUMNS, combine, partition_manifest
 from ...processing.table_schemas import UNIFIED_MANIFEST
 from ...processing.vocabulary import LABEL_COLUMNS
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
-from ..metadata import definition_metadata
+from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS
 
 CODE_VERSION = "2"  # 2: duplicate_group from near_duplicates
@@ -98,7 +98,7 @@ def column_lineage_markdown() -> str:
         "counted by reason."
     ),
     automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
-    code_version=CODE_VERSION,
+    code_version=table_code_version(CODE_VERSION),
     kinds={"parquet", "pandas"},
     metadata=definition_metadata(UNIFIED_MANIFEST),
 )

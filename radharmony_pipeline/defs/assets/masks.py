@@ -18,7 +18,7 @@ from ...processing.supervised import TimeLimit, job_timeout
 from ...processing.table_schemas import MASKS
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
-from ..metadata import definition_metadata, status_counts
+from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
@@ -39,7 +39,7 @@ from .previews import mask_preview
         "masks are not rewritten. Datasets without masks give an empty table."
     ),
     automation_condition=REBUILD_WHEN_CHANGED,
-    code_version=MASK_CODE_VERSION,
+    code_version=table_code_version(MASK_CODE_VERSION),
     kinds={"png", "parquet"},
     metadata=definition_metadata(MASKS),
     pool="heavy_image_work",
