@@ -21,11 +21,11 @@ from PIL import Image
 
 from .atomic import temporary_sibling, write_atomically
 from .decode import DecodeError, decode_grayscale
-from .duplicates import perceptual_hash, pixels_sha256
 from .fingerprint import file_sha256
 from .geometry import ResizeGeometry, resize_image, resize_mask
 from .masks import mask_input_key, read_mask_png, write_mask_png
 from .parallel import Progress, map_in_chunks
+from .perceptual_hash import perceptual_hash, pixels_sha256
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
 
 # Bumped when decoding or resizing changes, so every image is redone once.
