@@ -192,7 +192,7 @@ def _lineage_screenshot(server: DagsterDev, out: Path) -> None:
             executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS, timeout=60_000
         )
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page = browser.new_page(viewport={"width": 1600, "height": 1500})
             page.set_default_timeout(UI_TIMEOUT_MS)
             page.goto(url, wait_until="domcontentloaded")
             graph = page.locator("svg foreignObject")

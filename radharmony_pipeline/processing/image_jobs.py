@@ -21,12 +21,12 @@ from PIL import Image
 
 from .atomic import temporary_sibling, write_atomically
 from .decode import DecodeError, decode_grayscale
-from .duplicates import perceptual_hash, pixels_sha256
 from .fingerprint import file_sha256
 from .geometry import ResizeGeometry, resize_image, resize_mask
 from .image_files import confined
 from .masks import mask_input_key, read_mask_png, write_mask_png
 from .parallel import Progress, map_in_chunks
+from .perceptual_hash import perceptual_hash, pixels_sha256
 from .supervised import TimeLimit
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
 

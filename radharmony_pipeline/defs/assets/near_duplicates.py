@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from ...processing.duplicates import DEFAULT_RADIUS, HASH_BITS, near_duplicate_members
+from ...processing.duplicates import near_duplicate_members
+from ...processing.perceptual_hash import DEFAULT_RADIUS, HASH_BITS
 from ...processing.previews import PreviewSample, contact_sheet, save_png
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
