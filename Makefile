@@ -60,6 +60,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_masks.py
 	$(BIN)/python benchmarks/bench_images.py
 	$(BIN)/python benchmarks/bench_duplicates.py
+	$(BIN)/python benchmarks/bench_time_limit.py
 
 clean-demo:
 	rm -rf data/demo data/output

@@ -88,8 +88,8 @@ def test_malformed_json_names_file_line_and_column(tiny_copy, open_tiny):
 
 def error_of(tables, image_id_part: str) -> str:
     """The error of the one error row, after checking both tables agree on it."""
-    for table in (tables.index, tables.labels):
-        assert list(table.columns[-2:]) == ["status", "error"]
+    assert list(tables.index.columns[-2:]) == ["status", "error"]
+    assert {"status", "error"} <= set(tables.labels.columns)
     bad = tables.index[tables.index["status"] == "error"]
     assert len(bad) == 1 and image_id_part in bad["image_id"].iloc[0]
     assert tables.labels.loc[bad.index, "error"].tolist() == bad["error"].tolist()

@@ -158,9 +158,10 @@ LABELS = TableSchema(
             "One entry per annotation, parallel to the image's boxes in box_index order: the "
             "MS-CXR phrase (duplicates kept), null for a ChestX-Det box; empty without boxes",
         ),
-        *_label_columns(),
+        # status/error before the 21 unified columns, which stay last in every label table.
         _STATUS,
         _ERROR,
+        *_label_columns(),
     ),
 )
 

@@ -45,7 +45,15 @@ class SplitTables:
     def with_row_errors(self, errors: RowErrors) -> SplitTables:
         status, error = errors.columns()
         index = self.index.assign(status=status, error=error)
-        labels = self.labels.assign(status=status.copy(), error=error.copy())
+        # In labels they go before the 21 unified columns, which stay last (DESIGN §4).
+        labels = self.labels.copy()
+        position = next(
+            (i for i, c in enumerate(labels.columns) if c in LABEL_COLUMNS), len(labels.columns)
+        )
+        labels.insert(position, "status", status.to_numpy())
+        labels.insert(position + 1, "error", error.to_numpy())
+        labels["status"] = labels["status"].astype("string")
+        labels["error"] = labels["error"].astype("string")
         return SplitTables(index=index, labels=labels)
 
 

@@ -165,9 +165,11 @@ chexlocalize/
         errors = RowErrors(len(table))
         parts = _parse_paths(table["Path"], csv_path, errors)
         segmentation_sizes = _segmentation_sizes(self.read_segmentations(split))
+        # A row whose Path is unusable is named by its line alone (`row5`), see _parse_paths.
+        named = parts["study"] != ""
         native_id = (
             parts["patient"] + "_" + parts["study"] + "_" + parts["view"] + "_" + parts["side"]
-        )
+        ).where(named, parts["patient"])
         sizes = segmentation_sizes.reindex(native_id.to_numpy())
         view_raw = parts["side"]
         if "AP/PA" in table:
@@ -178,8 +180,8 @@ chexlocalize/
             split,
             {
                 "native_id": native_id,
-                "patient_id": parts["patient"],
-                "study_id": parts["patient"] + "_" + parts["study"],
+                "patient_id": parts["patient"].where(named, pd.NA),
+                "study_id": (parts["patient"] + "_" + parts["study"]).where(named, pd.NA),
                 "image_path": parts["relative"],
                 "view_position": normalize_view_positions(view_raw),
                 "view_position_raw": view_raw,

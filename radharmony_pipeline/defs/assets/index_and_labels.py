@@ -17,7 +17,7 @@ from ..resources import DatasetsResource
 from ..row_errors import fail_if_strict
 from .source_files import source_files
 
-CODE_VERSION = "1"
+CODE_VERSION = "2"  # 2: status and error columns (issue 9)
 
 _OUTPUT_ORDER = ("raw_index", "labels")
 
