@@ -108,7 +108,7 @@ def test_one_changed_partition_yields_one_manifest_after_its_stages(deployment, 
     """However the stages land (here one level per run, as a backfill launches them), the
     manifest is requested once, after the last of them, and never alongside them."""
     path = data / "chestx-det" / "ChestX_Det_train.json"
-    path.write_text(json.dumps(json.loads(path.read_text()), indent=1))
+    path.write_text(json.dumps(json.loads(path.read_text()), indent=2))
     assert deployment.requested_after_observation() == {
         stage: {"chestx_det.train"} for stage in STAGES
     }

@@ -23,8 +23,13 @@ _REBUILD_DUE = (
 
 # The manifest joins every partition: it is rebuilt once, after the changed partitions'
 # stages have all finished — not alongside them, and not again for each stage that lands.
+# Joiners over every partition (the manifest group: near_duplicates, corpus_profile, the
+# manifest) do not wait for one another: requested in the same tick, they run as one run.
 REBUILD_WHEN_PARTITIONS_SETTLE = (
-    dg.AutomationCondition.eager() & ~dg.AutomationCondition.any_deps_match(_REBUILD_DUE)
+    dg.AutomationCondition.eager()
+    & ~dg.AutomationCondition.any_deps_match(_REBUILD_DUE).ignore(
+        dg.AssetSelection.groups("manifest")
+    )
 ).with_label("eager, once no upstream partition is being or due to be rebuilt")
 
 nightly_observation = dg.ScheduleDefinition(

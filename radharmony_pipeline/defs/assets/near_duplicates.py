@@ -12,7 +12,7 @@ from ...processing.duplicates import near_duplicate_members
 from ...processing.perceptual_hash import DEFAULT_RADIUS, HASH_BITS
 from ...processing.previews import PreviewSample, contact_sheet, save_png
 from ...sources import parse_partition_key
-from ..automation import REBUILD_WHEN_CHANGED
+from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..partitions import OWNERS
 from ..resources import OutputsResource
 from .previews import _inline_markdown
@@ -41,7 +41,7 @@ _KIND_LABELS = {"identical_file": "same file", "identical_pixels": "same pixels"
         "(identical_file, identical_pixels, near). Found by multi-index hashing, not by "
         "comparing every pair."
     ),
-    automation_condition=REBUILD_WHEN_CHANGED,
+    automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
     code_version=CODE_VERSION,
     kinds={"parquet", "pandas"},
 )

@@ -8,7 +8,7 @@ import pandas as pd
 
 from ...processing.atomic import write_atomically
 from ...processing.profile_plots import CorpusTables, label_prevalence, profile_pngs
-from ..automation import REBUILD_WHEN_CHANGED
+from ..automation import REBUILD_WHEN_CHANGED, REBUILD_WHEN_PARTITIONS_SETTLE
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import OutputsResource
 
@@ -60,7 +60,7 @@ def partition_profile(
         for name in STAGES
     },
     description=f"A visual profile of every materialized partition together: {DESCRIPTION}",
-    automation_condition=REBUILD_WHEN_CHANGED,
+    automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
     code_version=CODE_VERSION,
     kinds={"png", "parquet"},
 )
