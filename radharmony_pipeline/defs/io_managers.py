@@ -1,31 +1,24 @@
 """Parquet tables at `<output>/tables/<asset>/<partition>.parquet`, local or on object storage."""
 
-from pathlib import Path
-
 import dagster as dg
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from upath import UPath
 
-from ..processing.atomic import write_atomically
+from ..processing.storage import output_path, publish
 from .metadata import table_metadata
 from .resources import OutputsResource
 
 
 class ParquetTableIOManager(dg.UPathIOManager):
-    """Writes each partition's DataFrame as one Parquet file, atomically on local disks."""
+    """Writes each partition's DataFrame as one Parquet file, never visible half-written."""
 
     extension = ".parquet"
 
     def dump_to_path(self, context: dg.OutputContext, obj: pd.DataFrame, path: UPath) -> None:
         table = pa.Table.from_pandas(obj, preserve_index=False)
-        if _is_local(path):
-            write_atomically(Path(path.path), lambda temp: pq.write_table(table, temp))
-        else:
-            # Object stores publish an object only once its upload completes.
-            with path.open("wb") as handle:
-                pq.write_table(table, handle)
+        publish(path, lambda handle: pq.write_table(table, handle))
 
     def load_from_path(self, context: dg.InputContext, path: UPath) -> pd.DataFrame:
         with path.open("rb") as handle:
@@ -33,10 +26,6 @@ class ParquetTableIOManager(dg.UPathIOManager):
 
     def get_metadata(self, context: dg.OutputContext, obj: pd.DataFrame) -> dict:
         return table_metadata(obj)
-
-
-def _is_local(path: UPath) -> bool:
-    return path.protocol in ("", "file", "local")
 
 
 class ParquetIOManager(dg.ConfigurableIOManagerFactory):
@@ -49,4 +38,6 @@ class ParquetIOManager(dg.ConfigurableIOManagerFactory):
     outputs: OutputsResource
 
     def create_io_manager(self, context: dg.InitResourceContext) -> ParquetTableIOManager:
-        return ParquetTableIOManager(base_path=UPath(self.outputs.output_root) / "tables")
+        return ParquetTableIOManager(
+            base_path=UPath(output_path(self.outputs.output_root)) / "tables"
+        )

@@ -1,34 +1,42 @@
 """Per-image work of the `images` stage: decode, resize through a recorded geometry, write.
 
 Each job writes the resized image (and its resized union mask) as PNGs tagged with a key of
-their inputs, and its pixels into row `row` of the partition's packed array. A job whose
-outputs carry the current key re-uses them: it reads the small resized PNG instead of
-decoding the source again.
+their inputs and returns its pixels. A job whose outputs carry the current key re-uses them:
+it reads the small resized PNG instead of decoding the source again. Jobs run in chunks
+(local process pool or Dask cluster); each chunk writes its pixels as one shard, and the
+partition's packed array is assembled from the shards and published once, so no memory map
+is shared between machines.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
+import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from PIL import Image
 
-from .atomic import temporary_sibling, write_atomically
+from .atomic import TEMP_MARKER
+from .cluster import map_per_image
 from .decode import DecodeError, decode_grayscale
 from .fingerprint import file_sha256
 from .geometry import ResizeGeometry, resize_image, resize_mask
 from .masks import mask_input_key, read_mask_png, write_mask_png
-from .parallel import Progress, map_in_chunks
+from .parallel import Progress, default_chunk_size
+from .storage import local_scratch_file, publish, publish_file
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
 
 # Bumped when decoding or resizing changes, so every image is redone once.
 IMAGE_CODE_VERSION = "1"
+# At most this many images per chunk (one shard of ~12 MB at S=224), so that a large
+# partition (ReXGradient train: 238,968 images) is shared by many workers.
+MAX_IMAGES_PER_CHUNK = 256
 GeometryFunction = Callable[[int, int, int], ResizeGeometry]
 
 
@@ -55,13 +63,12 @@ class ImageRow:
 class ImageJob:
     image_id: str
     source_file: Path
-    union_mask_file: Path | None
-    output_root: Path
+    union_mask_file: Any | None  # on the output root: a Path or a UPath
+    output_root: Any
     image_relative: str
     mask_relative: str | None
     size: int
     geometry_of: GeometryFunction
-    packed_file: Path
     row: int
 
     @property
@@ -80,9 +87,9 @@ class ImageJob:
             self.geometry_of.__name__,
         )
 
-    def reuse(self) -> ImageRow | None:
-        """The row from existing outputs that carry the current input key (their pixels are
-        packed), else None. Cheap: a stat, a PNG header and a small PNG decode."""
+    def reuse(self) -> tuple[ImageRow, np.ndarray] | None:
+        """The row and pixels from existing outputs that carry the current input key, else
+        None. Cheap: a stat, a PNG header and a small PNG decode."""
         try:
             return self._reuse(self.input_key())
         except OSError:
@@ -95,19 +102,20 @@ class ImageJob:
             return None
         return self._row(tags, decoded=False)
 
-    def process(self) -> ImageRow:
-        """Decode the source, resize, write the PNGs and pack the pixels; errors become rows."""
+    def process(self) -> tuple[ImageRow, np.ndarray | None]:
+        """Decode the source, resize and write the PNGs; the row and the pixels to pack.
+        Errors become rows (without pixels)."""
         try:
             return self._process(self.input_key())
         except (DecodeError, OSError, ValueError) as exc:
-            return self._error_row(str(exc))
+            return self._error_row(str(exc)), None
 
     def _mask_is_current(self, key: str) -> bool:
         return self.mask_relative is None or (
             stored_input_key(self.output_root / self.mask_relative) == key
         )
 
-    def _process(self, key: str) -> ImageRow:
+    def _process(self, key: str) -> tuple[ImageRow, np.ndarray]:
         decoded = decode_grayscale(self.source_file, target_size=self.size)
         geometry = self.geometry_of(decoded.source_height, decoded.source_width, self.size)
         pixels = resize_image(decoded.pixels, geometry)
@@ -125,23 +133,22 @@ class ImageJob:
         write_tagged_png(
             self.output_root / self.image_relative, lambda: Image.fromarray(pixels), key, tags
         )
-        self._pack(pixels)
-        return self._row(tags, decoded=True)
+        return self._row(tags, decoded=True), pixels
 
-    def _reuse(self, key: str) -> ImageRow | None:
-        """The row from the existing outputs when they carry `key`, else None."""
+    def _reuse(self, key: str) -> tuple[ImageRow, np.ndarray] | None:
+        """The row and pixels from the existing outputs when they carry `key`, else None."""
         try:
-            with Image.open(self.output_root / self.image_relative, formats=["PNG"]) as image:
+            with (
+                (self.output_root / self.image_relative).open("rb") as handle,
+                Image.open(handle, formats=["PNG"]) as image,
+            ):
                 tags = {k: v for k, v in image.info.items() if isinstance(v, str)}
                 if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
                     return None
-                self._pack(np.asarray(image))
+                pixels = np.asarray(image)
         except (OSError, SyntaxError):
             return None
-        return self._row(tags, decoded=False)
-
-    def _pack(self, pixels: np.ndarray) -> None:
-        _packed_array(self.packed_file)[self.row] = pixels
+        return self._row(tags, decoded=False), pixels
 
     def _row(self, tags: dict[str, str], decoded: bool) -> ImageRow:
         return ImageRow(
@@ -179,34 +186,45 @@ class ImageJob:
         )
 
 
-@functools.lru_cache(maxsize=2)
-def _packed_array(path: Path) -> np.memmap:
-    """The partition's packed array, mapped once per worker process.
+@dataclass(frozen=True)
+class ImageChunk:
+    """Consecutive jobs of one partition and the shard their pixels go to."""
 
-    Rows are written through the shared mapping without msync: the page cache is shared,
-    so the parent sees every row once the workers are done, and renames the file.
-    """
-    return np.load(path, mmap_mode="r+")
+    jobs: tuple[ImageJob, ...]
+    shard: Any  # a temporary file or object beside the packed array
+    size: int
 
 
-def process_image_job(job: ImageJob) -> ImageRow:
-    """Top-level (picklable) entry point for the process pool."""
-    return job.process()
+def process_image_chunk(chunk: ImageChunk) -> list[ImageRow]:
+    """Top-level (picklable) entry point for a pool or Dask worker: every job of the chunk
+    (re-used or processed), its pixels saved as one shard; rows in job order."""
+    pixels = np.zeros((len(chunk.jobs), chunk.size, chunk.size), dtype=np.uint8)
+    rows = []
+    for position, job in enumerate(chunk.jobs):
+        row, image = job.reuse() or job.process()
+        if image is not None:
+            pixels[position] = image
+        rows.append(row)
+    with chunk.shard.open("wb") as handle:
+        np.save(handle, pixels, allow_pickle=False)
+    return rows
 
 
 def build_packed_images(
     jobs: Sequence[ImageJob],
-    packed: Path,
+    packed: Any,
     size: int,
     workers: int,
     on_progress: Progress | None = None,
 ) -> list[ImageRow]:
-    """Rows of the partition's images and its packed N×S×S array at `packed`.
+    """Rows of the partition's images and its packed N×S×S array at `packed` (a local
+    Path or a UPath on object storage).
 
     When the array exists and every image's input key equals the one recorded beside it
     (`<name>.keys.json`) and in its PNG, nothing is read beyond file headers. Otherwise the
-    array is rebuilt in a temporary file (current PNGs re-used, the rest decoded in the pool)
-    and renamed into place, then its keys are recorded.
+    jobs run in chunks (current PNGs re-used, the rest decoded), each chunk's pixels come
+    back as a shard, and the array is assembled locally and published once; then its keys
+    are recorded.
     """
     keys_file = packed.with_name(packed.name + ".keys.json")
     keys = [_input_key_or_none(job) for job in jobs]
@@ -214,19 +232,69 @@ def build_packed_images(
         rows = [job.current_row(key) for job, key in zip(jobs, keys, strict=True)]
         if all(row is not None for row in rows):
             return rows
-    temp = temporary_sibling(packed)
+    chunks = _chunks(jobs, packed, size, workers)
     try:
-        np.lib.format.open_memmap(
-            temp, mode="w+", dtype=np.uint8, shape=(len(jobs), size, size)
-        ).flush()
-        rows = run_image_jobs(
-            [replace(job, packed_file=temp) for job in jobs], workers, on_progress
-        )
-        os.replace(temp, packed)
+        rows = run_image_chunks(chunks, workers, len(jobs), on_progress)
+        with local_scratch_file(packed, suffix=".npy") as scratch:
+            _assemble(chunks, scratch, len(jobs), size)
+            publish_file(packed, scratch)
     finally:
-        temp.unlink(missing_ok=True)
-    write_atomically(keys_file, lambda path: path.write_text(json.dumps(keys)))
+        for chunk in chunks:
+            _remove_quietly(chunk.shard)
+    publish(keys_file, lambda handle: handle.write(json.dumps(keys).encode()))
     return rows
+
+
+def _chunks(jobs: Sequence[ImageJob], packed: Any, size: int, workers: int) -> list[ImageChunk]:
+    per_chunk = min(default_chunk_size(len(jobs), workers), MAX_IMAGES_PER_CHUNK)
+    run = uuid.uuid4().hex
+    return [
+        ImageChunk(
+            jobs=tuple(jobs[start : start + per_chunk]),
+            shard=packed.with_name(f"{TEMP_MARKER}{run}-{start}-{packed.name}"),
+            size=size,
+        )
+        for start in range(0, len(jobs), per_chunk)
+    ]
+
+
+def run_image_chunks(
+    chunks: Sequence[ImageChunk], workers: int, images: int, on_progress: Progress | None
+) -> list[ImageRow]:
+    """Rows of every chunk in order; progress is reported in images, not chunks."""
+    sizes = [len(chunk.jobs) for chunk in chunks]
+
+    def chunk_progress(done_chunks: int, _total: int) -> None:
+        if on_progress is not None:
+            on_progress(min(sum(sizes[:done_chunks]), images), images)
+
+    results = map_per_image(process_image_chunk, chunks, workers, chunk_progress, chunk_size=1)
+    return [row for rows in results for row in rows]
+
+
+def _assemble(chunks: Sequence[ImageChunk], scratch: Path, count: int, size: int) -> None:
+    """The packed array from the shards, one shard in memory at a time."""
+    packed = np.lib.format.open_memmap(
+        scratch, mode="w+", dtype=np.uint8, shape=(count, size, size)
+    )
+    start = 0
+    for chunk in chunks:
+        with chunk.shard.open("rb") as handle:
+            shard = np.load(handle, allow_pickle=False)
+        packed[start : start + len(shard)] = shard
+        start += len(shard)
+    packed.flush()
+    del packed
+
+
+def _remove_quietly(path: Any) -> None:
+    try:
+        if isinstance(path, Path):
+            path.unlink(missing_ok=True)
+        else:
+            path.fs.rm(path.path)
+    except FileNotFoundError:
+        pass
 
 
 def _input_key_or_none(job: ImageJob) -> str | None:
@@ -236,22 +304,12 @@ def _input_key_or_none(job: ImageJob) -> str | None:
         return None
 
 
-def _recorded_keys(path: Path) -> list | None:
+def _recorded_keys(path: Any) -> list | None:
     try:
-        return json.loads(path.read_text())
+        with path.open("rb") as handle:
+            return json.loads(handle.read())
     except (OSError, ValueError):
         return None
-
-
-def run_image_jobs(
-    jobs: Sequence[ImageJob], workers: int, on_progress: Progress | None = None
-) -> list[ImageRow]:
-    """Rows in job order. Verifying unchanged images is cheap and done in this process; only
-    the images to decode go to the process pool."""
-    reused = [job.reuse() for job in jobs]
-    pending = [job for job, row in zip(jobs, reused, strict=True) if row is None]
-    processed = iter(map_in_chunks(process_image_job, pending, workers, on_progress=on_progress))
-    return [row if row is not None else next(processed) for row in reused]
 
 
 IMAGE_COLUMNS = (

@@ -62,9 +62,7 @@ def bboxes(
     }
     if len(table):
         metadata.update(
-            box_preview(
-                source, split, raw_index, table, outputs.local_root(), context.partition_key
-            )
+            box_preview(source, split, raw_index, table, outputs.root(), context.partition_key)
         )
     return dg.Output(table, metadata=metadata)
 

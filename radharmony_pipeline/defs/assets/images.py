@@ -2,7 +2,6 @@
 partition."""
 
 import os
-from pathlib import Path
 from typing import Literal
 
 import dagster as dg
@@ -10,6 +9,7 @@ import pandas as pd
 from pydantic import Field
 
 from ...processing.atomic import TEMP_MARKER
+from ...processing.cluster import worker_slots
 from ...processing.geometry import letterbox_geometry, squash_geometry
 from ...processing.image_jobs import (
     IMAGE_CODE_VERSION,
@@ -17,8 +17,8 @@ from ...processing.image_jobs import (
     build_packed_images,
     image_table,
 )
-from ...processing.parallel import worker_count
 from ...processing.progress import ProgressLog
+from ...processing.storage import OutputPath, make_folder
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
 from ..metadata import status_counts
@@ -67,10 +67,10 @@ def images(
 ) -> dg.Output[pd.DataFrame]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
-    root = outputs.local_root()
+    root = outputs.root()
     folder = root / "images" / context.partition_key
     packed = root / "images" / f"{context.partition_key}.npy"
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder)
     _remove_interrupted_writes(folder, packed)
     unions = _union_masks(masks, root)
     jobs = [
@@ -87,7 +87,6 @@ def images(
             ),
             size=config.size,
             geometry_of=GEOMETRIES[config.resize],
-            packed_file=packed,
             row=row,
         )
         for row, (image_id, image_key, relative) in enumerate(
@@ -95,7 +94,7 @@ def images(
         )
     ]
     progress = ProgressLog(context.log, "images to decode", len(jobs))
-    rows = build_packed_images(jobs, packed, config.size, worker_count(), progress.update)
+    rows = build_packed_images(jobs, packed, config.size, worker_slots(), progress.update)
     table = image_table(rows)
     return dg.Output(
         table.drop(columns="decoded"),
@@ -111,7 +110,7 @@ def images(
     )
 
 
-def _union_masks(masks: pd.DataFrame, root: Path) -> dict[str, Path]:
+def _union_masks(masks: pd.DataFrame, root: OutputPath) -> dict[str, OutputPath]:
     ok = masks[(masks["mask_class"] == "any") & (masks["status"] == "ok")]
     return {
         image_id: root / path
@@ -119,8 +118,9 @@ def _union_masks(masks: pd.DataFrame, root: Path) -> dict[str, Path]:
     }
 
 
-def _remove_interrupted_writes(folder: Path, packed: Path) -> None:
-    """A killed run leaves temporary files (never partial outputs); clear them before resuming."""
+def _remove_interrupted_writes(folder: OutputPath, packed: OutputPath) -> None:
+    """A killed run leaves temporary files and shards (never partial outputs); clear them
+    before resuming. Globs list one folder level, once, on object storage too."""
     stale = [*folder.glob(f"{TEMP_MARKER}*"), *packed.parent.glob(f"{TEMP_MARKER}*{packed.name}*")]
     for path in stale:
         path.unlink(missing_ok=True)

@@ -3,8 +3,8 @@
 import dagster as dg
 import pandas as pd
 
+from ...processing.cluster import map_per_image, worker_slots
 from ...processing.mask_jobs import MASK_CODE_VERSION, MaskTarget, mask_table, run_mask_job
-from ...processing.parallel import map_in_chunks, worker_count
 from ...processing.progress import ProgressLog
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
@@ -39,11 +39,11 @@ def masks(
 ) -> dg.Output[pd.DataFrame]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
-    root = outputs.local_root()
+    root = outputs.root()
     folder = f"masks/{context.partition_key}"
     jobs = source.mask_jobs(split, raw_index, lambda key: MaskTarget(root, f"{folder}/{key}"))
     progress = ProgressLog(context.log, "images", len(jobs))
-    rows = map_in_chunks(run_mask_job, jobs, worker_count(), on_progress=progress.update)
+    rows = map_per_image(run_mask_job, jobs, worker_slots(), progress.update)
     table = mask_table([row for image_rows in rows for row in image_rows])
     metadata = {
         "images": len(jobs),
