@@ -21,6 +21,11 @@ PG_USER = "radharmony"
 PG_PASSWORD = "radharmony-test"
 PG_DATABASE = "dagster"
 BUCKET = "radharmony-test"
+INITDB_OPTIONS = ["-A", "scram-sha-256", "-E", "UTF8", "--no-sync"]
+# A throw-away cluster: durability is not under test, and 4 concurrent runs need connections.
+SERVER_OPTIONS = ["-c", "fsync=off", "-c", "max_connections=200"]
+# One single-threaded worker process each: two workers = two cores, like the local pool here.
+WORKER_OPTIONS = ["--nworkers", "1", "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard"]
 # moto accepts any credentials; these only have to be present for botocore.
 AWS_ENVIRONMENT = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -124,16 +129,25 @@ def start_postgres(services: Services, logs: Path) -> None:
     shutil.chown(password_file, "postgres", "postgres")
     as_postgres = {"user": "postgres", "group": "postgres", "extra_groups": [], "cwd": folder}
     subprocess.run(
-        [bin_dir / "initdb", "-D", data, "-U", PG_USER, "--pwfile", password_file]
-        + ["-A", "scram-sha-256", "-E", "UTF8", "--no-sync"],
+        [bin_dir / "initdb", "-D", data, "-U", PG_USER, "--pwfile", password_file, *INITDB_OPTIONS],
         check=True,
         capture_output=True,
         **as_postgres,
     )
     services.pg_port = free_port()
     server = services.start(
-        [bin_dir / "postgres", "-D", data, "-h", "127.0.0.1", "-p", str(services.pg_port)]
-        + ["-k", str(folder), "-c", "fsync=off", "-c", "max_connections=200"],
+        [
+            bin_dir / "postgres",
+            "-D",
+            data,
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(services.pg_port),
+            "-k",
+            str(folder),
+            *SERVER_OPTIONS,
+        ],
         logs / "postgres.log",
         **as_postgres,
     )
@@ -196,16 +210,14 @@ def start_dask(services: Services, logs: Path, workers: int = 2) -> None:
     port = free_port()
     services.scheduler = f"tcp://127.0.0.1:{port}"
     scheduler = services.start(
-        [BIN / "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port)]
-        + ["--no-dashboard"],
+        [BIN / "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
         logs / "dask-scheduler.log",
     )
     wait_until(lambda: port_open(port), "dask scheduler", scheduler)
     environment = {**os.environ, **services.environment()}
     for number in range(workers):
         services.start(
-            [BIN / "dask", "worker", services.scheduler, "--nworkers", "1", "--nthreads", "1"]
-            + ["--host", "127.0.0.1", "--no-dashboard", "--name", f"worker-{number}"],
+            [BIN / "dask", "worker", services.scheduler, *WORKER_OPTIONS, "--name", f"w{number}"],
             logs / f"dask-worker-{number}.log",
             env=environment,
         )

@@ -175,6 +175,14 @@ def assert_same_outputs(remote: dict[str, bytes], local: dict[str, bytes]) -> No
             assert remote[name] == data, name
 
 
+def tasks_run_by_workers(services: Services) -> int:
+    """Tasks the Dask workers have executed; only the pipeline sends them tasks."""
+    from distributed import Client
+
+    with Client(services.scheduler, timeout=30) as client:
+        return sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
+
+
 def runs_and_checks(services: Services, database: str) -> tuple[list[tuple], list[tuple]]:
     connection = pg_connect(services, database)
     try:
@@ -201,6 +209,7 @@ def test_partitions_and_manifest_on_postgres_s3_and_dask(cluster, tiny_root, tmp
     # The per-image steps ran on the Dask workers, with progress in the run log.
     log = (tmp_path / f"{PARTITIONS[0]}.log").read_text()
     assert "images to decode" in log
+    assert tasks_run_by_workers(cluster) >= 2 * len(PARTITIONS)  # masks + images chunks
 
     runs, checks = runs_and_checks(cluster, "corpus")
     assert len(runs) == len(PARTITIONS) + 1

@@ -80,7 +80,7 @@ def map_on_dask(
         by_chunk: dict[int, list[R]] = {}
         done = 0
         try:
-            for future in as_completed(futures):
+            for future in as_completed(futures, loop=client.loop):
                 index = position[future.key]
                 by_chunk[index] = future.result()
                 done += len(chunks[index])
