@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
