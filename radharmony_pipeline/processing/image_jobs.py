@@ -29,7 +29,7 @@ from .fingerprint import file_sha256
 from .geometry import ResizeGeometry, resize_image, resize_mask
 from .masks import mask_input_key, read_mask_png, write_mask_png
 from .parallel import Progress, default_chunk_size
-from .storage import local_scratch_file, publish, publish_file
+from .storage import is_local, local_scratch_file, publish, publish_file
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
 
 # Bumped when decoding or resizing changes, so every image is redone once.
@@ -229,7 +229,7 @@ def build_packed_images(
     keys_file = packed.with_name(packed.name + ".keys.json")
     keys = [_input_key_or_none(job) for job in jobs]
     if packed.exists() and _recorded_keys(keys_file) == keys:
-        rows = [job.current_row(key) for job, key in zip(jobs, keys, strict=True)]
+        rows = _current_rows(jobs, keys, packed, workers)
         if all(row is not None for row in rows):
             return rows
     chunks = _chunks(jobs, packed, size, workers)
@@ -243,6 +243,23 @@ def build_packed_images(
             _remove_quietly(chunk.shard)
     publish(keys_file, lambda handle: handle.write(json.dumps(keys).encode()))
     return rows
+
+
+def current_row_of(job_and_key: tuple[ImageJob, str | None]) -> ImageRow | None:
+    """Top-level (picklable) form of ImageJob.current_row for workers."""
+    job, key = job_and_key
+    return job.current_row(key) if key is not None else None
+
+
+def _current_rows(
+    jobs: Sequence[ImageJob], keys: Sequence[str | None], packed: Any, workers: int
+) -> list[ImageRow | None]:
+    pairs = list(zip(jobs, keys, strict=True))
+    if is_local(packed):
+        # Local headers cost microseconds; a pool would only add its start-up time.
+        return [current_row_of(pair) for pair in pairs]
+    # On object storage every header is a request: spread them over the workers.
+    return map_per_image(current_row_of, pairs, workers)
 
 
 def _chunks(jobs: Sequence[ImageJob], packed: Any, size: int, workers: int) -> list[ImageChunk]:
