@@ -40,7 +40,7 @@ def worker_slots(environ: Mapping[str, str] = os.environ) -> int:
     if address is None:
         return worker_count(environ)
     with _client(address) as client:
-        return max(1, sum(client.nthreads().values()))
+        return _thread_count(client, address)
 
 
 def map_per_image(
@@ -72,7 +72,7 @@ def map_on_dask(
     if not items:
         return []
     with _client(address) as client:
-        slots = max(1, sum(client.nthreads().values()))
+        slots = _thread_count(client, address)
         chunks = split_into_chunks(items, chunk_size or default_chunk_size(len(items), slots))
         # pure=False: a re-run must recompute (files may have changed), not reuse a result.
         futures = client.map(functools.partial(apply_to_chunk, function), chunks, pure=False)
@@ -90,6 +90,19 @@ def map_on_dask(
             client.cancel(futures)
             raise
     return [result for index in range(len(chunks)) for result in by_chunk[index]]
+
+
+def _thread_count(client, address: str) -> int:
+    """Worker threads on the cluster; waits a while for a first worker instead of queueing
+    tasks that nothing would ever run."""
+    try:
+        client.wait_for_workers(1, timeout=CONNECT_TIMEOUT_SECONDS)
+    except TimeoutError as error:
+        raise RuntimeError(
+            f"the Dask scheduler {address!r} ({SCHEDULER_VARIABLE}) has no workers after "
+            f"{CONNECT_TIMEOUT_SECONDS} s; start some with `dask worker {address}`"
+        ) from error
+    return sum(client.nthreads().values())
 
 
 def _client(address: str):
