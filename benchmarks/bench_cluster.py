@@ -10,10 +10,11 @@ run, each timed pass on a fresh output folder (nothing to re-use):
 3. the same with one worker. Target: the full cluster >= 1.7x one worker (on 2 cores).
 
 Each configuration first runs an untimed warm-up over a few images (imports in the workers,
-page cache). Wall-clock times, one timed pass each; other processes on the machine make the
-figures noisy.
+page cache). Wall-clock times. The machine's load drifts (other processes share it), so the
+three configurations are measured in `--rounds` rounds, the order reversed every round
+(1-2-3, 3-2-1, ...), and the best pass of each is compared; every pass is printed.
 
-    .venv/bin/python benchmarks/bench_cluster.py [--images 120] [--keep DIR]
+    .venv/bin/python benchmarks/bench_cluster.py [--images 120] [--rounds 2] [--keep DIR]
 
 Needs the scale extra (`pip install -e '.[scale]'`).
 """
@@ -35,14 +36,14 @@ SCALING_TARGET = 1.7  # two workers / one worker
 
 
 def timed_rate(sources: Sequence[Path], scratch: Path, name: str) -> float:
-    """Images per second of one `images` pass, after an untimed warm-up."""
+    """Images per second of one `images` pass in a fresh folder, after an untimed warm-up."""
     workers = worker_slots()
     run_stage(sources[:WARMUP_IMAGES], scratch / f"{name}-warmup", workers)
     run = run_stage(sources, scratch / name, workers)
     return len(sources) / run.seconds
 
 
-def dask_rate(sources: Sequence[Path], scratch: Path, workers: int) -> float:
+def dask_rate(sources: Sequence[Path], scratch: Path, workers: int, name: str) -> float:
     from distributed import LocalCluster
 
     with LocalCluster(
@@ -50,7 +51,7 @@ def dask_rate(sources: Sequence[Path], scratch: Path, workers: int) -> float:
     ) as cluster:
         os.environ[SCHEDULER_VARIABLE] = cluster.scheduler_address
         try:
-            return timed_rate(sources, scratch, f"dask-{workers}")
+            return timed_rate(sources, scratch, name)
         finally:
             del os.environ[SCHEDULER_VARIABLE]
 
@@ -58,6 +59,7 @@ def dask_rate(sources: Sequence[Path], scratch: Path, workers: int) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=120, help="number of source JPEGs")
+    parser.add_argument("--rounds", type=int, default=2, help="passes per configuration")
     parser.add_argument("--keep", type=Path, help="folder of source JPEGs to reuse/extend")
     args = parser.parse_args(argv)
     os.environ.pop(SCHEDULER_VARIABLE, None)
@@ -69,9 +71,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.keep or scratch / "sources", args.images, DEFAULT_NOISE
         )
         print(f"sources: {len(sources)} JPEGs ({written} written in {seconds:.1f} s)", flush=True)
-        local = timed_rate(sources, scratch, "local")
-        cluster = dask_rate(sources, scratch, cores)
-        single = dask_rate(sources, scratch, 1)
+        measure = {
+            "local": lambda name: timed_rate(sources, scratch, name),
+            "cluster": lambda name: dask_rate(sources, scratch, cores, name),
+            "single": lambda name: dask_rate(sources, scratch, 1, name),
+        }
+        rates: dict[str, list[float]] = {kind: [] for kind in measure}
+        for round_number in range(args.rounds):
+            order = list(measure) if round_number % 2 == 0 else list(reversed(measure))
+            for kind in order:
+                rates[kind].append(measure[kind](f"{kind}-{round_number}"))
+        passes = "; ".join(
+            f"{kind} " + ", ".join(f"{rate:.1f}" for rate in values)
+            for kind, values in rates.items()
+        )
+        print(f"every pass (images/s): {passes}", flush=True)
+        local, cluster, single = (max(rates[kind]) for kind in ("local", "cluster", "single"))
     print(f"1. local process pool, {cores} workers: {local:.1f} images/s", flush=True)
     print(
         f"2. Dask, {cores} single-threaded workers on this machine: {cluster:.1f} images/s, "
