@@ -227,7 +227,7 @@ def build_packed_images(
     are recorded.
     """
     keys_file = packed.with_name(packed.name + ".keys.json")
-    keys = [_input_key_or_none(job) for job in jobs]
+    keys = _input_keys(jobs, packed, workers)
     if packed.exists() and _recorded_keys(keys_file) == keys:
         rows = _current_rows(jobs, keys, packed, workers)
         if all(row is not None for row in rows):
@@ -249,6 +249,13 @@ def current_row_of(job_and_key: tuple[ImageJob, str | None]) -> ImageRow | None:
     """Top-level (picklable) form of ImageJob.current_row for workers."""
     job, key = job_and_key
     return job.current_row(key) if key is not None else None
+
+
+def _input_keys(jobs: Sequence[ImageJob], packed: Any, workers: int) -> list[str | None]:
+    if is_local(packed) or not any(job.union_mask_file for job in jobs):
+        return [_input_key_or_none(job) for job in jobs]
+    # A union mask's key is read from its PNG header: one request each on object storage.
+    return map_per_image(_input_key_or_none, jobs, workers)
 
 
 def _current_rows(
