@@ -152,7 +152,6 @@ def run_stage(sources: Sequence[Path], output_root: Path, workers: int) -> Stage
             mask_relative=None,
             size=SIZE,
             geometry_of=letterbox_geometry,
-            packed_file=packed,
             row=row,
         )
         for row, source in enumerate(sources)
