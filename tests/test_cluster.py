@@ -214,7 +214,11 @@ def test_partitions_and_manifest_on_postgres_s3_and_dask(cluster, tiny_root, tmp
     environment = cli_environment(cluster, home, "corpus", tiny_root, f"s3://{BUCKET}/corpus")
     for partition in PARTITIONS:
         run_cli(materialize_command(STAGES, partition), environment, tmp_path / f"{partition}.log")
-    run_cli(materialize_command("near_duplicates,unified_manifest"), environment, tmp_path / "manifest.log")
+    run_cli(
+        materialize_command("near_duplicates,unified_manifest"),
+        environment,
+        tmp_path / "manifest.log",
+    )
 
     # The per-image steps ran on the Dask workers, with progress in the run log.
     log = (tmp_path / f"{PARTITIONS[0]}.log").read_text()

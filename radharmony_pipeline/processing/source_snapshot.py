@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .storage import publish
 from .fingerprint import combined_version, entries_fingerprint, file_sha256
+from .storage import publish
 
 ABSENT = "absent"
 SNAPSHOT_FORMAT = 1
