@@ -1,9 +1,16 @@
-"""End to end through the UI server: `dagster dev` on tiny data, one partition of `all_stages`
-launched over GraphQL, its checks read back over GraphQL, the lineage graph in headless Chromium.
+"""End to end through the UI server, in headless Chromium against `dagster dev` on loopback.
+
+1. Tiny data, one partition of `all_stages` launched over GraphQL, its checks read back, the
+   lineage graph (test-artifacts/ui-lineage.png -> docs/ui-screenshot.png).
+2. A freshly built demo instance (`radharmony demo`, then `dagster dev`): the demo's runs under
+   the project's job (Runs, job page, Overview timeline), `positives_without_masks` passed for
+   the documented CheXlocalize case, the manifest's column lineage, a column description on a
+   schema, and after one annotation file changes and is observed, the partition marked
+   Unsynced with the observation naming the file (test-artifacts/ui-*.png).
 
 Needs Debian's chromium at /usr/bin/chromium (`make test` installs it) and the `playwright` Python
-package (the `dev` extra); no browser is downloaded. Screenshot: test-artifacts/ui-lineage.png,
-copied to docs/ui-screenshot.png when RADHARMONY_UPDATE_SCREENSHOT=1.
+package (the `dev` extra); no browser is downloaded. Screenshots are copied to docs/ when
+RADHARMONY_UPDATE_SCREENSHOT=1.
 """
 
 from __future__ import annotations

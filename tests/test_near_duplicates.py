@@ -11,10 +11,8 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from radharmony_pipeline.definitions import defs
+from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.defs.assets.source_files import source_files
-from radharmony_pipeline.defs.io_managers import ParquetIOManager
-from radharmony_pipeline.defs.resources import DatasetsResource, OutputsResource
 from radharmony_pipeline.loader import ManifestDataset
 from radharmony_pipeline.processing.decode import decode_grayscale
 from radharmony_pipeline.processing.duplicates import (
@@ -49,24 +47,19 @@ def _built(tmp_path_factory, plants):
     data = tmp_path_factory.mktemp("planted") / "data"
     generate_datasets(data, scale="tiny", seed=7, duplicates=plants)
     output = tmp_path_factory.mktemp("planted_out")
-    outputs = OutputsResource(output_root=str(output))
-    built = dg.Definitions(
-        assets=[d for d in defs.assets if d is not source_files],
-        asset_checks=list(defs.asset_checks),
-        jobs=[
-            dg.define_asset_job(
-                "partitions",
-                selection=dg.AssetSelection.all()
-                - dg.AssetSelection.groups("manifest")
-                - dg.AssetSelection.assets(source_files.key),
-            ),
-            dg.define_asset_job("joined", selection=dg.AssetSelection.groups("manifest")),
-        ],
-        resources={
-            "datasets": DatasetsResource(data_root=str(data)),
-            "outputs": outputs,
-            "io_manager": ParquetIOManager(outputs=outputs),
-        },
+    built = dg.Definitions.merge(
+        build_definitions(data, output),
+        dg.Definitions(
+            jobs=[
+                dg.define_asset_job(
+                    "partitions",
+                    selection=dg.AssetSelection.all()
+                    - dg.AssetSelection.groups("manifest")
+                    - dg.AssetSelection.assets(source_files.key),
+                ),
+                dg.define_asset_job("joined", selection=dg.AssetSelection.groups("manifest")),
+            ]
+        ),
     )
     instance = dg.DagsterInstance.ephemeral()
     for key in partition_keys():

@@ -38,7 +38,7 @@ class CorpusTables:
 
 def label_prevalence(tables: CorpusTables) -> pd.DataFrame:
     """Images per (dataset, class) that are positive, negative and not annotated."""
-    labels = tables.labels.merge(tables.raw_index[["image_id", "dataset"]], on="image_id")
+    labels = tables.labels  # every partitioned table carries its dataset
     rows = []
     for dataset, group in labels.groupby("dataset", sort=True):
         for column in LABEL_COLUMNS:
@@ -155,7 +155,7 @@ def _mask_area(ax: Axes, masks: pd.DataFrame) -> None:
     if ok.empty:
         return _empty(ax, "no masks")
     by_class = {str(c): g["area_fraction"].to_numpy() for c, g in ok.groupby("mask_class")}
-    ax.boxplot(list(by_class.values()), vert=False, showfliers=False)
+    ax.boxplot(list(by_class.values()), orientation="horizontal", showfliers=False)
     ax.set_yticks(range(1, len(by_class) + 1), list(by_class), fontsize=6)
     ax.set_xlabel("fraction of the image", fontsize=8)
 
@@ -187,7 +187,7 @@ def _box_heat_map(ax: Axes, bboxes: pd.DataFrame, cells: int = 32) -> None:
 
 def _fully_annotated(tables: CorpusTables) -> dict[str, pd.DataFrame]:
     """Per dataset whose classes are 0/1 on every image: its positive-label matrix."""
-    labels = tables.labels.merge(tables.raw_index[["image_id", "dataset"]], on="image_id")
+    labels = tables.labels  # every partitioned table carries its dataset
     matrices = {}
     for dataset, group in labels.groupby("dataset", sort=True):
         annotated = [c for c in LABEL_COLUMNS if group[c].notna().any()]

@@ -23,6 +23,7 @@ from PIL import Image
 from radharmony_pipeline.processing.decode import decode_grayscale
 from radharmony_pipeline.sources import SourceLocation, open_source
 from radharmony_pipeline.synthetic.encoding import jpeg_bytes, png_bytes
+from radharmony_pipeline.synthetic.expected import EXPECTED_COUNTS_NAME
 from radharmony_pipeline.synthetic.files import write_bytes, write_text
 
 TRUTH_NAME = "duplicates_truth.json"
@@ -80,9 +81,33 @@ def plant_duplicates(out: Path, plants: Sequence[PlantedDuplicate]) -> Path:
             raise ValueError(f"plant {plant} copies {source_file} onto itself")
         _write_transformed(source_file, target_file, plant.transform)
         truth.append({**asdict(plant), "source_id": source_id, "target_id": target_id})
+    _recount_rgba_images(out / "chestx-det")
     path = out / TRUTH_NAME
     write_text(path, json.dumps(truth, indent=2) + "\n")
     return path
+
+
+def _recount_rgba_images(root: Path) -> None:
+    """A plant may overwrite an RGBA ChestX-Det PNG with a grayscale one (or the reverse):
+    `expected_counts.json` must keep stating what the root really holds."""
+    counts_file = root / EXPECTED_COUNTS_NAME
+    if not counts_file.is_file():
+        return
+    document = json.loads(counts_file.read_text())
+    total = 0
+    for split, counts in document["splits"].items():
+        if "rgba_images" not in counts:
+            continue
+        counts["rgba_images"] = sum(_is_rgba(path) for path in (root / split).glob("*.png"))
+        total += counts["rgba_images"]
+    if "rgba_images" in document["total"]:
+        document["total"]["rgba_images"] = total
+    write_text(counts_file, json.dumps(document, indent=2) + "\n")
+
+
+def _is_rgba(path: Path) -> bool:
+    with Image.open(path) as image:
+        return image.mode == "RGBA"
 
 
 def read_truth(out: Path) -> list[dict]:

@@ -37,11 +37,6 @@ def observe_partition(source: DatasetSource, split: str) -> SourceSnapshot:
         return SourceSnapshot(annotations, {}, f"unreadable: {exc}")
 
 
-def partition_version(source: DatasetSource, split: str) -> str:
-    """Content hash of the annotation files + fingerprint of the image tree of one split."""
-    return observe_partition(source, split).data_version()
-
-
 def observation_metadata(
     current: SourceSnapshot, previous: SourceSnapshot | None
 ) -> dict[str, dg.MetadataValue]:
