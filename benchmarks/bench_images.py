@@ -6,10 +6,11 @@ seeded), then measures in the same run, on the same files:
 
 1. Stage throughput: jobs built as the `images` asset builds them (letterbox, S=224, fresh
    output folder, no union masks, packed temporary .npy then os.replace), run with
-   run_image_jobs(jobs, os.cpu_count()) as the asset does, against a bare single-process loop
-   doing the same job the naive way: full-resolution decode (Image.open(...).convert("L"),
-   no draft), cv2.resize INTER_AREA of the long side to 224, zero padding to 224x224, PNG
-   written with Pillow. Target: stage >= 2.5x the naive loop on 2 cores.
+   build_packed_images(..., os.cpu_count(), time_limit=...) as the asset does, against a
+   bare single-process loop doing the same job the naive way: full-resolution decode
+   (Image.open(...).convert("L"), no draft), cv2.resize INTER_AREA of the long side to 224,
+   zero padding to 224x224, PNG written with Pillow. Target: stage >= 2.5x the naive loop
+   on 2 cores.
 2. Re-run of the unchanged partition (same jobs and output folder, new packed temporary file)
    against the first run, and how many sources the re-run decoded. Targets: >= 20x faster,
    0 decoded.
@@ -152,7 +153,6 @@ def run_stage(sources: Sequence[Path], output_root: Path, workers: int) -> Stage
             mask_relative=None,
             size=SIZE,
             geometry_of=letterbox_geometry,
-            packed_file=packed,
             row=row,
         )
         for row, source in enumerate(sources)

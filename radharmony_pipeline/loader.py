@@ -59,6 +59,7 @@ from radharmony_pipeline.processing.duplicates import (
     one_per_duplicate_group,
     without_cross_split_groups,
 )
+from radharmony_pipeline.processing.storage import OutputPath, is_local, output_path
 from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
 
 try:  # torch is optional: without it samples are numpy arrays.
@@ -170,7 +171,7 @@ class ManifestDataset(_DatasetBase):
             return None
         path = self.output_root / relative_path
         if path not in self._packed:
-            self._packed[path] = np.load(path, mmap_mode="r") if path.is_file() else None
+            self._packed[path] = _load_packed(path) if path.is_file() else None
         return self._packed[path]
 
     def _mask(self, row: pd.Series, shape: tuple[int, int]) -> np.ndarray:
@@ -184,16 +185,19 @@ class ManifestDataset(_DatasetBase):
         return (mask > 0).astype(np.float32)[None]
 
 
-def _output_root(manifest: str | Path | pd.DataFrame, output_root: str | Path | None) -> Path:
+def _output_root(manifest: str | Path | pd.DataFrame, output_root: str | Path | None) -> OutputPath:
     if output_root is not None:
-        return Path(output_root)
+        return output_path(output_root)
     if isinstance(manifest, pd.DataFrame):
         raise ValueError(
             "a manifest given as a DataFrame needs output_root: the folder its "
             "image_path, tensor_path and mask_path are relative to"
         )
     # The manifest lives at <output>/tables/unified_manifest.parquet.
-    return Path(manifest).resolve().parent.parent
+    location = output_path(manifest)
+    if is_local(location):
+        return Path(location).resolve().parent.parent
+    return location.parent.parent
 
 
 def _read_manifest(
@@ -203,8 +207,10 @@ def _read_manifest(
     if isinstance(manifest, pd.DataFrame):
         table = manifest
     else:
-        present = set(pq.read_schema(manifest).names)
-        table = pd.read_parquet(manifest, columns=[c for c in wanted if c in present])
+        with output_path(manifest).open("rb") as handle:
+            present = set(pq.read_schema(handle).names)
+            handle.seek(0)
+            table = pd.read_parquet(handle, columns=[c for c in wanted if c in present])
     missing = [column for column in wanted if column not in table.columns]
     if missing:
         raise ValueError(f"manifest lacks columns {missing}; is it a unified_manifest table?")
@@ -261,8 +267,16 @@ def _checked_index(index: int, length: int) -> int:
     return index % length
 
 
-def _read_png(path: Path) -> np.ndarray:
-    with Image.open(path) as image:
+def _load_packed(path: OutputPath) -> np.ndarray:
+    """Memory-mapped on a local disk; read whole (once per process) from object storage."""
+    if is_local(path):
+        return np.load(path, mmap_mode="r")
+    with path.open("rb") as handle:
+        return np.load(handle, allow_pickle=False)
+
+
+def _read_png(path: OutputPath) -> np.ndarray:
+    with path.open("rb") as handle, Image.open(handle) as image:
         return np.asarray(image if image.mode == "L" else image.convert("L"))
 
 

@@ -1,14 +1,12 @@
 """Parquet tables at `<output>/tables/<asset>/<partition>.parquet`, local or on object storage."""
 
-from pathlib import Path
-
 import dagster as dg
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from upath import UPath
 
-from ..processing.atomic import write_atomically
+from ..processing.storage import output_path, publish
 from ..processing.table_schemas import PARTITION_COLUMNS, TABLE_SCHEMAS, conform
 from ..sources import parse_partition_key
 from .metadata import table_metadata
@@ -16,18 +14,13 @@ from .metadata import table_metadata
 
 class ParquetTableIOManager(dg.UPathIOManager):
     """Writes each partition's DataFrame as one Parquet file of its table's declared schema,
-    atomically on local disks. A frame that does not fit the declaration fails the write."""
+    never visible half-written. A frame that does not fit the declaration fails the write."""
 
     extension = ".parquet"
 
     def dump_to_path(self, context: dg.OutputContext, obj: pd.DataFrame, path: UPath) -> None:
         table = declared_table(context, obj)
-        if _is_local(path):
-            write_atomically(Path(path.path), lambda temp: pq.write_table(table, temp))
-        else:
-            # Object stores publish an object only once its upload completes.
-            with path.open("wb") as handle:
-                pq.write_table(table, handle)
+        publish(path, lambda handle: pq.write_table(table, handle))
 
     def load_from_path(self, context: dg.InputContext, path: UPath) -> pd.DataFrame:
         with path.open("rb") as handle:
@@ -54,10 +47,6 @@ def _table_name(context: dg.OutputContext) -> str:
     return context.asset_key.path[-1]
 
 
-def _is_local(path: UPath) -> bool:
-    return path.protocol in ("", "file", "local")
-
-
 @dg.io_manager(
     required_resource_keys={"outputs"},
     description="Tables under `<output_root>/tables` of the `outputs` resource (folder or s3://).",
@@ -69,4 +58,5 @@ def parquet_io_manager(context: dg.InitResourceContext) -> ParquetTableIOManager
     under the same root whatever the launchpad sets. A resource dependency rather than a nested
     resource: Dagster 1.13 initializes nested resources through a deprecated API.
     """
-    return ParquetTableIOManager(base_path=UPath(context.resources.outputs.output_root) / "tables")
+    root = output_path(context.resources.outputs.output_root)
+    return ParquetTableIOManager(base_path=UPath(root) / "tables")

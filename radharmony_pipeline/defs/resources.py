@@ -7,6 +7,7 @@ import dagster as dg
 from pydantic import Field, create_model
 
 from ..processing.settings import strict_mode
+from ..processing.storage import OutputPath, output_path
 from ..sources import SOURCE_TYPES, DatasetSource, SourceLocation, open_source
 from ..sources.location import DATA_ROOT_ENV
 
@@ -67,21 +68,13 @@ class OutputsResource(dg.ConfigurableResource):
 
     output_root: str = Field(
         default_factory=lambda: os.environ.get(OUTPUT_ROOT_ENV) or "data/output",
-        description="Folder (or URL, for tables) of all outputs; default RADHARMONY_OUTPUT_ROOT.",
+        description="Folder or object-store URL (s3://bucket/prefix) of all outputs; default "
+        "RADHARMONY_OUTPUT_ROOT.",
     )
 
-    def local_root(self) -> Path:
-        """The output root as a local folder, for files written by worker processes.
-
-        PNGs are written by a process pool with plain file APIs; an object-store root is
-        supported for tables only so far, and is refused here with a clear message.
-        """
-        if "://" in self.output_root and not self.output_root.startswith("file://"):
-            raise dg.Failure(
-                description=f"output_root {self.output_root!r} is not a local folder; masks "
-                "and images are written to local disk (set RADHARMONY_OUTPUT_ROOT to a path)"
-            )
-        return Path(self.output_root.removeprefix("file://"))
+    def root(self) -> OutputPath:
+        """The output root: a local Path, or a UPath on object storage (`s3://bucket/prefix`)."""
+        return output_path(self.output_root)
 
 
 def pipeline_resources(

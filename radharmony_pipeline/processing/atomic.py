@@ -40,10 +40,12 @@ def writer_is_gone(temp: Path) -> bool:
     return pid != os.getpid() and not psutil.pid_exists(pid)
 
 
-def remove_orphaned_temporaries(folder: Path, pattern: str = "*") -> list[Path]:
-    """Delete the temporary files under `folder` (recursively) whose writer is gone."""
+def remove_orphaned_temporaries(folder: Any, pattern: str = "*") -> list[Any]:
+    """Delete the temporary files under `folder` (a local path or a UPath on object storage,
+    recursively) whose writer is gone."""
     removed = []
-    for temp in Path(folder).rglob(f"{TEMP_MARKER}{pattern}"):
+    folder = Path(folder) if isinstance(folder, str) else folder
+    for temp in folder.rglob(f"{TEMP_MARKER}{pattern}"):
         if writer_is_gone(temp):
             temp.unlink(missing_ok=True)
             removed.append(temp)

@@ -1,9 +1,11 @@
 """Per-image work of the `images` stage: decode, resize through a recorded geometry, write.
 
 Each job writes the resized image (and its resized union mask) as PNGs tagged with a key of
-their inputs, and its pixels into row `row` of the partition's packed array. A job whose
-outputs carry the current key re-uses them: it reads the small resized PNG instead of
-decoding the source again.
+their inputs and returns its pixels. A job whose outputs carry the current key re-uses them:
+it reads the small resized PNG instead of decoding the source again. The partition's packed
+array is assembled in a local scratch file and published once: the local (time-limited) pool
+writes into it directly, Dask chunks send their pixels back as shards beside the array, so
+no memory map is shared between machines.
 """
 
 from __future__ import annotations
@@ -12,26 +14,32 @@ import functools
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from PIL import Image
 
-from .atomic import temporary_sibling, write_atomically
+from .atomic import temporary_sibling
+from .cluster import dask_scheduler, map_on_dask, map_per_image
 from .decode import DecodeError, decode_grayscale
 from .fingerprint import file_sha256
 from .geometry import ResizeGeometry, resize_image, resize_mask
 from .image_files import confined
 from .masks import mask_input_key, read_mask_png, write_mask_png
-from .parallel import Progress, map_in_chunks
+from .parallel import Progress, default_chunk_size, map_in_chunks
 from .perceptual_hash import perceptual_hash, pixels_sha256
+from .storage import is_local, local_scratch_file, publish, publish_file
 from .supervised import TimeLimit
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
 
 # Bumped when decoding or resizing changes, so every image is redone once.
 IMAGE_CODE_VERSION = "2"  # 2: perceptual hash and pixel digest (issue 11)
+# At most this many images per Dask chunk (one shard of ~12 MB at S=224), so that a large
+# partition (ReXGradient train: 238,968 images) is shared by many workers.
+MAX_IMAGES_PER_CHUNK = 256
 GeometryFunction = Callable[[int, int, int], ResizeGeometry]
 
 
@@ -60,13 +68,12 @@ class ImageRow:
 class ImageJob:
     image_id: str
     source_file: Path
-    union_mask_file: Path | None
-    output_root: Path
+    union_mask_file: Any | None  # on the output root: a Path or a UPath
+    output_root: Any
     image_relative: str
     mask_relative: str | None
     size: int
     geometry_of: GeometryFunction
-    packed_file: Path
     row: int
     # The folder the source must stay inside (resolved), and the raw_index error of an image
     # whose metadata entry is unusable: then nothing is read and the row carries that error.
@@ -89,9 +96,9 @@ class ImageJob:
             self.geometry_of.__name__,
         )
 
-    def reuse(self) -> ImageRow | None:
-        """The row from existing outputs that carry the current input key (their pixels are
-        packed), else None. Cheap: a stat, a PNG header and a small PNG decode."""
+    def reuse(self) -> tuple[ImageRow, np.ndarray] | None:
+        """The row and pixels from existing outputs that carry the current input key, else
+        None. Cheap: a stat, a PNG header and a small PNG decode."""
         if self.index_error is not None:
             return None
         try:
@@ -106,21 +113,22 @@ class ImageJob:
             return None
         return self._row(tags, decoded=False)
 
-    def process(self) -> ImageRow:
-        """Decode the source, resize, write the PNGs and pack the pixels; errors become rows."""
+    def process(self) -> tuple[ImageRow, np.ndarray | None]:
+        """Decode the source, resize and write the PNGs; the row and the pixels to pack.
+        Errors become rows (without pixels)."""
         if self.index_error is not None:
-            return self._error_row(self.index_error)
+            return self._error_row(self.index_error), None
         try:
             return self._process(self.input_key())
         except (DecodeError, OSError, ValueError) as exc:
-            return self._error_row(str(exc))
+            return self._error_row(str(exc)), None
 
     def _mask_is_current(self, key: str) -> bool:
         return self.mask_relative is None or (
             stored_input_key(self.output_root / self.mask_relative) == key
         )
 
-    def _process(self, key: str) -> ImageRow:
+    def _process(self, key: str) -> tuple[ImageRow, np.ndarray]:
         source = confined(self.source_file, self.source_root)
         decoded = decode_grayscale(source, target_size=self.size)
         geometry = self.geometry_of(decoded.source_height, decoded.source_width, self.size)
@@ -140,23 +148,22 @@ class ImageJob:
         write_tagged_png(
             self.output_root / self.image_relative, lambda: Image.fromarray(pixels), key, tags
         )
-        self._pack(pixels)
-        return self._row(tags, decoded=True)
+        return self._row(tags, decoded=True), pixels
 
-    def _reuse(self, key: str) -> ImageRow | None:
-        """The row from the existing outputs when they carry `key`, else None."""
+    def _reuse(self, key: str) -> tuple[ImageRow, np.ndarray] | None:
+        """The row and pixels from the existing outputs when they carry `key`, else None."""
         try:
-            with Image.open(self.output_root / self.image_relative, formats=["PNG"]) as image:
+            with (
+                (self.output_root / self.image_relative).open("rb") as handle,
+                Image.open(handle, formats=["PNG"]) as image,
+            ):
                 tags = {k: v for k, v in image.info.items() if isinstance(v, str)}
                 if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
                     return None
-                self._pack(np.asarray(image))
+                pixels = np.asarray(image)
         except (OSError, SyntaxError):
             return None
-        return self._row(tags, decoded=False)
-
-    def _pack(self, pixels: np.ndarray) -> None:
-        _packed_array(self.packed_file)[self.row] = pixels
+        return self._row(tags, decoded=False), pixels
 
     def _row(self, tags: dict[str, str], decoded: bool) -> ImageRow:
         return ImageRow(
@@ -204,60 +211,175 @@ def content_fingerprints(pixels: np.ndarray, geometry: ResizeGeometry) -> dict[s
     return {"perceptual_hash": perceptual_hash(content), "pixels_sha256": pixels_sha256(pixels)}
 
 
-@functools.lru_cache(maxsize=2)
-def _packed_array(path: Path) -> np.memmap:
-    """The partition's packed array, mapped once per worker process.
-
-    Rows are written through the shared mapping without msync: the page cache is shared,
-    so the parent sees every row once the workers are done, and renames the file.
-    """
-    return np.load(path, mmap_mode="r+")
-
-
-def process_image_job(job: ImageJob) -> ImageRow:
-    """Top-level (picklable) entry point for the process pool."""
-    return job.process()
-
-
 def image_job_stopped(job: ImageJob, reason: str) -> ImageRow:
     """The row of a job whose worker was stopped (time limit) or died."""
     return job._error_row(f"{job.source_file}: {reason}")
 
 
+def fill_packed_row(scratch: Path, job: ImageJob) -> ImageRow:
+    """Top-level (picklable) entry point for the local pool: the job (re-used or processed),
+    its pixels written into row `job.row` of the local scratch array.
+
+    The scratch file is on this machine, so the pool's processes write through their own
+    mapping of it without msync (the page cache is shared); an image stopped by the time
+    limit leaves its row zero."""
+    row, pixels = job.reuse() or job.process()
+    if pixels is not None:
+        packed = np.load(scratch, mmap_mode="r+")
+        packed[job.row] = pixels
+        del packed
+    return row
+
+
+@dataclass(frozen=True)
+class ImageChunk:
+    """Consecutive jobs of one partition and the shard their pixels go to (Dask workers do
+    not share this machine's files, so their pixels come back through the output root)."""
+
+    jobs: tuple[ImageJob, ...]
+    shard: Any  # a temporary file or object beside the packed array
+    size: int
+
+
+def process_image_chunk(chunk: ImageChunk) -> list[ImageRow]:
+    """Top-level (picklable) entry point for a Dask worker: every job of the chunk (re-used
+    or processed), its pixels saved as one shard; rows in job order."""
+    pixels = np.zeros((len(chunk.jobs), chunk.size, chunk.size), dtype=np.uint8)
+    rows = []
+    for position, job in enumerate(chunk.jobs):
+        row, image = job.reuse() or job.process()
+        if image is not None:
+            pixels[position] = image
+        rows.append(row)
+    with chunk.shard.open("wb") as handle:
+        np.save(handle, pixels, allow_pickle=False)
+    return rows
+
+
 def build_packed_images(
     jobs: Sequence[ImageJob],
-    packed: Path,
+    packed: Any,
     size: int,
     workers: int,
     on_progress: Progress | None = None,
     time_limit: TimeLimit | None = None,
 ) -> list[ImageRow]:
-    """Rows of the partition's images and its packed N×S×S array at `packed`.
+    """Rows of the partition's images and its packed N×S×S array at `packed` (a local
+    Path or a UPath on object storage).
 
     When the array exists and every image's input key equals the one recorded beside it
     (`<name>.keys.json`) and in its PNG, nothing is read beyond file headers. Otherwise the
-    array is rebuilt in a temporary file (current PNGs re-used, the rest decoded in the pool)
-    and renamed into place, then its keys are recorded.
+    array is assembled in a local scratch file (current PNGs re-used, the rest decoded) and
+    published once; then its keys are recorded. Locally the jobs run in the supervised pool
+    (each image bounded by `time_limit`) and write straight into the scratch file; on a Dask
+    cluster chunks of jobs write shards that are copied into it one at a time.
     """
     keys_file = packed.with_name(packed.name + ".keys.json")
-    keys = [_input_key_or_none(job) for job in jobs]
+    keys = _input_keys(jobs, packed, workers)
     if packed.exists() and _recorded_keys(keys_file) == keys:
-        rows = [job.current_row(key) for job, key in zip(jobs, keys, strict=True)]
+        rows = _current_rows(jobs, keys, packed, workers)
         if all(row is not None for row in rows):
             return rows
-    temp = temporary_sibling(packed)
-    try:
+    with local_scratch_file(packed, suffix=".npy") as scratch:
         np.lib.format.open_memmap(
-            temp, mode="w+", dtype=np.uint8, shape=(len(jobs), size, size)
+            scratch, mode="w+", dtype=np.uint8, shape=(len(jobs), size, size)
         ).flush()
-        rows = run_image_jobs(
-            [replace(job, packed_file=temp) for job in jobs], workers, on_progress, time_limit
-        )
-        os.replace(temp, packed)
-    finally:
-        temp.unlink(missing_ok=True)
-    write_atomically(keys_file, lambda path: path.write_text(json.dumps(keys)))
+        address = dask_scheduler()
+        if address is None:
+            rows = map_in_chunks(
+                functools.partial(fill_packed_row, scratch),
+                jobs,
+                workers,
+                on_progress=on_progress,
+                time_limit=time_limit,
+            )
+        else:
+            chunk = default_chunk_size(len(jobs), workers)
+            rows = _run_on_dask(_chunks(jobs, packed, size, chunk), scratch, address, on_progress)
+        publish_file(packed, scratch)
+    publish(keys_file, lambda handle: handle.write(json.dumps(keys).encode()))
     return rows
+
+
+def current_row_of(job_and_key: tuple[ImageJob, str | None]) -> ImageRow | None:
+    """Top-level (picklable) form of ImageJob.current_row for workers."""
+    job, key = job_and_key
+    return job.current_row(key) if key is not None else None
+
+
+def _input_keys(jobs: Sequence[ImageJob], packed: Any, workers: int) -> list[str | None]:
+    if is_local(packed) or not any(job.union_mask_file for job in jobs):
+        return [_input_key_or_none(job) for job in jobs]
+    # A union mask's key is read from its PNG header: one request each on object storage.
+    return map_per_image(_input_key_or_none, jobs, workers)
+
+
+def _current_rows(
+    jobs: Sequence[ImageJob], keys: Sequence[str | None], packed: Any, workers: int
+) -> list[ImageRow | None]:
+    pairs = list(zip(jobs, keys, strict=True))
+    if is_local(packed):
+        # Local headers cost microseconds; a pool would only add its start-up time.
+        return [current_row_of(pair) for pair in pairs]
+    # On object storage every header is a request: spread them over the workers.
+    return map_per_image(current_row_of, pairs, workers)
+
+
+def _run_on_dask(
+    chunks: Sequence[ImageChunk], scratch: Path, address: str, on_progress: Progress | None
+) -> list[ImageRow]:
+    """Rows of every chunk in order, the shards copied into `scratch`; progress in images."""
+    sizes = [len(chunk.jobs) for chunk in chunks]
+    images = sum(sizes)
+
+    def chunk_progress(done_chunks: int, _total: int) -> None:
+        if on_progress is not None:
+            on_progress(min(sum(sizes[:done_chunks]), images), images)
+
+    try:
+        results = map_on_dask(process_image_chunk, chunks, address, 1, chunk_progress)
+        _assemble(chunks, scratch)
+    finally:
+        for chunk in chunks:
+            _remove_quietly(chunk.shard)
+    return [row for rows in results for row in rows]
+
+
+def _chunks(jobs: Sequence[ImageJob], packed: Any, size: int, per_chunk: int) -> list[ImageChunk]:
+    per_chunk = max(1, min(per_chunk, MAX_IMAGES_PER_CHUNK))
+    # Shards are named like every temporary file (owner pid@host), so the interrupted-run
+    # clean-up of another run never removes the shards of this live one.
+    return [
+        ImageChunk(
+            jobs=tuple(jobs[start : start + per_chunk]),
+            shard=temporary_sibling(packed.with_name(f"shard{start}-{packed.name}")),
+            size=size,
+        )
+        for start in range(0, len(jobs), per_chunk)
+    ]
+
+
+def _assemble(chunks: Sequence[ImageChunk], scratch: Path) -> None:
+    """Copy the shards into the scratch array, one shard in memory at a time."""
+    packed = np.load(scratch, mmap_mode="r+")
+    start = 0
+    for chunk in chunks:
+        with chunk.shard.open("rb") as handle:
+            shard = np.load(handle, allow_pickle=False)
+        packed[start : start + len(shard)] = shard
+        start += len(shard)
+    packed.flush()
+    del packed
+
+
+def _remove_quietly(path: Any) -> None:
+    try:
+        if isinstance(path, Path):
+            path.unlink(missing_ok=True)
+        else:
+            path.fs.rm(path.path)
+    except FileNotFoundError:
+        pass
 
 
 def _input_key_or_none(job: ImageJob) -> str | None:
@@ -267,29 +389,12 @@ def _input_key_or_none(job: ImageJob) -> str | None:
         return None
 
 
-def _recorded_keys(path: Path) -> list | None:
+def _recorded_keys(path: Any) -> list | None:
     try:
-        return json.loads(path.read_text())
+        with path.open("rb") as handle:
+            return json.loads(handle.read())
     except (OSError, ValueError):
         return None
-
-
-def run_image_jobs(
-    jobs: Sequence[ImageJob],
-    workers: int,
-    on_progress: Progress | None = None,
-    time_limit: TimeLimit | None = None,
-) -> list[ImageRow]:
-    """Rows in job order. Verifying unchanged images is cheap and done in this process; only
-    the images to decode go to the process pool."""
-    reused = [job.reuse() for job in jobs]
-    pending = [job for job, row in zip(jobs, reused, strict=True) if row is None]
-    processed = iter(
-        map_in_chunks(
-            process_image_job, pending, workers, on_progress=on_progress, time_limit=time_limit
-        )
-    )
-    return [row if row is not None else next(processed) for row in reused]
 
 
 IMAGE_COLUMNS = (

@@ -181,12 +181,12 @@ def write_mask_png(path: Path, mask: np.ndarray, input_key: str) -> bool:
     A file already tagged with the same key is left untouched (its mtime too), so masks
     whose inputs did not change are never rewritten.
     """
-    return write_tagged_png(Path(path), lambda: _mask_image(mask), input_key)
+    return write_tagged_png(path, lambda: _mask_image(mask), input_key)
 
 
 def read_mask_png(path: Path) -> np.ndarray:
     """A mask PNG written by write_mask_png as a uint8 0/1 array."""
-    with Image.open(path, formats=["PNG"]) as image:
+    with path.open("rb") as handle, Image.open(handle, formats=["PNG"]) as image:
         if image.mode != "L":
             raise ValueError(f"{path}: a mask PNG is mode L, got {image.mode}")
         pixels = np.asarray(image)

@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from radharmony_pipeline.processing.atomic import write_atomically
+from radharmony_pipeline.processing.storage import output_path, publish
 
 Colour = tuple[int, int, int]
 Box = tuple[float, float, float, float, str]
@@ -136,7 +136,8 @@ def choose_samples(
 
 def save_png(image: Image.Image, path: Path | str) -> None:
     """Write `image` as PNG through a temporary file, so no reader sees half a sheet."""
-    write_atomically(Path(path), lambda temp: image.save(temp, format="PNG"))
+    target = output_path(path) if isinstance(path, str) else path
+    publish(target, lambda handle: image.save(handle, format="PNG"))
 
 
 def display_gray(image: np.ndarray) -> np.ndarray:

@@ -14,9 +14,10 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
-from .atomic import write_atomically
 from .fingerprint import combined_version, entries_fingerprint, file_sha256
+from .storage import publish
 
 ABSENT = "absent"
 SNAPSHOT_FORMAT = 1
@@ -108,7 +109,7 @@ def describe_changes(annotations: FileChanges, images: FileChanges, examples: in
     return "; ".join(parts)
 
 
-def save_snapshot(snapshot: SourceSnapshot, path: Path) -> None:
+def save_snapshot(snapshot: SourceSnapshot, path: Any) -> None:
     payload = {
         "format": SNAPSHOT_FORMAT,
         "annotations": dict(snapshot.annotations),
@@ -116,17 +117,17 @@ def save_snapshot(snapshot: SourceSnapshot, path: Path) -> None:
         "image_tree_problem": snapshot.image_tree_problem,
     }
 
-    def write(temp: Path) -> None:
-        with gzip.open(temp, "wt", encoding="utf-8") as handle:
-            json.dump(payload, handle, separators=(",", ":"))
+    def write(handle: BinaryIO) -> None:
+        with gzip.open(handle, "wt", encoding="utf-8") as text:
+            json.dump(payload, text, separators=(",", ":"))
 
-    write_atomically(path, write)
+    publish(path, write)
 
 
-def load_snapshot(path: Path) -> SourceSnapshot | None:
+def load_snapshot(path: Any) -> SourceSnapshot | None:
     """The snapshot saved at `path`, or None when there is none (or it is unreadable)."""
     try:
-        with gzip.open(path, "rt", encoding="utf-8") as handle:
+        with path.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as handle:
             payload = json.load(handle)
     except (OSError, EOFError, ValueError):
         return None

@@ -7,35 +7,35 @@ Tags live in tEXt chunks, which Pillow writes before the image data and parses o
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from pathlib import Path
+from typing import Any
 
 from PIL import Image, PngImagePlugin
 
-from .atomic import write_atomically
+from .storage import publish
 
 INPUT_KEY_TAG = "radharmony-input"
 
 
-def read_png_tags(path: Path) -> dict[str, str]:
+def read_png_tags(path: Any) -> dict[str, str]:
     """The text tags of a PNG, or {} if the file is missing or unreadable (so it is rewritten).
 
     Only the chunks before the image data are parsed; the pixels are not decoded.
     """
     try:
-        with Image.open(path, formats=["PNG"]) as image:
+        with path.open("rb") as handle, Image.open(handle, formats=["PNG"]) as image:
             # image.info, not image.text: .text decodes the pixels to look for late chunks.
             return {k: v for k, v in image.info.items() if isinstance(v, str)}
     except (OSError, SyntaxError, ValueError):
         return {}
 
 
-def stored_input_key(path: Path) -> str | None:
+def stored_input_key(path: Any) -> str | None:
     """The input key a PNG was written with, if any."""
     return read_png_tags(path).get(INPUT_KEY_TAG)
 
 
 def write_tagged_png(
-    path: Path,
+    path: Any,
     image: Callable[[], Image.Image],
     input_key: str,
     tags: Mapping[str, str] | None = None,
@@ -43,7 +43,6 @@ def write_tagged_png(
     """Write `image()` with its input key (and other tags) atomically; False if the file
     already carries the same key and was left untouched (mtime included). The image is only
     built when it is written."""
-    path = Path(path)
     if stored_input_key(path) == input_key:
         return False
     header = PngImagePlugin.PngInfo()
@@ -51,5 +50,5 @@ def write_tagged_png(
     for name, value in (tags or {}).items():
         header.add_text(name, value)
     picture = image()
-    write_atomically(path, lambda temp: picture.save(temp, format="PNG", pnginfo=header))
+    publish(path, lambda handle: picture.save(handle, format="PNG", pnginfo=header))
     return True

@@ -76,7 +76,7 @@ def bboxes(
     }
     # Every partition gets a sheet: without boxes it shows the images themselves.
     metadata.update(
-        box_preview(source, split, raw_index, table, outputs.local_root(), context.partition_key)
+        box_preview(source, split, raw_index, table, outputs.root(), context.partition_key)
     )
     return dg.Output(table, metadata=metadata)
 

@@ -1,7 +1,6 @@
 """`images`: every image decoded, resized to S×S with its geometry recorded, packed per
 partition."""
 
-from pathlib import Path
 from typing import Literal
 
 import dagster as dg
@@ -9,6 +8,7 @@ import pandas as pd
 from pydantic import Field
 
 from ...processing.atomic import TEMP_MARKER, remove_orphaned_temporaries, writer_is_gone
+from ...processing.cluster import worker_slots
 from ...processing.geometry import letterbox_geometry, squash_geometry
 from ...processing.image_jobs import (
     IMAGE_CODE_VERSION,
@@ -17,10 +17,10 @@ from ...processing.image_jobs import (
     image_job_stopped,
     image_table,
 )
-from ...processing.parallel import worker_count
 from ...processing.progress import ProgressLog
 from ...processing.settings import MAX_IMAGE_SIZE
 from ...processing.settings import image_size as image_size_setting
+from ...processing.storage import OutputPath, make_folder
 from ...processing.supervised import TimeLimit, job_timeout
 from ...processing.table_schemas import IMAGES
 from ...sources import parse_partition_key
@@ -75,10 +75,10 @@ def images(
 ) -> dg.Output[pd.DataFrame]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
-    root = outputs.local_root()
+    root = outputs.root()
     folder = root / "images" / context.partition_key
     packed = root / "images" / f"{context.partition_key}.npy"
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder)
     _remove_interrupted_writes(folder, packed)
     unions = _union_masks(masks, root)
     base = source.image_dir(split)
@@ -97,7 +97,6 @@ def images(
             ),
             size=config.size,
             geometry_of=GEOMETRIES[config.resize],
-            packed_file=packed,
             row=row,
             source_root=base,
             index_error=None if pd.isna(error) else f"raw_index: {error}",
@@ -113,8 +112,9 @@ def images(
         )
     ]
     progress = ProgressLog(context.log, "images to decode", len(jobs))
+    # The per-image time limit bounds the local pool; Dask workers are not stopped mid-image.
     limit = TimeLimit(job_timeout(), image_job_stopped)
-    rows = build_packed_images(jobs, packed, config.size, worker_count(), progress.update, limit)
+    rows = build_packed_images(jobs, packed, config.size, worker_slots(), progress.update, limit)
     # A killed worker (time limit) leaves its temporary PNG behind.
     _remove_interrupted_writes(folder, packed)
     table = image_table(rows)
@@ -133,7 +133,7 @@ def images(
     )
 
 
-def _union_masks(masks: pd.DataFrame, root: Path) -> dict[str, Path]:
+def _union_masks(masks: pd.DataFrame, root: OutputPath) -> dict[str, OutputPath]:
     ok = masks[(masks["mask_class"] == "any") & (masks["status"] == "ok")]
     return {
         image_id: root / path
@@ -141,9 +141,10 @@ def _union_masks(masks: pd.DataFrame, root: Path) -> dict[str, Path]:
     }
 
 
-def _remove_interrupted_writes(folder: Path, packed: Path) -> None:
-    """A killed run leaves temporary files (never partial outputs); clear those whose writer
-    is gone before resuming. A live writer's (another run of this partition) are left alone."""
+def _remove_interrupted_writes(folder: OutputPath, packed: OutputPath) -> None:
+    """A killed run leaves temporary files and shards (never partial outputs); clear those
+    whose writer is gone before resuming. A live writer's (another run of this partition)
+    are left alone. Globs list the folder once, on object storage too."""
     remove_orphaned_temporaries(folder)
     for path in packed.parent.glob(f"{TEMP_MARKER}*{packed.name}*"):
         if writer_is_gone(path):

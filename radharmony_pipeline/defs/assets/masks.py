@@ -4,6 +4,7 @@ import dagster as dg
 import pandas as pd
 
 from ...processing.atomic import remove_orphaned_temporaries
+from ...processing.cluster import map_per_image, worker_slots
 from ...processing.mask_jobs import (
     MASK_CODE_VERSION,
     MaskTarget,
@@ -12,7 +13,6 @@ from ...processing.mask_jobs import (
     mask_table,
     run_mask_job,
 )
-from ...processing.parallel import map_in_chunks, worker_count
 from ...processing.progress import ProgressLog
 from ...processing.supervised import TimeLimit, job_timeout
 from ...processing.table_schemas import MASKS
@@ -52,7 +52,7 @@ def masks(
 ) -> dg.Output[pd.DataFrame]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
-    root = outputs.local_root()
+    root = outputs.root()
     folder = f"masks/{context.partition_key}"
     remove_orphaned_temporaries(root / folder)
     usable = raw_index["status"] == "ok"
@@ -61,11 +61,12 @@ def masks(
     segmented = raw_index[(usable & source.localizable_images(raw_index)).to_numpy()]
     jobs = source.mask_jobs(split, segmented, lambda key: MaskTarget(root, f"{folder}/{key}"))
     progress = ProgressLog(context.log, "images", len(jobs))
-    rows = map_in_chunks(
+    # The per-image time limit bounds the local pool; Dask workers are not stopped mid-image.
+    rows = map_per_image(
         run_mask_job,
         jobs,
-        worker_count(),
-        on_progress=progress.update,
+        worker_slots(),
+        progress.update,
         time_limit=TimeLimit(job_timeout(), mask_job_stopped),
     )
     # A killed worker (time limit) leaves its temporary PNG behind.

@@ -61,7 +61,7 @@ def near_duplicates(
         "kinds": dg.MetadataValue.json(members["kind"].value_counts().to_dict()),
         "radius_bits": DEFAULT_RADIUS,
     }
-    metadata.update(example_sheet(members, outputs.local_root()))
+    metadata.update(example_sheet(members, outputs.root()))
     return dg.Output(members, metadata=metadata)
 
 
@@ -100,7 +100,7 @@ def example_sheet(members: pd.DataFrame, root: Path) -> dict:
     for group_id in chosen.head(SHEET_GROUPS):
         group = members[members["group_id"] == group_id].head(SHEET_MEMBERS)
         for row in group.itertuples(index=False):
-            with Image.open(root / row.image_path) as image:
+            with (root / row.image_path).open("rb") as handle, Image.open(handle) as image:
                 pixels = np.asarray(image.convert("L"))
             title = (
                 f"{row.dataset}.{row.split} {_KIND_LABELS[row.kind]} "

@@ -6,8 +6,8 @@ import base64
 import dagster as dg
 import pandas as pd
 
-from ...processing.atomic import write_atomically
 from ...processing.profile_plots import CorpusTables, label_prevalence, profile_pngs
+from ...processing.storage import publish
 from ..automation import REBUILD_WHEN_CHANGED, REBUILD_WHEN_PARTITIONS_SETTLE
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import OutputsResource
@@ -87,11 +87,11 @@ def corpus_profile(
 
 
 def _profile(tables: CorpusTables, name: str, outputs: OutputsResource) -> dg.Output:
-    root = outputs.local_root()
+    root = outputs.root()
     path = root / "previews" / "profile" / f"{name}.png"
     title = f"RadHarmony profile: {name} ({len(tables.raw_index):,} images)"
     png, small = profile_pngs(tables, title, dpis=(FILE_DPI, INLINE_DPI))
-    write_atomically(path, lambda temp: temp.write_bytes(png))
+    publish(path, lambda handle: handle.write(png))
     inline = f"![profile of {name}](data:image/png;base64,{base64.b64encode(small).decode()})"
     return dg.Output(
         label_prevalence(tables),

@@ -94,7 +94,7 @@ SOURCE_KINDS = ("jpeg", "png", "dicom", "json", "csv")
 def source_files(
     context: dg.AssetExecutionContext, datasets: DatasetsResource, outputs: OutputsResource
 ) -> dg.DataVersionsByPartition:
-    snapshots = outputs.local_root() / SNAPSHOT_FOLDER
+    snapshots = outputs.root() / SNAPSHOT_FOLDER
     changed = []
     for partition_key in dataset_split_partitions.get_partition_keys():
         dataset, split = parse_partition_key(partition_key)

@@ -2,6 +2,7 @@
 measured on the pipeline's own per-class masks, and the count of RGBA source images."""
 
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pandas as pd
@@ -47,7 +48,7 @@ def dataset_figures_match_documentation(
         }
         if not wanted and not split_wanted:
             continue
-        found = measured_figures(source, rows, outputs.local_root(), {*wanted, *split_wanted})
+        found = measured_figures(source, rows, outputs.root(), {*wanted, *split_wanted})
         comparisons[key] = [
             CountComparison(f"{key}: {c.metric}", c.expected, c.found)
             for c in compare_counts({**wanted, **split_wanted}, found)
@@ -73,9 +74,15 @@ def measured_figures(
     return found
 
 
+def _read_table(path: Any) -> pd.DataFrame:
+    # A handle, so that an object-store root (a UPath) is read like a local one.
+    with path.open("rb") as handle:
+        return pd.read_parquet(handle)
+
+
 def _overlap(source: DatasetSource, root: Path) -> dict[str, int]:
     tables = [
-        pd.read_parquet(root / "tables" / "masks" / f"{source.key}.{split}.parquet")
+        _read_table(root / "tables" / "masks" / f"{source.key}.{split}.parquet")
         for split in source.splits
     ]
     masks = pd.concat(tables, ignore_index=True)

@@ -32,7 +32,7 @@ def _spanning(members: pd.DataFrame) -> dict:
 
 
 def _sheet(outputs: OutputsResource) -> dict:
-    path = outputs.local_root() / SHEET
+    path = outputs.root() / SHEET
     return {"examples": dg.MetadataValue.path(str(path))} if path.is_file() else {}
 
 

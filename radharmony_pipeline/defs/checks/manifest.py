@@ -6,6 +6,7 @@ import dagster as dg
 import pandas as pd
 
 from ...processing.expectations import manifest_expectations, validate_table
+from ...processing.storage import listing
 from ...processing.vocabulary import LABEL_COLUMNS
 from ...sources import SOURCE_TYPES
 from ...sources.counts import CountComparison, compare_counts
@@ -108,11 +109,13 @@ def manifest_totals_match_documentation(
 def manifest_paths_exist(
     unified_manifest: pd.DataFrame, outputs: OutputsResource
 ) -> dg.AssetCheckResult:
-    root = outputs.local_root()
+    root = outputs.root()
     missing = []
+    # One listing per top-level folder instead of one request per file on object storage.
+    listed = {f"{top}/{name}" for top in ("images", "masks") for name in listing(root / top)}
     for column in ("image_path", "mask_path", "tensor_path"):
         paths = unified_manifest[column].dropna().unique()
-        missing += [f"{column}: {p}" for p in paths if not (root / p).is_file()]
+        missing += [f"{column}: {p}" for p in paths if p not in listed]
     return dg.AssetCheckResult(
         passed=not missing,
         metadata={"missing": len(missing), "examples": dg.MetadataValue.json(missing[:20])},

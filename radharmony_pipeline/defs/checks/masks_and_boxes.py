@@ -4,6 +4,7 @@ import dagster as dg
 import pandas as pd
 
 from ...processing.expectations import bbox_expectations, mask_expectations, validate_table
+from ...processing.storage import listing
 from ...sources import parse_partition_key
 from ...sources.counts import MASK_METRICS, compare_counts
 from ..partitions import dataset_split_partitions
@@ -132,8 +133,15 @@ def positives_without_masks(
     "every mask file exists, classes in the vocabulary.",
 )
 def masks_suite(masks: pd.DataFrame, outputs: OutputsResource) -> dg.AssetCheckResult:
-    root = outputs.local_root()
-    exists = masks["mask_path"].map(lambda path: (root / path).is_file(), na_action="ignore")
+    root = outputs.root()
+    # One listing of the partition's folder, not one request per mask on object storage.
+    partitions = {path.split("/")[1] for path in masks["mask_path"].dropna()}
+    listed = {
+        f"masks/{partition}/{name}"
+        for partition in partitions
+        for name in listing(root / "masks" / partition)
+    }
+    exists = masks["mask_path"].map(lambda path: path in listed, na_action="ignore")
     table = masks.assign(
         mask_file_exists=exists,
         class_area_fraction=masks["area_fraction"].where(masks["mask_class"] != "any"),

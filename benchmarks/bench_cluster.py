@@ -1,0 +1,103 @@
+"""Benchmark: `images` throughput on the local process pool vs a Dask cluster on this machine.
+
+On the same synthetic full-resolution JPEGs as bench_images.py (seeded, written once), in one
+run, each timed pass on a fresh output folder (nothing to re-use):
+
+1. the local process pool with os.cpu_count() workers (the default, no Dask);
+2. a Dask cluster of the same size on this machine: a scheduler and os.cpu_count()
+   single-threaded worker processes (distributed.LocalCluster), selected the way the asset
+   selects it, through RADHARMONY_DASK_SCHEDULER. Target: within 15 % of the local pool;
+3. the same with one worker. Target: the full cluster >= 1.7x one worker (on 2 cores).
+
+Each configuration first runs an untimed warm-up over a few images (imports in the workers,
+page cache). Wall-clock times. The machine's load drifts (other processes share it), so the
+three configurations are measured in `--rounds` rounds, the order reversed every round
+(1-2-3, 3-2-1, ...), and the best pass of each is compared; every pass is printed.
+
+    .venv/bin/python benchmarks/bench_cluster.py [--images 120] [--rounds 2] [--keep DIR]
+
+Needs the scale extra (`pip install -e '.[scale]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench_images import DEFAULT_NOISE, WARMUP_IMAGES, machine_line, prepare_sources, run_stage
+
+from radharmony_pipeline.processing.cluster import SCHEDULER_VARIABLE, worker_slots
+
+OVERHEAD_TARGET = 0.85  # Dask throughput / local pool throughput
+SCALING_TARGET = 1.7  # two workers / one worker
+
+
+def timed_rate(sources: Sequence[Path], scratch: Path, name: str) -> float:
+    """Images per second of one `images` pass in a fresh folder, after an untimed warm-up."""
+    workers = worker_slots()
+    run_stage(sources[:WARMUP_IMAGES], scratch / f"{name}-warmup", workers)
+    run = run_stage(sources, scratch / name, workers)
+    return len(sources) / run.seconds
+
+
+def dask_rate(sources: Sequence[Path], scratch: Path, workers: int, name: str) -> float:
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
+        os.environ[SCHEDULER_VARIABLE] = cluster.scheduler_address
+        try:
+            return timed_rate(sources, scratch, name)
+        finally:
+            del os.environ[SCHEDULER_VARIABLE]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=120, help="number of source JPEGs")
+    parser.add_argument("--rounds", type=int, default=2, help="passes per configuration")
+    parser.add_argument("--keep", type=Path, help="folder of source JPEGs to reuse/extend")
+    args = parser.parse_args(argv)
+    os.environ.pop(SCHEDULER_VARIABLE, None)
+    cores = os.cpu_count() or 1
+    print(machine_line(), flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench_cluster_") as scratch_name:
+        scratch = Path(scratch_name)
+        sources, written, seconds = prepare_sources(
+            args.keep or scratch / "sources", args.images, DEFAULT_NOISE
+        )
+        print(f"sources: {len(sources)} JPEGs ({written} written in {seconds:.1f} s)", flush=True)
+        measure = {
+            "local": lambda name: timed_rate(sources, scratch, name),
+            "cluster": lambda name: dask_rate(sources, scratch, cores, name),
+            "single": lambda name: dask_rate(sources, scratch, 1, name),
+        }
+        rates: dict[str, list[float]] = {kind: [] for kind in measure}
+        for round_number in range(args.rounds):
+            order = list(measure) if round_number % 2 == 0 else list(reversed(measure))
+            for kind in order:
+                rates[kind].append(measure[kind](f"{kind}-{round_number}"))
+        passes = "; ".join(
+            f"{kind} " + ", ".join(f"{rate:.1f}" for rate in values)
+            for kind, values in rates.items()
+        )
+        print(f"every pass (images/s): {passes}", flush=True)
+        local, cluster, single = (max(rates[kind]) for kind in ("local", "cluster", "single"))
+    print(f"1. local process pool, {cores} workers: {local:.1f} images/s", flush=True)
+    print(
+        f"2. Dask, {cores} single-threaded workers on this machine: {cluster:.1f} images/s, "
+        f"{cluster / local:.2f}x the local pool (target >= {OVERHEAD_TARGET:g}x)"
+    )
+    print(
+        f"3. Dask, 1 worker: {single:.1f} images/s; {cores} workers / 1 worker = "
+        f"{cluster / single:.2f}x (target >= {SCALING_TARGET:g}x on 2 cores)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

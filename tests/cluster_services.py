@@ -1,0 +1,227 @@
+"""Real services for the cluster test, on loopback: PostgreSQL, a moto S3 server and a Dask
+scheduler with worker processes. Each is a separate process, stopped by its PID."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+PG_USER = "radharmony"
+PG_PASSWORD = "radharmony-test"
+PG_DATABASE = "dagster"
+BUCKET = "radharmony-test"
+INITDB_OPTIONS = ["-A", "scram-sha-256", "-E", "UTF8", "--no-sync"]
+# A throw-away cluster: durability is not under test, and 4 concurrent runs need connections.
+SERVER_OPTIONS = ["-c", "fsync=off", "-c", "max_connections=200"]
+# One single-threaded worker process each: two workers = two cores, like the local pool here.
+WORKER_OPTIONS = ["--nworkers", "1", "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard"]
+# moto accepts any credentials; these only have to be present for botocore.
+AWS_ENVIRONMENT = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_until(ready: Callable[[], bool], what: str, process: subprocess.Popen, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode} while starting")
+        if ready():
+            return
+        time.sleep(0.3)
+    raise TimeoutError(f"{what} not ready after {timeout} s")
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def postgres_bin_dir() -> Path:
+    """The server binaries of Debian's `postgresql` package, installed with apt if missing."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"))
+    if not found:
+        subprocess.run(["apt-get", "update", "-qq"], check=True)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "postgresql"],
+            check=True,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"))
+    return Path(found[-1]).parent
+
+
+@dataclass
+class Services:
+    """The started processes (by PID) and what a client needs to reach them."""
+
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    scratch: list[Path] = field(default_factory=list)
+    pg_port: int = 0
+    s3_endpoint: str = ""
+    scheduler: str = ""
+
+    def environment(self) -> dict[str, str]:
+        return {
+            **AWS_ENVIRONMENT,
+            "AWS_ENDPOINT_URL": self.s3_endpoint,
+            "DAGSTER_PG_USERNAME": PG_USER,
+            "DAGSTER_PG_PASSWORD": PG_PASSWORD,
+            "DAGSTER_PG_HOST": "127.0.0.1",
+            "DAGSTER_PG_PORT": str(self.pg_port),
+            "DAGSTER_PG_DB": PG_DATABASE,
+            "RADHARMONY_DASK_SCHEDULER": self.scheduler,
+        }
+
+    def start(self, command: list[str], log: Path, **options) -> subprocess.Popen:
+        handle = open(log, "wb")  # noqa: SIM115 - closed with the process's lifetime
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, **options)
+        handle.close()
+        self.processes.append(process)
+        return process
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                # SIGINT: a fast, clean shutdown for postgres (and Dask, moto).
+                process.send_signal(signal.SIGINT)
+        for process in reversed(self.processes):
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+        for folder in self.scratch:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def start_postgres(services: Services, logs: Path) -> None:
+    """A throw-away cluster in a temp folder owned by `postgres` (the server refuses root),
+    password authentication on 127.0.0.1 only, with the database Dagster uses."""
+    bin_dir = postgres_bin_dir()
+    # Not under pytest's tmp_path: its parents are private to root, and postgres must enter.
+    folder = Path(tempfile.mkdtemp(prefix="radharmony-pg-"))
+    services.scratch.append(folder)
+    os.chmod(folder, 0o755)
+    data = folder / "data"
+    password_file = folder / "password"
+    password_file.write_text(PG_PASSWORD)
+    shutil.chown(folder, "postgres", "postgres")
+    shutil.chown(password_file, "postgres", "postgres")
+    as_postgres = {"user": "postgres", "group": "postgres", "extra_groups": [], "cwd": folder}
+    subprocess.run(
+        [bin_dir / "initdb", "-D", data, "-U", PG_USER, "--pwfile", password_file, *INITDB_OPTIONS],
+        check=True,
+        capture_output=True,
+        **as_postgres,
+    )
+    services.pg_port = free_port()
+    server = services.start(
+        [
+            bin_dir / "postgres",
+            "-D",
+            data,
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(services.pg_port),
+            "-k",
+            str(folder),
+            *SERVER_OPTIONS,
+        ],
+        logs / "postgres.log",
+        **as_postgres,
+    )
+    wait_until(lambda: port_open(services.pg_port), "postgres", server)
+    create_database(services, PG_DATABASE)
+
+
+def create_database(services: Services, name: str) -> None:
+    connection = _connect_with_retry(services.pg_port, "postgres")
+    connection.autocommit = True
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE DATABASE {name}")
+    connection.close()
+
+
+def _connect_with_retry(port: int, database: str):
+    import psycopg2
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return psycopg2.connect(
+                host="127.0.0.1", port=port, user=PG_USER, password=PG_PASSWORD, dbname=database
+            )
+        except psycopg2.OperationalError:
+            # "the database system is starting up" between the port opening and readiness
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+def pg_connect(services: Services, database: str = PG_DATABASE):
+    return _connect_with_retry(services.pg_port, database)
+
+
+def start_moto(services: Services, logs: Path) -> None:
+    port = free_port()
+    server = services.start(
+        [BIN / "moto_server", "-H", "127.0.0.1", "-p", str(port)], logs / "moto.log"
+    )
+    services.s3_endpoint = f"http://127.0.0.1:{port}"
+    wait_until(lambda: port_open(port), "moto_server", server)
+    s3(services).mkdir(BUCKET)
+
+
+def s3(services: Services):
+    """An s3fs client on the test's endpoint (a fresh instance; listings are not cached)."""
+    import s3fs
+
+    return s3fs.S3FileSystem(
+        key=AWS_ENVIRONMENT["AWS_ACCESS_KEY_ID"],
+        secret=AWS_ENVIRONMENT["AWS_SECRET_ACCESS_KEY"],
+        client_kwargs={"endpoint_url": services.s3_endpoint},
+        skip_instance_cache=True,
+    )
+
+
+def start_dask(services: Services, logs: Path, workers: int = 2) -> None:
+    """`dask scheduler` and `workers` single-threaded `dask worker` processes."""
+    port = free_port()
+    services.scheduler = f"tcp://127.0.0.1:{port}"
+    scheduler = services.start(
+        [BIN / "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+        logs / "dask-scheduler.log",
+    )
+    wait_until(lambda: port_open(port), "dask scheduler", scheduler)
+    environment = {**os.environ, **services.environment()}
+    for number in range(workers):
+        services.start(
+            [BIN / "dask", "worker", services.scheduler, *WORKER_OPTIONS, "--name", f"w{number}"],
+            logs / f"dask-worker-{number}.log",
+            env=environment,
+        )
+    from distributed import Client
+
+    with Client(services.scheduler, timeout=60) as client:
+        client.wait_for_workers(workers, timeout=120)

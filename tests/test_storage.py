@@ -1,0 +1,154 @@
+"""The output root on object storage: atomic publishing, listings, and the `images` packing
+on an S3 server (moto's, in a thread on loopback) compared with a local folder."""
+
+from __future__ import annotations
+
+import io
+import socket
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from radharmony_pipeline.processing import image_jobs as image_jobs_module
+from radharmony_pipeline.processing.atomic import TEMP_MARKER
+from radharmony_pipeline.processing.geometry import letterbox_geometry
+from radharmony_pipeline.processing.image_jobs import ImageJob, build_packed_images
+from radharmony_pipeline.processing.storage import listing, output_path, publish
+
+BUCKET = "storage-test"
+SIZE = 32
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def bucket(s3_server, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("RADHARMONY_DASK_SCHEDULER", raising=False)
+    root = output_path(f"s3://{BUCKET}")
+    if not root.fs.exists(BUCKET):
+        root.fs.mkdir(BUCKET)
+    return root
+
+
+def all_keys(root) -> set[str]:
+    root.fs.invalidate_cache()
+    return listing(root)
+
+
+def test_publish_makes_the_object_visible_and_leaves_no_temporary_key(bucket):
+    target = bucket / "publish" / "table.bin"
+    publish(target, lambda handle: handle.write(b"complete"))
+    assert target.read_bytes() == b"complete"
+    assert {key for key in all_keys(bucket) if key.startswith("publish/")} == {"publish/table.bin"}
+
+
+def test_a_failed_write_leaves_neither_object_nor_temporary_key(bucket):
+    target = bucket / "failed" / "table.bin"
+    publish(target, lambda handle: handle.write(b"old"))
+
+    def broken(handle):
+        handle.write(b"half")
+        raise OSError("connection reset")
+
+    with pytest.raises(OSError, match="connection reset"):
+        publish(target, broken)
+    assert {key for key in all_keys(bucket) if key.startswith("failed/")} == {"failed/table.bin"}
+    assert target.read_bytes() == b"old"
+
+
+def test_listing_is_relative_and_empty_for_a_missing_prefix(bucket):
+    for name in ("a/1.png", "a/b/2.png", "c.png"):
+        publish(bucket / "listed" / name, lambda handle: handle.write(b"x"))
+    assert listing(bucket / "listed") == {"a/1.png", "a/b/2.png", "c.png"}
+    assert listing(bucket / "nothing-here") == set()
+
+
+def write_sources(folder, count):
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    paths = []
+    for index in range(count):
+        pixels = rng.integers(0, 256, size=(40 + index, 50), dtype=np.uint8)
+        path = folder / f"image{index}.png"
+        Image.fromarray(pixels).save(path)
+        paths.append(path)
+    (folder / "broken.png").write_bytes(b"not a png")
+    return [*paths, folder / "broken.png"]
+
+
+def image_jobs(sources, root):
+    return [
+        ImageJob(
+            image_id=source.stem,
+            source_file=source,
+            union_mask_file=None,
+            output_root=root,
+            image_relative=f"images/p/{source.stem}.png",
+            mask_relative=None,
+            size=SIZE,
+            geometry_of=letterbox_geometry,
+            row=row,
+        )
+        for row, source in enumerate(sources)
+    ]
+
+
+def test_packed_images_on_s3_equal_a_local_build_and_a_rerun_decodes_nothing(bucket, tmp_path):
+    sources = write_sources(tmp_path / "sources", 5)
+    local_root = tmp_path / "local"
+    local_rows = build_packed_images(
+        image_jobs(sources, local_root), local_root / "images" / "p.npy", SIZE, workers=1
+    )
+    remote_root = bucket / "corpus"
+    packed = remote_root / "images" / "p.npy"
+    remote_rows = build_packed_images(image_jobs(sources, remote_root), packed, SIZE, workers=1)
+
+    assert remote_rows == local_rows
+    assert [row.status for row in remote_rows] == ["ok"] * 5 + ["error"]
+    remote_array = np.load(io.BytesIO(packed.read_bytes()))
+    np.testing.assert_array_equal(remote_array, np.load(local_root / "images" / "p.npy"))
+    keys = all_keys(remote_root)
+    assert not [key for key in keys if TEMP_MARKER in key]
+    assert "images/p.npy.keys.json" in keys
+    for source in sources[:5]:
+        relative = f"images/p/{source.stem}.png"
+        assert (remote_root / relative).read_bytes() == (local_root / relative).read_bytes()
+
+    rerun = build_packed_images(image_jobs(sources, remote_root), packed, SIZE, workers=1)
+    assert [row.decoded for row in rerun if row.status == "ok"] == [False] * 5
+    np.testing.assert_array_equal(np.load(io.BytesIO(packed.read_bytes())), remote_array)
+
+
+def test_an_unchanged_partition_on_s3_is_verified_from_headers(bucket, tmp_path, monkeypatch):
+    sources = write_sources(tmp_path / "sources", 4)[:4]
+    root = bucket / "verified"
+    packed = root / "images" / "p.npy"
+    first = build_packed_images(image_jobs(sources, root), packed, SIZE, workers=1)
+    assert [row.decoded for row in first] == [True] * 4
+
+    def no_upload(*args, **kwargs):
+        raise AssertionError("an unchanged partition must not be uploaded again")
+
+    monkeypatch.setattr(image_jobs_module, "publish_file", no_upload)
+    monkeypatch.setattr(image_jobs_module, "publish", no_upload)
+    again = build_packed_images(image_jobs(sources, root), packed, SIZE, workers=1)
+    assert again == [replace(row, decoded=False) for row in first]
