@@ -11,6 +11,7 @@ from PIL import Image
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.loader import ManifestDataset
 from radharmony_pipeline.processing.manifest import MANIFEST_COLUMNS
+from radharmony_pipeline.processing.table_schemas import UNIFIED_MANIFEST
 from radharmony_pipeline.sources import parse_partition_key, partition_keys
 
 S = 224
@@ -190,17 +191,22 @@ def test_loader_reads_the_manifest(corpus):
 
 def test_manifest_column_lineage_names_real_upstream_columns(corpus):
     output, _, manifest, _, _ = corpus
-    (event,) = manifest.get_asset_materialization_events()
+    (event,) = [
+        e
+        for e in manifest.get_asset_materialization_events()
+        if e.asset_key == dg.AssetKey("unified_manifest")
+    ]
     metadata = event.materialization.metadata
     lineage = metadata["dagster/column_lineage"].value.deps_by_column
-    assert set(lineage) == set(MANIFEST_COLUMNS)
+    assert set(lineage) == set(UNIFIED_MANIFEST.names)
     readable = metadata["column_lineage"].value
     for column, deps in lineage.items():
         assert deps, column
         for dep in deps:
             asset = dep.asset_key.to_user_string()
             upstream = set()
-            for table in (output / "tables" / asset).glob("*.parquet"):
+            tables = output / "tables"
+            for table in [*(tables / asset).glob("*.parquet"), *tables.glob(f"{asset}.parquet")]:
                 upstream |= set(pd.read_parquet(table).columns)
             assert dep.column_name in upstream, (column, asset, dep.column_name)
             assert f"`{dep.column_name}`" in readable

@@ -141,7 +141,8 @@ def test_declarations_agree_with_the_vocabulary_and_the_index_contract():
     assert tuple(RAW_INDEX.names[: len(INDEX_COLUMNS)]) == INDEX_COLUMNS
     for table in ("labels", "unified_manifest"):
         assert set(LABEL_COLUMNS) <= set(TABLE_SCHEMAS[table].names)
-    assert tuple(TABLE_SCHEMAS["unified_manifest"].names) == MANIFEST_COLUMNS
+    # duplicate_group is joined from near_duplicates after the partitions are assembled.
+    assert tuple(TABLE_SCHEMAS["unified_manifest"].names) == (*MANIFEST_COLUMNS, "duplicate_group")
 
 
 def test_a_frame_that_does_not_fit_names_the_column_and_both_types():

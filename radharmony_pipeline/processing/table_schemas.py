@@ -17,7 +17,7 @@ import pyarrow as pa
 from .vocabulary import UNIFIED_LABELS
 
 # Written into each file's key-value metadata; bumped whenever a declaration changes.
-SCHEMA_VERSION = "4"
+SCHEMA_VERSION = "5"
 SCHEMA_VERSION_KEY = b"radharmony.schema_version"
 TABLE_NAME_KEY = b"radharmony.table"
 
@@ -266,8 +266,58 @@ UNIFIED_MANIFEST = TableSchema(
     ),
 )
 
+NEAR_DUPLICATES = TableSchema(
+    "near_duplicates",
+    (
+        _IMAGE_ID,
+        _DATASET,
+        _SPLIT,
+        col("image_path", STRING, "Resized S×S PNG, relative to the output root"),
+        col("group_id", STRING, "The group: `dup-` + a digest of its representative's id"),
+        col("group_size", INT64, "Members of the group"),
+        col("group_datasets", STRINGS, "Datasets the group's members come from"),
+        col("group_splits", STRINGS, "Partitions (`<dataset>.<split>`) the group spans"),
+        col("representative_id", STRING, "The group's smallest image_id"),
+        col(
+            "distance_to_representative",
+            INT64,
+            "Bits between this image's perceptual hash and the representative's",
+        ),
+        col(
+            "kind",
+            STRING,
+            "identical_file (same source bytes as another member), identical_pixels (same "
+            "resized pixels) or near (perceptual hashes within the radius)",
+        ),
+        col("source_sha256", STRING, "SHA-256 of the source file"),
+        col("pixels_sha256", STRING, "SHA-256 of the resized S×S pixels"),
+    ),
+)
+
+_PREVALENCE = (
+    col("label", STRING, "Unified class name"),
+    col("positive", INT64, "Images with the label 1"),
+    col("negative", INT64, "Images with the label 0"),
+    col("not_annotated", INT64, "Images with the label null (the dataset does not annotate it)"),
+)
+
+PARTITION_PROFILE = TableSchema("partition_profile", (_DATASET, _SPLIT, *_PREVALENCE))
+
+CORPUS_PROFILE = TableSchema("corpus_profile", (_DATASET, *_PREVALENCE))
+
 TABLE_SCHEMAS: dict[str, TableSchema] = {
-    schema.name: schema for schema in (RAW_INDEX, LABELS, MASKS, BBOXES, IMAGES, UNIFIED_MANIFEST)
+    schema.name: schema
+    for schema in (
+        RAW_INDEX,
+        LABELS,
+        MASKS,
+        BBOXES,
+        IMAGES,
+        UNIFIED_MANIFEST,
+        NEAR_DUPLICATES,
+        PARTITION_PROFILE,
+        CORPUS_PROFILE,
+    )
 }
 # Partitioned tables carry the partition's dataset and split in every row.
 PARTITION_COLUMNS = ("dataset", "split")

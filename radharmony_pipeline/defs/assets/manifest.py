@@ -4,7 +4,7 @@ import dagster as dg
 import pandas as pd
 
 from ...processing.duplicates import with_duplicate_groups
-from ...processing.manifest import MANIFEST_COLUMNS, combine, partition_manifest
+from ...processing.manifest import combine, partition_manifest
 from ...processing.table_schemas import UNIFIED_MANIFEST
 from ...processing.vocabulary import LABEL_COLUMNS
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
@@ -57,7 +57,7 @@ def column_lineage() -> dg.TableColumnLineage:
                 for asset, name in sources
             ]
             for column, sources in _COLUMN_SOURCES.items()
-            if column in MANIFEST_COLUMNS
+            if column in UNIFIED_MANIFEST.names
         }
     )
 
@@ -66,7 +66,7 @@ def column_lineage_markdown() -> str:
     """The lineage as a table: manifest column, upstream asset (linked) and its columns."""
     lines = ["| manifest column | from asset | column(s) |", "|---|---|---|"]
     for column, sources in _COLUMN_SOURCES.items():
-        if column not in MANIFEST_COLUMNS:
+        if column not in UNIFIED_MANIFEST.names:
             continue
         by_asset: dict[str, list[str]] = {}
         for asset, name in sources:

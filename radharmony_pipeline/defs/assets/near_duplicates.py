@@ -11,8 +11,10 @@ from PIL import Image
 from ...processing.duplicates import near_duplicate_members
 from ...processing.perceptual_hash import DEFAULT_RADIUS, HASH_BITS
 from ...processing.previews import PreviewSample, contact_sheet, save_png
+from ...processing.table_schemas import NEAR_DUPLICATES
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
+from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS
 from ..resources import OutputsResource
 from .previews import _inline_markdown
@@ -42,7 +44,8 @@ _KIND_LABELS = {"identical_file": "same file", "identical_pixels": "same pixels"
         "comparing every pair."
     ),
     automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
-    code_version=CODE_VERSION,
+    code_version=table_code_version(CODE_VERSION),
+    metadata=definition_metadata(NEAR_DUPLICATES),
     kinds={"parquet", "pandas"},
 )
 def near_duplicates(

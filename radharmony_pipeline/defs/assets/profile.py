@@ -8,7 +8,9 @@ import pandas as pd
 
 from ...processing.profile_plots import CorpusTables, label_prevalence, profile_pngs
 from ...processing.storage import publish
+from ...processing.table_schemas import CORPUS_PROFILE, PARTITION_PROFILE
 from ..automation import REBUILD_WHEN_CHANGED, REBUILD_WHEN_PARTITIONS_SETTLE
+from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import OutputsResource
 
@@ -32,7 +34,8 @@ DESCRIPTION = (
     group_name="profile",
     description=f"A visual profile of the partition: {DESCRIPTION}",
     automation_condition=REBUILD_WHEN_CHANGED,
-    code_version=CODE_VERSION,
+    code_version=table_code_version(CODE_VERSION),
+    metadata=definition_metadata(PARTITION_PROFILE),
     kinds={"png", "parquet"},
 )
 def partition_profile(
@@ -61,7 +64,8 @@ def partition_profile(
     },
     description=f"A visual profile of every materialized partition together: {DESCRIPTION}",
     automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
-    code_version=CODE_VERSION,
+    code_version=table_code_version(CODE_VERSION),
+    metadata=definition_metadata(CORPUS_PROFILE),
     kinds={"png", "parquet"},
 )
 def corpus_profile(
