@@ -83,7 +83,7 @@ def _group_id(representative_id: str) -> str:
 
 
 def _empty_members() -> pd.DataFrame:
-    frame = pd.DataFrame({column: [] for column in NEAR_DUPLICATE_COLUMNS})
+    frame = pd.DataFrame({column: pd.Series([], dtype=object) for column in NEAR_DUPLICATE_COLUMNS})
     return frame.astype(
         {
             "image_id": "string",
