@@ -322,3 +322,29 @@ def test_validation_prints_nothing(capfd: pytest.CaptureFixture[str]) -> None:
     ex.validate_table(raw_index_frame(), "raw_index", ex.raw_index_expectations())
     captured = capfd.readouterr()
     assert captured.out == "" and captured.err == ""  # no tqdm progress bars
+
+
+def test_expectations_evaluated_in_pandas_agree_with_great_expectations():
+    """The vectorized path reports the same offenders as GX would, nulls skipped alike."""
+    frame = pd.DataFrame(
+        {
+            "image_id": pd.array(["a", "b", "a", None, "c", "c", "c"], dtype="string"),
+            "report": ["x", "None", None, "", "nan", "ok", "NaN"],
+            "image_key": ["k.png", "bad key", None, "k2", "", "k/3", "k4"],
+        }
+    )
+    suite = [
+        ex.unique("image_id"),
+        ex.not_null("image_id"),
+        ex.not_in_set("report", ex.NULL_LIKE_STRINGS),
+        ex.matches_regex("image_key", ex.IMAGE_KEY_REGEX),
+        ex.columns_exist(("image_id", "report", "missing_column")),
+    ]
+    fast = [ex._run_pandas(frame, expectation) for expectation in suite]
+    reference = ex._run_gx(frame, "reference", dict(enumerate(suite)))
+    for index, outcome in enumerate(fast):
+        assert (outcome.success, outcome.unexpected_count) == (
+            reference[index].success,
+            reference[index].unexpected_count,
+        ), outcome.expectation
+    assert [o.unexpected_count for o in fast] == [5, 1, 4, 3, 1]
