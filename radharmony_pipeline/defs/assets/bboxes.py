@@ -1,5 +1,7 @@
 """`bboxes`: one row per box, normalized `[y_min, y_max, x_min, x_max]` in the source frame."""
 
+from collections.abc import Iterator
+
 import dagster as dg
 import pandas as pd
 
@@ -7,6 +9,7 @@ from ...processing.boxes import normalize_xywh
 from ...processing.table_schemas import BBOXES
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
+from ..checks.bboxes import CHECK_SPECS, check_results
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
@@ -32,13 +35,14 @@ BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")
     code_version=table_code_version(CODE_VERSION),
     kinds={"parquet", "png"},
     metadata=definition_metadata(BBOXES),
+    check_specs=CHECK_SPECS,
 )
 def bboxes(
     context: dg.AssetExecutionContext,
     raw_index: pd.DataFrame,
     datasets: DatasetsResource,
     outputs: OutputsResource,
-) -> dg.Output[pd.DataFrame]:
+) -> Iterator[dg.Output | dg.AssetCheckResult]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
     native = source.read_boxes(split)
@@ -78,7 +82,10 @@ def bboxes(
     metadata.update(
         box_preview(source, split, raw_index, table, outputs.local_root(), context.partition_key)
     )
-    return dg.Output(table, metadata=metadata)
+    yield dg.Output(table, metadata=metadata)
+    yield from check_results(
+        context.selected_asset_check_keys, source, split, table, datasets.strict
+    )
 
 
 def _degenerate_messages(native: pd.DataFrame) -> pd.Series:

@@ -19,6 +19,7 @@ from ...processing.vocabulary import LABEL_COLUMNS
 from ...sources import DatasetSource, SplitTables
 from ...sources.counts import MASK_METRICS, compare_counts, is_dataset_metric
 from ..row_errors import row_errors_result
+from .bboxes import as_spec_result
 from .counts import comparison_result
 from .expectations import suite_result
 from .row_errors import ROW_ERRORS_DESCRIPTION
@@ -83,15 +84,7 @@ def check_results(
     }
     for spec in CHECK_SPECS:
         if spec.key in selected:
-            result = evaluate[spec.name]()
-            yield dg.AssetCheckResult(
-                asset_key=spec.asset_key,
-                check_name=spec.name,
-                passed=result.passed,
-                severity=result.severity,
-                metadata=result.metadata,
-                description=result.description,
-            )
+            yield as_spec_result(spec, evaluate[spec.name]())
 
 
 def _usable(table: pd.DataFrame) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """Error rows of each stage, reported by reason: warnings, or blocking errors in strict mode.
 
-raw_index's runs inside its own step (checks/index_and_labels.py).
+raw_index's and bboxes' run inside their own steps (checks/index_and_labels.py, bboxes.py).
 """
 
 import dagster as dg
@@ -28,16 +28,6 @@ def masks_error_rows(masks: pd.DataFrame, datasets: DatasetsResource):
 
 
 @dg.asset_check(
-    asset="bboxes",
-    partitions_def=dataset_split_partitions,
-    blocking=True,
-    description=ROW_ERRORS_DESCRIPTION,
-)
-def bboxes_error_rows(bboxes: pd.DataFrame, datasets: DatasetsResource):
-    return row_errors_result(bboxes, datasets.strict)
-
-
-@dg.asset_check(
     asset="images",
     partitions_def=dataset_split_partitions,
     blocking=True,
@@ -47,4 +37,4 @@ def images_error_rows(images: pd.DataFrame, datasets: DatasetsResource):
     return row_errors_result(images, datasets.strict)
 
 
-ROW_ERROR_CHECKS = [masks_error_rows, bboxes_error_rows, images_error_rows]
+ROW_ERROR_CHECKS = [masks_error_rows, images_error_rows]
