@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from radharmony_pipeline.processing.atomic import write_atomically
+from radharmony_pipeline.processing.geometry import letterbox_geometry
 
 Colour = tuple[int, int, int]
 Box = tuple[float, float, float, float, str]
@@ -178,16 +179,14 @@ def _draw_cell(
 
 
 def _letterbox(shape: tuple[int, ...], tile: int) -> _Fit:
-    height, width = shape[:2]
-    scale = min(tile / height, tile / width)
-    fitted_h = min(tile, max(1, round(height * scale)))
-    fitted_w = min(tile, max(1, round(width * scale)))
+    # The images stage's letterbox, so a preview tile is laid out as the stage's output is.
+    geometry = letterbox_geometry(shape[0], shape[1], tile)
     return _Fit(
-        height=fitted_h,
-        width=fitted_w,
-        top=(tile - fitted_h) // 2,
-        left=(tile - fitted_w) // 2,
-        downscale=scale < 1,
+        height=geometry.resized_height,
+        width=geometry.resized_width,
+        top=geometry.pad_top,
+        left=geometry.pad_left,
+        downscale=geometry.scale < 1,
     )
 
 
