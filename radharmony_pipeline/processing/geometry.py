@@ -196,3 +196,7 @@ def _pixel_counts(source_height, source_width, size) -> tuple[int, int, int]:
             f"target {size}"
         )
     return int(source_height), int(source_width), int(size)
+
+
+# The resize modes by the name the `images` config and the images table's `resize` column use.
+GEOMETRIES = {"letterbox": letterbox_geometry, "squash": squash_geometry}
