@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import math
 import zlib
 from collections.abc import Mapping, Sequence
@@ -15,6 +16,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from radharmony_pipeline.processing.atomic import write_atomically
+from radharmony_pipeline.processing.decode import stretch_to_uint8
 from radharmony_pipeline.processing.geometry import letterbox_geometry
 
 Colour = tuple[int, int, int]
@@ -140,6 +142,22 @@ def save_png(image: Image.Image, path: Path | str) -> None:
     write_atomically(Path(path), lambda temp: image.save(temp, format="PNG"))
 
 
+def resized_mask(mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """`mask` at `shape`, nearest neighbour so class values stay class values."""
+    if mask.shape == shape:
+        return mask
+    return cv2.resize(mask, (shape[1], shape[0]), interpolation=cv2.INTER_NEAREST)
+
+
+def small_jpeg(sheet: Image.Image, width: int) -> bytes:
+    """A `width`-wide JPEG of the sheet, small enough to inline in run metadata."""
+    scale = width / sheet.width
+    small = sheet.convert("RGB").resize((width, max(1, round(sheet.height * scale))))
+    buffer = io.BytesIO()
+    small.save(buffer, format="JPEG", quality=80)
+    return buffer.getvalue()
+
+
 def display_gray(image: np.ndarray) -> np.ndarray:
     """8-bit grayscale for display: uint8 as is, anything else min/max-scaled to 0..255."""
     image = np.asarray(image)
@@ -149,10 +167,7 @@ def display_gray(image: np.ndarray) -> np.ndarray:
         return image
     values = image.astype(np.float64)
     low, high = float(np.nanmin(values)), float(np.nanmax(values))
-    if not high > low:
-        return np.zeros(image.shape, dtype=np.uint8)
-    scaled = (np.nan_to_num(values, nan=low) - low) * (255.0 / (high - low))
-    return np.rint(scaled).astype(np.uint8)
+    return stretch_to_uint8(np.nan_to_num(values, nan=low), low, high)
 
 
 def _draw_cell(
