@@ -20,22 +20,32 @@ CODE_VERSION = "1"
 BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")
 
 
-@dg.asset(
+# A multi-asset of one asset, only so its in-step checks can be deselected (can_subset):
+# a plain @asset must run every check in its check_specs.
+@dg.multi_asset(
+    outs={
+        "bboxes": dg.AssetOut(
+            is_required=False,
+            owners=OWNERS,
+            group_name="bboxes",
+            description=(
+                "One row per box: unified class `label`, phrase `label_text` (MS-CXR), the box "
+                "normalized to the source image as `y_min, y_max, x_min, x_max` in [0, 1], and "
+                "in source pixels as `x_px, y_px, w_px, h_px` (top-left + size). Boxes reaching "
+                "outside the image are clipped and counted; a box with no area after clipping "
+                "is kept as a row with status `error`, never dropped. Datasets without boxes "
+                "give an empty table."
+            ),
+            automation_condition=REBUILD_WHEN_CHANGED,
+            code_version=table_code_version(CODE_VERSION),
+            kinds={"parquet", "png"},
+            metadata=definition_metadata(BBOXES),
+        )
+    },
+    ins={"raw_index": dg.AssetIn("raw_index")},
     partitions_def=dataset_split_partitions,
-    owners=OWNERS,
-    group_name="bboxes",
-    description=(
-        "One row per box: unified class `label`, phrase `label_text` (MS-CXR), the box "
-        "normalized to the source image as `y_min, y_max, x_min, x_max` in [0, 1], and in "
-        "source pixels as `x_px, y_px, w_px, h_px` (top-left + size). Boxes reaching outside "
-        "the image are clipped and counted; a box with no area after clipping is kept as a "
-        "row with status `error`, never dropped. Datasets without boxes give an empty table."
-    ),
-    automation_condition=REBUILD_WHEN_CHANGED,
-    code_version=table_code_version(CODE_VERSION),
-    kinds={"parquet", "png"},
-    metadata=definition_metadata(BBOXES),
     check_specs=CHECK_SPECS,
+    can_subset=True,
 )
 def bboxes(
     context: dg.AssetExecutionContext,
@@ -82,7 +92,8 @@ def bboxes(
     metadata.update(
         box_preview(source, split, raw_index, table, outputs.local_root(), context.partition_key)
     )
-    yield dg.Output(table, metadata=metadata)
+    if dg.AssetKey("bboxes") in context.selected_asset_keys:
+        yield dg.Output(table, output_name="bboxes", metadata=metadata)
     yield from check_results(
         context.selected_asset_check_keys, source, split, table, datasets.strict
     )
