@@ -74,6 +74,7 @@ def test_every_definition_under_defs_is_loaded_without_listing_it():
                 found["checks"].update(key.name for key in value.check_keys)
             elif isinstance(value, dg.AssetsDefinition):
                 found["assets"].update(key.to_user_string() for key in value.keys)
+                found["checks"].update(key.name for key in value.check_keys)
             elif isinstance(value, dg.SourceAsset):
                 found["assets"].add(value.key.to_user_string())
             elif isinstance(value, ASSET_JOB):

@@ -18,7 +18,6 @@ from corpus import check_evaluations, materialize_corpus
 from PIL import Image
 
 from radharmony_pipeline.defs.assets.index_and_labels import raw_index_and_labels
-from radharmony_pipeline.defs.checks.counts import counts_match_documentation
 from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.processing.masks import rasterize_polygons
 from radharmony_pipeline.sources import mimic_views
@@ -29,7 +28,7 @@ METADATA_CSV = "mimic-cxr-2.0.0-metadata.csv.gz"
 
 def labels_check(data_root, output, partition: str):
     result = dg.materialize(
-        [raw_index_and_labels, counts_match_documentation],
+        [raw_index_and_labels],
         partition_key=partition,
         resources=pipeline_resources(data_root, output),
         raise_on_error=False,
@@ -260,3 +259,24 @@ def test_two_boxes_of_one_category_keep_two_phrases_in_box_order(tiny_copy, open
     mine = boxes[boxes["image_id"] == image_id].sort_values("box_index")
     assert mine["label_text"].tolist() == expected
     assert mine["label"].nunique() == 1 and np.array_equal(mine["box_index"], [0, 1, 2])
+
+
+def test_a_failed_count_check_in_the_step_blocks_downstream_stages(tiny_copy, tmp_path):
+    """The check runs inside raw_index/labels' step, yet still gates masks, bboxes and images
+    as a blocking ERROR, and shows as its own evaluation next to the other in-step checks."""
+    path = tiny_copy / "chexlocalize" / "CheXpert" / "test_labels.csv"
+    frame = pd.read_csv(path, dtype=str)
+    frame.loc[0, "Edema"] = "-1.0"
+    frame.to_csv(path, index=False)
+    result, _ = materialize_corpus(tiny_copy, tmp_path / "out", ["chexlocalize.test"])
+    run = result["chexlocalize.test"]
+    assert not run.success
+    evaluations = check_evaluations(run)
+    counts = evaluations["counts_match_documentation"]
+    assert not counts.passed and counts.severity == dg.AssetCheckSeverity.ERROR
+    assert evaluations["raw_index_suite"].passed and evaluations["labels_suite"].passed
+    materialized = {
+        e.materialization.asset_key.to_user_string() for e in run.get_asset_materialization_events()
+    }
+    assert materialized == {"raw_index", "labels"}
+    assert not (tmp_path / "out" / "tables" / "masks" / "chexlocalize.test.parquet").exists()

@@ -264,12 +264,23 @@ def test_missing_pair_column_is_a_failed_outcome() -> None:
 def test_gx_exception_is_a_failed_outcome_with_its_message() -> None:
     # GX raises inside metric resolution when comparing strings with numeric bounds.
     df = raw_index_frame()
-    report = ex.validate_table(df, "s", [ex.between("dataset", 1, 2), ex.unique("image_id")])
+    column_max = ex.Expectation(
+        "ExpectColumnMaxToBeBetween", {"column": "dataset", "min_value": 1, "max_value": 2}
+    )
+    report = ex.validate_table(df, "s", [column_max, ex.unique("image_id")])
     bad, good = report.outcomes
     assert not bad.success and good.success
     assert bad.unexpected_count is None
-    assert any("same type" in str(message) for message in bad.unexpected_sample)
+    assert any("not supported" in str(message) for message in bad.unexpected_sample)
     assert not report.success
+
+
+def test_numeric_bounds_on_text_fail_every_non_null_value() -> None:
+    df = raw_index_frame()
+    (outcome,) = ex.validate_table(df, "s", [ex.between("dataset", 1, 2)]).outcomes
+    assert not outcome.success
+    assert outcome.unexpected_count == len(df)
+    assert outcome.unexpected_sample[0] == "nih"
 
 
 def test_unknown_expectation_kind_raises() -> None:
@@ -322,3 +333,35 @@ def test_validation_prints_nothing(capfd: pytest.CaptureFixture[str]) -> None:
     ex.validate_table(raw_index_frame(), "raw_index", ex.raw_index_expectations())
     captured = capfd.readouterr()
     assert captured.out == "" and captured.err == ""  # no tqdm progress bars
+
+
+def test_expectations_evaluated_in_pandas_agree_with_great_expectations():
+    """The vectorized path reports the same offenders as GX would, nulls skipped alike."""
+    frame = pd.DataFrame(
+        {
+            "image_id": pd.array(["a", "b", "a", None, "c", "c", "c"], dtype="string"),
+            "report": ["x", "None", None, "", "nan", "ok", "NaN"],
+            "image_key": ["k.png", "bad key", None, "k2", "", "k/3", "k4"],
+            "label": pd.array([0, 1, None, 2, -1, 1, 0], dtype="Int8"),
+            "height": pd.array([1, 0, 5, None, 100_001, 7, 1], dtype="Int64"),
+            "fraction": [0.0, 0.5, 1.0, None, 1.5, -0.1, 0.2],
+        }
+    )
+    suite = [
+        ex.unique("image_id"),
+        ex.not_null("image_id"),
+        ex.not_in_set("report", ex.NULL_LIKE_STRINGS),
+        ex.matches_regex("image_key", ex.IMAGE_KEY_REGEX),
+        ex.columns_exist(("image_id", "report", "missing_column")),
+        ex.in_set("label", (0, 1)),
+        ex.between("height", 1, ex.MAX_IMAGE_SIDE),
+        ex.between("fraction", 0, 1, strict_min=True),
+    ]
+    fast = [ex._run_pandas(frame, expectation) for expectation in suite]
+    reference = ex._run_gx(frame, "reference", dict(enumerate(suite)))
+    for index, outcome in enumerate(fast):
+        assert (outcome.success, outcome.unexpected_count) == (
+            reference[index].success,
+            reference[index].unexpected_count,
+        ), outcome.expectation
+    assert [o.unexpected_count for o in fast] == [5, 1, 4, 3, 1, 2, 2, 3]

@@ -37,7 +37,12 @@ def test_every_partition_materializes_with_every_check_passing(materialized, par
     result = results[partition]
     assert result.success
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
-    assert set(evaluations) == {"counts_match_documentation", "raw_index_suite", "labels_suite"}
+    assert set(evaluations) == {
+        "counts_match_documentation",
+        "raw_index_suite",
+        "labels_suite",
+        "raw_index_error_rows",
+    }
     for name, evaluation in evaluations.items():
         assert evaluation.passed, (name, evaluation.metadata)
     for asset in ("raw_index", "labels"):

@@ -49,15 +49,15 @@ def normalize_xywh(
     x: Values, y: Values, w: Values, h: Values, width: Values, height: Values
 ) -> BoxConversion:
     """Top-left + size boxes (MS-CXR) in frames of `width × height` (scalars or per row)."""
-    left, top = _floats(x), _floats(y)
+    left, top = float_array(x), float_array(y)
     return _normalize_edges(
-        left, top, left + _floats(w), top + _floats(h), width, height, index=_index_of(x)
+        left, top, left + float_array(w), top + float_array(h), width, height, index=_index_of(x)
     )
 
 
 def _normalize_edges(left, top, right, bottom, width, height, index) -> BoxConversion:
     left, top, right, bottom, frame_w, frame_h = np.broadcast_arrays(
-        *np.atleast_1d(left, top, right, bottom, _floats(width), _floats(height))
+        *np.atleast_1d(left, top, right, bottom, float_array(width), float_array(height))
     )
     usable = _usable(left, top, right, bottom, frame_w, frame_h)
     # Unusable rows get a harmless frame so the arithmetic below raises no warnings; their
@@ -108,7 +108,7 @@ def _round_half_up(values: np.ndarray) -> np.ndarray:
     return np.floor(np.nan_to_num(values) + 0.5).astype(np.int64)
 
 
-def _floats(values: Values) -> np.ndarray:
+def float_array(values: Values) -> np.ndarray:
     """Float64 array; pandas missing values (NA, None) become NaN."""
     if isinstance(values, (pd.Series, pd.Index)):
         return pd.to_numeric(values, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)

@@ -110,7 +110,7 @@ def _decode_by_extension(path: Path, target_size: int | None) -> DecodedImage:
 # --- shared ---------------------------------------------------------------------------------
 
 
-def _stretch_to_uint8(values: np.ndarray, low: float, high: float) -> np.ndarray:
+def stretch_to_uint8(values: np.ndarray, low: float, high: float) -> np.ndarray:
     """Map [low, high] linearly onto 0-255, saturating outside; flat images become 0."""
     if not high > low:
         return np.zeros(values.shape, dtype=np.uint8)
@@ -156,7 +156,7 @@ def _decode_png(path: Path) -> DecodedImage:
     if pixels.dtype != np.uint8:
         # The image's own range, not 0-65535: ReXGradient 16-bit PNGs may use only 12 bits
         # and a fixed shift would leave them nearly black.
-        pixels = _stretch_to_uint8(pixels, float(pixels.min()), float(pixels.max()))
+        pixels = stretch_to_uint8(pixels, float(pixels.min()), float(pixels.max()))
     return DecodedImage(pixels, *pixels.shape)
 
 
@@ -268,7 +268,7 @@ def _presentation_values(ds: Dataset, stored: np.ndarray) -> np.ndarray:
     """Stored values to 0-255 as a viewer would show them: modality LUT, VOI, polarity."""
     values = apply_modality_lut(stored, ds)
     values, low, high = _windowed(ds, values)
-    pixels = _stretch_to_uint8(values, low, high)
+    pixels = stretch_to_uint8(values, low, high)
     if ds.PhotometricInterpretation == "MONOCHROME1":
         # MONOCHROME1 shows low values bright; invert so bone is bright in every output.
         pixels = GREY_MAX - pixels

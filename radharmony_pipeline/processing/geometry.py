@@ -27,6 +27,8 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from .boxes import float_array
+
 ArrayLike = npt.ArrayLike
 
 
@@ -148,15 +150,7 @@ def boxes_to_resized_frame(
 
 
 def _to_output_axis(values: ArrayLike, pad: int, resized: int, size: int) -> np.ndarray:
-    return (pad + _floats(values) * resized) / size
-
-
-def _floats(values: ArrayLike) -> np.ndarray:
-    """Float64 array; pandas' missing values become NaN instead of raising."""
-    to_numpy = getattr(values, "to_numpy", None)
-    if to_numpy is not None:
-        return to_numpy(dtype="float64", na_value=np.nan)
-    return np.asarray(values, dtype="float64")
+    return (pad + float_array(values) * resized) / size
 
 
 def _proportional_side(source: int, scale: float) -> int:
@@ -202,3 +196,7 @@ def _pixel_counts(source_height, source_width, size) -> tuple[int, int, int]:
             f"target {size}"
         )
     return int(source_height), int(source_width), int(size)
+
+
+# The resize modes by the name the `images` config and the images table's `resize` column use.
+GEOMETRIES = {"letterbox": letterbox_geometry, "squash": squash_geometry}

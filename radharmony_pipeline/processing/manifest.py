@@ -7,11 +7,10 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from .geometry import boxes_to_resized_frame, letterbox_geometry, squash_geometry
+from .geometry import GEOMETRIES, boxes_to_resized_frame
 from .reasons import error_reasons
 from .vocabulary import LABEL_COLUMNS
 
-GEOMETRIES = {"letterbox": letterbox_geometry, "squash": squash_geometry}
 MANIFEST_COLUMNS = (
     "image_id",
     "dataset",

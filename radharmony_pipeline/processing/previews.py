@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import math
 import zlib
 from collections.abc import Mapping, Sequence
@@ -14,6 +15,8 @@ import cv2
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from radharmony_pipeline.processing.decode import stretch_to_uint8
+from radharmony_pipeline.processing.geometry import letterbox_geometry
 from radharmony_pipeline.processing.storage import output_path, publish
 
 Colour = tuple[int, int, int]
@@ -140,6 +143,22 @@ def save_png(image: Image.Image, path: Path | str) -> None:
     publish(target, lambda handle: image.save(handle, format="PNG"))
 
 
+def resized_mask(mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """`mask` at `shape`, nearest neighbour so class values stay class values."""
+    if mask.shape == shape:
+        return mask
+    return cv2.resize(mask, (shape[1], shape[0]), interpolation=cv2.INTER_NEAREST)
+
+
+def small_jpeg(sheet: Image.Image, width: int) -> bytes:
+    """A `width`-wide JPEG of the sheet, small enough to inline in run metadata."""
+    scale = width / sheet.width
+    small = sheet.convert("RGB").resize((width, max(1, round(sheet.height * scale))))
+    buffer = io.BytesIO()
+    small.save(buffer, format="JPEG", quality=80)
+    return buffer.getvalue()
+
+
 def display_gray(image: np.ndarray) -> np.ndarray:
     """8-bit grayscale for display: uint8 as is, anything else min/max-scaled to 0..255."""
     image = np.asarray(image)
@@ -149,10 +168,7 @@ def display_gray(image: np.ndarray) -> np.ndarray:
         return image
     values = image.astype(np.float64)
     low, high = float(np.nanmin(values)), float(np.nanmax(values))
-    if not high > low:
-        return np.zeros(image.shape, dtype=np.uint8)
-    scaled = (np.nan_to_num(values, nan=low) - low) * (255.0 / (high - low))
-    return np.rint(scaled).astype(np.uint8)
+    return stretch_to_uint8(np.nan_to_num(values, nan=low), low, high)
 
 
 def _draw_cell(
@@ -179,16 +195,14 @@ def _draw_cell(
 
 
 def _letterbox(shape: tuple[int, ...], tile: int) -> _Fit:
-    height, width = shape[:2]
-    scale = min(tile / height, tile / width)
-    fitted_h = min(tile, max(1, round(height * scale)))
-    fitted_w = min(tile, max(1, round(width * scale)))
+    # The images stage's letterbox, so a preview tile is laid out as the stage's output is.
+    geometry = letterbox_geometry(shape[0], shape[1], tile)
     return _Fit(
-        height=fitted_h,
-        width=fitted_w,
-        top=(tile - fitted_h) // 2,
-        left=(tile - fitted_w) // 2,
-        downscale=scale < 1,
+        height=geometry.resized_height,
+        width=geometry.resized_width,
+        top=geometry.pad_top,
+        left=geometry.pad_left,
+        downscale=geometry.scale < 1,
     )
 
 

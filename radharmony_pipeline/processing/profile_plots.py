@@ -7,15 +7,13 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display, ever
-
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.axes import Axes
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 from .vocabulary import LABEL_COLUMNS
 
@@ -77,6 +75,7 @@ def profile_pngs(tables: CorpusTables, title: str, dpis: tuple[int, ...]) -> lis
         ],
     ]
     rows = math.ceil(len(panels) / COLUMNS)
+    plt = _pyplot()
     figure, axes = plt.subplots(
         rows,
         COLUMNS,
@@ -99,6 +98,17 @@ def profile_pngs(tables: CorpusTables, title: str, dpis: tuple[int, ...]) -> lis
     finally:
         plt.close(figure)
     return pictures
+
+
+def _pyplot():
+    # Imported on first use: matplotlib takes about 0.5 s to import, which every process that
+    # loads the definitions (CLI, step workers) paid, not only the profile step.
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display, ever
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _empty(ax: Axes, text: str) -> None:

@@ -42,11 +42,18 @@ class SplitTables:
     index: pd.DataFrame
     labels: pd.DataFrame
 
+    def __post_init__(self) -> None:
+        # A reader that never finds a bad entry need not say so: every row is ok.
+        if "status" not in self.index:
+            clean = self.with_row_errors(RowErrors(len(self.index)))
+            object.__setattr__(self, "index", clean.index)
+            object.__setattr__(self, "labels", clean.labels)
+
     def with_row_errors(self, errors: RowErrors) -> SplitTables:
         status, error = errors.columns()
         index = self.index.assign(status=status, error=error)
         # In labels they go before the 21 unified columns, which stay last (DESIGN §4).
-        labels = self.labels.copy()
+        labels = self.labels.drop(columns=["status", "error"], errors="ignore")
         position = next(
             (i for i, c in enumerate(labels.columns) if c in LABEL_COLUMNS), len(labels.columns)
         )

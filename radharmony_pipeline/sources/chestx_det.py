@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..processing.mask_jobs import MaskTarget, PolygonMaskJob
 from ..processing.masks import polygon_problem
-from ..processing.vocabulary import unified_class
+from ..processing.vocabulary import snake_case, unified_class
 from .base import (
     DatasetSource,
     RowErrors,
@@ -220,16 +220,13 @@ chestx-det/
         # Every class was annotated on every image, so an absent class is a true 0.
         unknown = [position in errors for position in range(len(entries))]
         native = {
-            name.lower().replace(" ", "_"): pd.array(
+            snake_case(name): pd.array(
                 [None if bad else int(name in s) for s, bad in zip(syms, unknown, strict=True)],
                 dtype="Int8",
             )
             for name in CLASSES
         }
-        unified = {
-            f"label_{unified_class(name)}": native[name.lower().replace(" ", "_")]
-            for name in CLASSES
-        }
+        unified = {f"label_{unified_class(name)}": native[snake_case(name)] for name in CLASSES}
         labels = label_frame(
             index["image_id"],
             {

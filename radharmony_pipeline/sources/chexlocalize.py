@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..processing.mask_jobs import MaskTarget, RleMaskJob
 from ..processing.rle_text import RleTextError, validate_rle
-from ..processing.vocabulary import unified_class
+from ..processing.vocabulary import snake_case, unified_class
 from .base import (
     DatasetSource,
     RowErrors,
@@ -192,13 +192,13 @@ chexlocalize/
             },
         )
         native = {
-            name_to_column(name): _label_values(table[name], csv_path, name, errors)
+            snake_case(name): _label_values(table[name], csv_path, name, errors)
             for name in CHEXPERT_LABELS
         }
         # Uncertain (-1) is not negative: it stays in the native column, null in the unified one.
         unified = {
-            f"label_{unified_class(name)}": native[name_to_column(name)].mask(
-                native[name_to_column(name)] == -1
+            f"label_{unified_class(name)}": native[snake_case(name)].mask(
+                native[snake_case(name)] == -1
             )
             for name in CHEXPERT_LABELS
         }
@@ -270,7 +270,7 @@ chexlocalize/
             "studies": int(index["study_id"].nunique()),
             "images_with_segmentation": int(tables.labels["has_segmentation"].sum()),
             "uncertain_labels": int(
-                sum(tables.labels[name_to_column(n)].eq(-1).sum() for n in CHEXPERT_LABELS)
+                sum(tables.labels[snake_case(n)].eq(-1).sum() for n in CHEXPERT_LABELS)
             ),
             "entries_without_the_10_pathologies": len(self.irregular_entries(_split_of(index))),
         }
@@ -288,10 +288,6 @@ chexlocalize/
 def _split_of(index: pd.DataFrame) -> str:
     splits = index["split"].dropna().unique()
     return str(splits[0]) if len(splits) else "test"
-
-
-def name_to_column(name: str) -> str:
-    return name.lower().replace(" ", "_")
 
 
 def _parse_paths(paths: pd.Series, csv_path: Path, errors: RowErrors) -> pd.DataFrame:

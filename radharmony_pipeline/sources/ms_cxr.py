@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..processing.vocabulary import unified_class
+from ..processing.vocabulary import snake_case, unified_class
 from .base import (
     DatasetSource,
     RowErrors,
@@ -271,10 +271,7 @@ def _label_columns(boxes: pd.DataFrame, dicom_ids: pd.Series) -> dict[str, objec
     present = pd.crosstab(boxes["dicom_id"], boxes["category_name"]).reindex(
         index=order, columns=list(CATEGORIES), fill_value=0
     )
-    flags = {
-        name.lower().replace(" ", "_"): (present[name] > 0).astype("Int8").to_numpy()
-        for name in CATEGORIES
-    }
+    flags = {snake_case(name): (present[name] > 0).astype("Int8").to_numpy() for name in CATEGORIES}
     unified = {
         f"label_{unified_class(name)}": pd.array(
             np.where(present[name] > 0, 1, pd.NA), dtype="Int8"

@@ -1,5 +1,7 @@
 """`bboxes`: one row per box, normalized `[y_min, y_max, x_min, x_max]` in the source frame."""
 
+from collections.abc import Iterator
+
 import dagster as dg
 import pandas as pd
 
@@ -7,6 +9,7 @@ from ...processing.boxes import normalize_xywh
 from ...processing.table_schemas import BBOXES
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
+from ..checks.bboxes import CHECK_SPECS, check_results
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
@@ -17,28 +20,39 @@ CODE_VERSION = "1"
 BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")
 
 
-@dg.asset(
+# A multi-asset of one asset, only so its in-step checks can be deselected (can_subset):
+# a plain @asset must run every check in its check_specs.
+@dg.multi_asset(
+    outs={
+        "bboxes": dg.AssetOut(
+            is_required=False,
+            owners=OWNERS,
+            group_name="bboxes",
+            description=(
+                "One row per box: unified class `label`, phrase `label_text` (MS-CXR), the box "
+                "normalized to the source image as `y_min, y_max, x_min, x_max` in [0, 1], and "
+                "in source pixels as `x_px, y_px, w_px, h_px` (top-left + size). Boxes reaching "
+                "outside the image are clipped and counted; a box with no area after clipping "
+                "is kept as a row with status `error`, never dropped. Datasets without boxes "
+                "give an empty table."
+            ),
+            automation_condition=REBUILD_WHEN_CHANGED,
+            code_version=table_code_version(CODE_VERSION),
+            kinds={"parquet", "png"},
+            metadata=definition_metadata(BBOXES),
+        )
+    },
+    ins={"raw_index": dg.AssetIn("raw_index")},
     partitions_def=dataset_split_partitions,
-    owners=OWNERS,
-    group_name="bboxes",
-    description=(
-        "One row per box: unified class `label`, phrase `label_text` (MS-CXR), the box "
-        "normalized to the source image as `y_min, y_max, x_min, x_max` in [0, 1], and in "
-        "source pixels as `x_px, y_px, w_px, h_px` (top-left + size). Boxes reaching outside "
-        "the image are clipped and counted; a box with no area after clipping is kept as a "
-        "row with status `error`, never dropped. Datasets without boxes give an empty table."
-    ),
-    automation_condition=REBUILD_WHEN_CHANGED,
-    code_version=table_code_version(CODE_VERSION),
-    kinds={"parquet", "png"},
-    metadata=definition_metadata(BBOXES),
+    check_specs=CHECK_SPECS,
+    can_subset=True,
 )
 def bboxes(
     context: dg.AssetExecutionContext,
     raw_index: pd.DataFrame,
     datasets: DatasetsResource,
     outputs: OutputsResource,
-) -> dg.Output[pd.DataFrame]:
+) -> Iterator[dg.Output | dg.AssetCheckResult]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
     native = source.read_boxes(split)
@@ -78,7 +92,11 @@ def bboxes(
     metadata.update(
         box_preview(source, split, raw_index, table, outputs.root(), context.partition_key)
     )
-    return dg.Output(table, metadata=metadata)
+    if dg.AssetKey("bboxes") in context.selected_asset_keys:
+        yield dg.Output(table, output_name="bboxes", metadata=metadata)
+    yield from check_results(
+        context.selected_asset_check_keys, source, split, table, datasets.strict
+    )
 
 
 def _degenerate_messages(native: pd.DataFrame) -> pd.Series:

@@ -2,6 +2,7 @@
 
 Both come from one read of the native metadata (one step, two assets): ReXGradient's train
 JSON is hundreds of megabytes, and parsing it once instead of twice halves the stage's time.
+The checks on both tables run in the same step, on the tables in memory (check_specs).
 """
 
 import dagster as dg
@@ -11,6 +12,7 @@ from ...processing.vocabulary import LABEL_COLUMNS
 from ...sources import DatasetSource, SourceError, SplitTables, parse_partition_key
 from ...sources.base import arrow_system_allocator
 from ..automation import REBUILD_WHEN_CHANGED
+from ..checks.index_and_labels import CHECK_SPECS, check_results
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource
@@ -59,6 +61,7 @@ _OUTPUT_ORDER = ("raw_index", "labels")
         "labels": {source_files.key, dg.AssetKey("raw_index")},
     },
     deps=[source_files],
+    check_specs=CHECK_SPECS,
     partitions_def=dataset_split_partitions,
     can_subset=True,
 )
@@ -82,6 +85,9 @@ def raw_index_and_labels(context: dg.AssetExecutionContext, datasets: DatasetsRe
         if dg.AssetKey(name) in context.selected_asset_keys:
             value, metadata = outputs[name]
             yield dg.Output(value, output_name=name, metadata=metadata)
+    yield from check_results(
+        context.selected_asset_check_keys, source, split, tables, metrics, datasets.strict
+    )
 
 
 def _outputs(

@@ -2,10 +2,8 @@
 materialization metadata so they open from the Dagster UI."""
 
 import base64
-import io
 from pathlib import Path
 
-import cv2
 import dagster as dg
 import numpy as np
 import pandas as pd
@@ -14,7 +12,14 @@ from PIL import Image
 from ...processing.decode import decode_grayscale
 from ...processing.image_files import confined
 from ...processing.masks import read_mask_png
-from ...processing.previews import PreviewSample, choose_samples, contact_sheet, save_png
+from ...processing.previews import (
+    PreviewSample,
+    choose_samples,
+    contact_sheet,
+    resized_mask,
+    save_png,
+    small_jpeg,
+)
 from ...sources.base import DatasetSource
 
 SAMPLES = 16
@@ -39,7 +44,7 @@ def mask_preview(
 
     def masks_of(image_id: str, shape: tuple[int, int]) -> dict[str, np.ndarray]:
         return {
-            class_by_path[path]: _resized(read_mask_png(root / path), shape)
+            class_by_path[path]: resized_mask(read_mask_png(root / path), shape)
             for path in masks_by_image.get(image_id, [])
         }
 
@@ -115,17 +120,7 @@ def _write_sheet(source, split, index, root, relative, prefer, masks_of, boxes_o
     }
 
 
-def _resized(mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    if mask.shape == shape:
-        return mask
-    return cv2.resize(mask, (shape[1], shape[0]), interpolation=cv2.INTER_NEAREST)
-
-
 def _inline_markdown(sheet: Image.Image) -> str:
     """A small JPEG of the sheet inside the metadata, so the UI shows it without file access."""
-    scale = INLINE_WIDTH / sheet.width
-    small = sheet.convert("RGB").resize((INLINE_WIDTH, max(1, round(sheet.height * scale))))
-    buffer = io.BytesIO()
-    small.save(buffer, format="JPEG", quality=80)
-    encoded = base64.b64encode(buffer.getvalue()).decode()
+    encoded = base64.b64encode(small_jpeg(sheet, INLINE_WIDTH)).decode()
     return f"![contact sheet](data:image/jpeg;base64,{encoded})"

@@ -1,46 +1,9 @@
 """Per-partition counts checked against the dataset documentation (or expected_counts.json)."""
 
 import dagster as dg
-import pandas as pd
 
-from ...sources import SplitTables, parse_partition_key
 from ...sources.base import DatasetSource
-from ...sources.counts import MASK_METRICS, CountComparison, compare_counts, is_dataset_metric
-from ..partitions import dataset_split_partitions
-from ..resources import DatasetsResource
-
-
-@dg.asset_check(
-    asset="labels",
-    partitions_def=dataset_split_partitions,
-    additional_ins={"raw_index": dg.AssetIn("raw_index")},
-    blocking=True,
-    description=(
-        "Images, patients, studies, negatives, segmentation entries, annotations and per-class "
-        "image counts of the partition equal the dataset documentation's figures (a root's "
-        "expected_counts.json replaces them). A short count blocks downstream stages."
-    ),
-)
-def counts_match_documentation(
-    context: dg.AssetCheckExecutionContext,
-    labels: pd.DataFrame,
-    raw_index: pd.DataFrame,
-    datasets: DatasetsResource,
-) -> dg.AssetCheckResult:
-    dataset, split = parse_partition_key(context.partition_key)
-    source = datasets.source(dataset)
-    expected = source.expected_counts()
-    found = source.count_metrics(SplitTables(index=raw_index, labels=labels))
-    wanted = {
-        k: v
-        for k, v in expected.for_split(split).items()
-        if k not in MASK_METRICS and not is_dataset_metric(k)
-    }
-    comparisons = compare_counts(wanted, found)
-    errors = int((raw_index["status"] == "error").sum()) if "status" in raw_index else 0
-    return comparison_result(
-        source, split, expected.origin, comparisons, found, errors, datasets.strict
-    )
+from ...sources.counts import CountComparison
 
 
 def comparison_result(

@@ -1,9 +1,12 @@
-"""Checks on `masks` and `bboxes`: documented counts, GX suites, and the unsegmented positives."""
+"""Checks on `masks`: documented counts, GX suite, and the unsegmented positives.
+
+`bboxes`' checks run in its step: checks/bboxes.py.
+"""
 
 import dagster as dg
 import pandas as pd
 
-from ...processing.expectations import bbox_expectations, mask_expectations, validate_table
+from ...processing.expectations import mask_expectations, validate_table
 from ...processing.storage import listing
 from ...sources import parse_partition_key
 from ...sources.counts import MASK_METRICS, compare_counts
@@ -45,30 +48,6 @@ def masks_match_documentation(
         if metric in MASK_METRICS or metric.startswith("class_images.")
     }
     errors = int(masks.loc[masks["status"] == "error", "image_id"].nunique())
-    comparisons = compare_counts(wanted, found)
-    return comparison_result(
-        source, split, expected.origin, comparisons, found, errors, datasets.strict
-    )
-
-
-@dg.asset_check(
-    asset="bboxes",
-    partitions_def=dataset_split_partitions,
-    blocking=True,
-    description="Box rows equal the documented annotations of the split. Degenerate and "
-    "malformed boxes are reported by bboxes_error_rows.",
-)
-def bboxes_match_documentation(
-    context: dg.AssetCheckExecutionContext, bboxes: pd.DataFrame, datasets: DatasetsResource
-) -> dg.AssetCheckResult:
-    dataset, split = parse_partition_key(context.partition_key)
-    source = datasets.source(dataset)
-    expected = source.expected_counts()
-    found = {"boxes": len(bboxes)}
-    wanted = {}
-    if source.has_boxes and "annotations" in expected.for_split(split):
-        wanted["boxes"] = expected.for_split(split)["annotations"]
-    errors = int((bboxes["status"] == "error").sum())
     comparisons = compare_counts(wanted, found)
     return comparison_result(
         source, split, expected.origin, comparisons, found, errors, datasets.strict
@@ -148,15 +127,3 @@ def masks_suite(masks: pd.DataFrame, outputs: OutputsResource) -> dg.AssetCheckR
         image_class=masks["image_id"] + "/" + masks["mask_class"],
     )
     return suite_result(validate_table(table, "masks", mask_expectations()))
-
-
-@dg.asset_check(
-    asset="bboxes",
-    partitions_def=dataset_split_partitions,
-    blocking=True,
-    description="GX suite: coordinates in [0, 1], y_min < y_max and x_min < x_max for valid "
-    "boxes, labels in the unified vocabulary.",
-)
-def bboxes_suite(bboxes: pd.DataFrame) -> dg.AssetCheckResult:
-    valid = bboxes[bboxes["status"] == "ok"]
-    return suite_result(validate_table(valid, "bboxes", bbox_expectations()))

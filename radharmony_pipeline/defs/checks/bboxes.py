@@ -1,0 +1,86 @@
+"""Checks on `bboxes`, run inside its step on the table it has just built (check_specs).
+
+Like raw_index/labels (checks/index_and_labels.py): separate checks in the UI, no extra
+process, step or Parquet read.
+"""
+
+from collections.abc import Callable, Iterator
+
+import dagster as dg
+import pandas as pd
+
+from ...processing.expectations import bbox_expectations, validate_table
+from ...sources import DatasetSource
+from ...sources.counts import compare_counts
+from ..row_errors import row_errors_result
+from .counts import comparison_result
+from .expectations import suite_result
+from .row_errors import ROW_ERRORS_DESCRIPTION
+
+BBOXES = dg.AssetKey("bboxes")
+
+CHECK_SPECS = [
+    dg.AssetCheckSpec(
+        "bboxes_match_documentation",
+        asset=BBOXES,
+        blocking=True,
+        description="Box rows equal the documented annotations of the split. Degenerate and "
+        "malformed boxes are reported by bboxes_error_rows.",
+    ),
+    dg.AssetCheckSpec(
+        "bboxes_suite",
+        asset=BBOXES,
+        blocking=True,
+        description="GX suite: coordinates in [0, 1], y_min < y_max and x_min < x_max for "
+        "valid boxes, labels in the unified vocabulary.",
+    ),
+    dg.AssetCheckSpec(
+        "bboxes_error_rows", asset=BBOXES, blocking=True, description=ROW_ERRORS_DESCRIPTION
+    ),
+]
+
+
+def check_results(
+    selected: set[dg.AssetCheckKey],
+    source: DatasetSource,
+    split: str,
+    bboxes: pd.DataFrame,
+    strict: bool,
+) -> Iterator[dg.AssetCheckResult]:
+    """The result of every selected check, computed from the table in memory."""
+    evaluate: dict[str, Callable[[], dg.AssetCheckResult]] = {
+        "bboxes_match_documentation": lambda: _counts(source, split, bboxes, strict),
+        "bboxes_suite": lambda: suite_result(
+            validate_table(bboxes[bboxes["status"] == "ok"], "bboxes", bbox_expectations())
+        ),
+        "bboxes_error_rows": lambda: row_errors_result(bboxes, strict),
+    }
+    for spec in CHECK_SPECS:
+        if spec.key in selected:
+            yield as_spec_result(spec, evaluate[spec.name]())
+
+
+def as_spec_result(spec: dg.AssetCheckSpec, result: dg.AssetCheckResult) -> dg.AssetCheckResult:
+    """`result` addressed to `spec`, as a step with several checks must yield it."""
+    return dg.AssetCheckResult(
+        asset_key=spec.asset_key,
+        check_name=spec.name,
+        passed=result.passed,
+        severity=result.severity,
+        metadata=result.metadata,
+        description=result.description,
+    )
+
+
+def _counts(
+    source: DatasetSource, split: str, bboxes: pd.DataFrame, strict: bool
+) -> dg.AssetCheckResult:
+    expected = source.expected_counts()
+    found = {"boxes": len(bboxes)}
+    wanted = {}
+    if source.has_boxes and "annotations" in expected.for_split(split):
+        wanted["boxes"] = expected.for_split(split)["annotations"]
+    errors = int((bboxes["status"] == "error").sum())
+    return comparison_result(
+        source, split, expected.origin, compare_counts(wanted, found), found, errors, strict
+    )

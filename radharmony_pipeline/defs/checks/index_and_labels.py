@@ -1,0 +1,112 @@
+"""Checks on `raw_index` and `labels`, run inside their step on the tables it has just built.
+
+They are `check_specs` of the `raw_index_and_labels` multi-asset: each is still its own check in
+the UI, with its own name, severity and blocking flag, but it costs no extra process, step or
+Parquet read (design notes: "Checks in the step").
+"""
+
+from collections.abc import Callable, Iterator
+
+import dagster as dg
+import pandas as pd
+
+from ...processing.expectations import (
+    labels_expectations,
+    raw_index_expectations,
+    validate_table,
+)
+from ...processing.vocabulary import LABEL_COLUMNS
+from ...sources import DatasetSource, SplitTables
+from ...sources.counts import MASK_METRICS, compare_counts, is_dataset_metric
+from ..row_errors import row_errors_result
+from .bboxes import as_spec_result
+from .counts import comparison_result
+from .expectations import suite_result
+from .row_errors import ROW_ERRORS_DESCRIPTION
+
+RAW_INDEX = dg.AssetKey("raw_index")
+LABELS = dg.AssetKey("labels")
+
+CHECK_SPECS = [
+    dg.AssetCheckSpec(
+        "counts_match_documentation",
+        asset=LABELS,
+        additional_deps=[RAW_INDEX],
+        blocking=True,
+        description=(
+            "Images, patients, studies, negatives, segmentation entries, annotations and "
+            "per-class image counts of the partition equal the dataset documentation's figures "
+            "(a root's expected_counts.json replaces them). A short count blocks downstream "
+            "stages."
+        ),
+    ),
+    dg.AssetCheckSpec(
+        "raw_index_suite",
+        asset=RAW_INDEX,
+        blocking=True,
+        description="GX suite: unique non-null image_id/image_key, non-empty paths, known "
+        "formats, splits and normalized view positions, positive source sizes.",
+    ),
+    dg.AssetCheckSpec(
+        "labels_suite",
+        asset=LABELS,
+        blocking=True,
+        description="GX suite: unique image_id, every label_* column in {0, 1, null}, report "
+        'never the string "None".',
+    ),
+    dg.AssetCheckSpec(
+        "raw_index_error_rows",
+        asset=RAW_INDEX,
+        blocking=True,
+        description=ROW_ERRORS_DESCRIPTION,
+    ),
+]
+
+
+def check_results(
+    selected: set[dg.AssetCheckKey],
+    source: DatasetSource,
+    split: str,
+    tables: SplitTables,
+    metrics: dict[str, int],
+    strict: bool,
+) -> Iterator[dg.AssetCheckResult]:
+    """The result of every selected check, computed from the tables in memory."""
+    evaluate: dict[str, Callable[[], dg.AssetCheckResult]] = {
+        "counts_match_documentation": lambda: _counts(source, split, tables, metrics, strict),
+        "raw_index_suite": lambda: suite_result(
+            validate_table(_usable(tables.index), "raw_index", raw_index_expectations())
+        ),
+        "labels_suite": lambda: suite_result(
+            validate_table(_usable(tables.labels), "labels", labels_expectations(LABEL_COLUMNS))
+        ),
+        "raw_index_error_rows": lambda: row_errors_result(tables.index, strict),
+    }
+    for spec in CHECK_SPECS:
+        if spec.key in selected:
+            yield as_spec_result(spec, evaluate[spec.name]())
+
+
+def _usable(table: pd.DataFrame) -> pd.DataFrame:
+    # Error rows (reported by raw_index_error_rows) may lack a path or size by nature.
+    return table[table["status"] == "ok"] if "status" in table else table
+
+
+def _counts(
+    source: DatasetSource,
+    split: str,
+    tables: SplitTables,
+    found: dict[str, int],
+    strict: bool,
+) -> dg.AssetCheckResult:
+    expected = source.expected_counts()
+    wanted = {
+        k: v
+        for k, v in expected.for_split(split).items()
+        if k not in MASK_METRICS and not is_dataset_metric(k)
+    }
+    index = tables.index
+    errors = int((index["status"] == "error").sum()) if "status" in index else 0
+    return comparison_result(
+        source, split, expected.origin, compare_counts(wanted, found), found, errors, strict
+    )
