@@ -50,7 +50,14 @@ def test_every_stage_materializes_with_every_check_passing(toy, partition):
     _, summary = toy
     outcome = summary[partition]
     assert outcome["success"]
-    assert outcome["materialized"] == ["bboxes", "images", "labels", "masks", "raw_index"]
+    assert outcome["materialized"] == [
+        "bboxes",
+        "images",
+        "labels",
+        "masks",
+        "partition_profile",
+        "raw_index",
+    ]
     assert {
         "counts_match_documentation",
         "raw_index_suite",
@@ -74,7 +81,8 @@ def test_the_manifest_holds_every_toy_image_with_its_box_and_mask(toy):
         assert row["split"] == split and (row["orig_height"], row["orig_width"]) == (height, width)
         assert row["label_nodule"] == int(w > 0)
         if w == 0:
-            assert len(row["bboxes"]) == 0 and not row["has_mask"]
+            # Segmented but without a finding: annotated as empty, not "not annotated".
+            assert len(row["bboxes"]) == 0 and row["has_mask"] and len(row["mask_classes"]) == 0
             continue
         assert np.allclose(
             row["bboxes"][0], [y / height, (y + h) / height, x / width, (x + w) / width]
