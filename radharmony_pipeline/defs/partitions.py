@@ -8,3 +8,16 @@ dataset_split_partitions = dg.StaticPartitionsDefinition(partition_keys())
 
 # Who answers for the stages in the UI (asset owners).
 OWNERS = ["team:radharmony"]
+
+
+def every_partition_of(*assets: str) -> dict[str, dg.AssetIn]:
+    """Inputs that read every materialized partition of `assets` (as `{partition: table}`), for
+    the stages that join the whole corpus; partitions not built yet are left out."""
+    return {
+        name: dg.AssetIn(
+            name,
+            partition_mapping=dg.AllPartitionMapping(),
+            metadata={"allow_missing_partitions": True},
+        )
+        for name in assets
+    }

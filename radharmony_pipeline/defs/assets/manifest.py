@@ -9,7 +9,7 @@ from ...processing.table_schemas import UNIFIED_MANIFEST
 from ...processing.vocabulary import LABEL_COLUMNS
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..metadata import definition_metadata, table_code_version
-from ..partitions import OWNERS
+from ..partitions import OWNERS, every_partition_of
 
 CODE_VERSION = "2"  # 2: duplicate_group from near_duplicates
 UPSTREAM = ("raw_index", "labels", "masks", "bboxes", "images")
@@ -80,15 +80,7 @@ def column_lineage_markdown() -> str:
 @dg.asset(
     group_name="manifest",
     owners=OWNERS,
-    ins={
-        name: dg.AssetIn(
-            name,
-            partition_mapping=dg.AllPartitionMapping(),
-            metadata={"allow_missing_partitions": True},
-        )
-        for name in UPSTREAM
-    }
-    | {"near_duplicates": dg.AssetIn("near_duplicates")},
+    ins=every_partition_of(*UPSTREAM) | {"near_duplicates": dg.AssetIn("near_duplicates")},
     description=(
         "One row per usable image of every materialized partition: ids, split, view, source "
         "and resized paths, packed-array row, masks, boxes in the source frame (`bboxes`) and "

@@ -15,7 +15,7 @@ from ...processing.table_schemas import NEAR_DUPLICATES
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..metadata import definition_metadata, table_code_version
-from ..partitions import OWNERS
+from ..partitions import OWNERS, every_partition_of
 from ..resources import OutputsResource
 from .previews import _inline_markdown
 
@@ -29,12 +29,7 @@ _KIND_LABELS = {"identical_file": "same file", "identical_pixels": "same pixels"
 @dg.asset(
     group_name="manifest",
     owners=OWNERS,
-    ins={
-        "images": dg.AssetIn(
-            partition_mapping=dg.AllPartitionMapping(),
-            metadata={"allow_missing_partitions": True},
-        )
-    },
+    ins=every_partition_of("images"),
     description=(
         f"Images whose {HASH_BITS}-bit perceptual hashes (dHash of the resized content) lie "
         f"within {DEFAULT_RADIUS} bits of each other, as connected components over every "

@@ -11,7 +11,7 @@ from ...processing.storage import publish
 from ...processing.table_schemas import CORPUS_PROFILE, PARTITION_PROFILE
 from ..automation import REBUILD_WHEN_CHANGED, REBUILD_WHEN_PARTITIONS_SETTLE
 from ..metadata import definition_metadata, table_code_version
-from ..partitions import OWNERS, dataset_split_partitions
+from ..partitions import OWNERS, dataset_split_partitions, every_partition_of
 from ..resources import OutputsResource
 
 CODE_VERSION = "1"
@@ -54,14 +54,7 @@ def partition_profile(
 @dg.asset(
     group_name="manifest",
     owners=OWNERS,
-    ins={
-        name: dg.AssetIn(
-            name,
-            partition_mapping=dg.AllPartitionMapping(),
-            metadata={"allow_missing_partitions": True},
-        )
-        for name in STAGES
-    },
+    ins=every_partition_of(*STAGES),
     description=f"A visual profile of every materialized partition together: {DESCRIPTION}",
     automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
     code_version=table_code_version(CODE_VERSION),
