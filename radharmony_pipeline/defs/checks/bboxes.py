@@ -12,6 +12,7 @@ import pandas as pd
 from ...processing.expectations import bbox_expectations, validate_table
 from ...sources import DatasetSource
 from ...sources.counts import compare_counts
+from ..partitions import dataset_split_partitions
 from ..row_errors import row_errors_result
 from .counts import comparison_result
 from .expectations import suite_result
@@ -24,6 +25,7 @@ CHECK_SPECS = [
         "bboxes_match_documentation",
         asset=BBOXES,
         blocking=True,
+        partitions_def=dataset_split_partitions,
         description="Box rows equal the documented annotations of the split. Degenerate and "
         "malformed boxes are reported by bboxes_error_rows.",
     ),
@@ -31,11 +33,16 @@ CHECK_SPECS = [
         "bboxes_suite",
         asset=BBOXES,
         blocking=True,
+        partitions_def=dataset_split_partitions,
         description="GX suite: coordinates in [0, 1], y_min < y_max and x_min < x_max for "
         "valid boxes, labels in the unified vocabulary.",
     ),
     dg.AssetCheckSpec(
-        "bboxes_error_rows", asset=BBOXES, blocking=True, description=ROW_ERRORS_DESCRIPTION
+        "bboxes_error_rows",
+        asset=BBOXES,
+        blocking=True,
+        partitions_def=dataset_split_partitions,
+        description=ROW_ERRORS_DESCRIPTION,
     ),
 ]
 
