@@ -90,12 +90,13 @@ def main() -> int:
             )
         (data_root / "rexgradient" / "deid_png").mkdir(exist_ok=True)
         train_json = data_root / TRAIN_JSON
+        size_mib = train_json.stat().st_size / 2**20
         bare = bare_json_load(train_json)
         cli, completed = cli_materialize(data_root, scratch)
     log = completed.stdout + completed.stderr
     evaluations = log.count("ASSET_CHECK_EVALUATION")
     load = os.getloadavg()
-    print(f"train JSON: {train_json.stat().st_size / 2**20:.0f} MiB")
+    print(f"train JSON: {size_mib:.0f} MiB")
     print(f"bare json.load:                       {bare:6.2f} s")
     print(f"CLI materialize raw_index,labels:     {cli:6.2f} s   exit code {completed.returncode}")
     print(f"check evaluations in the run's log:   {evaluations}")
