@@ -21,3 +21,18 @@ def every_partition_of(*assets: str) -> dict[str, dg.AssetIn]:
         )
         for name in assets
     }
+
+
+def blocking_partition_check(
+    name: str, asset: dg.AssetKey, description: str, **options
+) -> dg.AssetCheckSpec:
+    """A check a stage evaluates in its own step: per partition, and blocking (its severity
+    decides whether downstream stages wait)."""
+    return dg.AssetCheckSpec(
+        name,
+        asset=asset,
+        blocking=True,
+        partitions_def=dataset_split_partitions,
+        description=description,
+        **options,
+    )

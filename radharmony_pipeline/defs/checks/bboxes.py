@@ -12,7 +12,7 @@ import pandas as pd
 from ...processing.expectations import bbox_expectations, validate_table
 from ...sources import DatasetSource
 from ...sources.counts import compare_counts
-from ..partitions import dataset_split_partitions
+from ..partitions import blocking_partition_check
 from ..row_errors import row_errors_result
 from .counts import comparison_result
 from .expectations import suite_result
@@ -21,27 +21,21 @@ from .row_errors import ROW_ERRORS_DESCRIPTION
 BBOXES = dg.AssetKey("bboxes")
 
 CHECK_SPECS = [
-    dg.AssetCheckSpec(
+    blocking_partition_check(
         "bboxes_match_documentation",
         asset=BBOXES,
-        blocking=True,
-        partitions_def=dataset_split_partitions,
         description="Box rows equal the documented annotations of the split. Degenerate and "
         "malformed boxes are reported by bboxes_error_rows.",
     ),
-    dg.AssetCheckSpec(
+    blocking_partition_check(
         "bboxes_suite",
         asset=BBOXES,
-        blocking=True,
-        partitions_def=dataset_split_partitions,
         description="GX suite: coordinates in [0, 1], y_min < y_max and x_min < x_max for "
         "valid boxes, labels in the unified vocabulary.",
     ),
-    dg.AssetCheckSpec(
+    blocking_partition_check(
         "bboxes_error_rows",
         asset=BBOXES,
-        blocking=True,
-        partitions_def=dataset_split_partitions,
         description=ROW_ERRORS_DESCRIPTION,
     ),
 ]

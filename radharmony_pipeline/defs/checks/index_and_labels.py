@@ -18,7 +18,7 @@ from ...processing.expectations import (
 from ...processing.vocabulary import LABEL_COLUMNS
 from ...sources import DatasetSource, SplitTables
 from ...sources.counts import MASK_METRICS, compare_counts, is_dataset_metric
-from ..partitions import dataset_split_partitions
+from ..partitions import blocking_partition_check
 from ..row_errors import row_errors_result
 from .bboxes import as_spec_result
 from .counts import comparison_result
@@ -29,12 +29,10 @@ RAW_INDEX = dg.AssetKey("raw_index")
 LABELS = dg.AssetKey("labels")
 
 CHECK_SPECS = [
-    dg.AssetCheckSpec(
+    blocking_partition_check(
         "counts_match_documentation",
         asset=LABELS,
         additional_deps=[RAW_INDEX],
-        blocking=True,
-        partitions_def=dataset_split_partitions,
         description=(
             "Images, patients, studies, negatives, segmentation entries, annotations and "
             "per-class image counts of the partition equal the dataset documentation's figures "
@@ -42,27 +40,21 @@ CHECK_SPECS = [
             "stages."
         ),
     ),
-    dg.AssetCheckSpec(
+    blocking_partition_check(
         "raw_index_suite",
         asset=RAW_INDEX,
-        blocking=True,
-        partitions_def=dataset_split_partitions,
         description="GX suite: unique non-null image_id/image_key, non-empty paths, known "
         "formats, splits and normalized view positions, positive source sizes.",
     ),
-    dg.AssetCheckSpec(
+    blocking_partition_check(
         "labels_suite",
         asset=LABELS,
-        blocking=True,
-        partitions_def=dataset_split_partitions,
         description="GX suite: unique image_id, every label_* column in {0, 1, null}, report "
         'never the string "None".',
     ),
-    dg.AssetCheckSpec(
+    blocking_partition_check(
         "raw_index_error_rows",
         asset=RAW_INDEX,
-        blocking=True,
-        partitions_def=dataset_split_partitions,
         description=ROW_ERRORS_DESCRIPTION,
     ),
 ]

@@ -35,6 +35,3 @@ def masks_error_rows(masks: pd.DataFrame, datasets: DatasetsResource):
 )
 def images_error_rows(images: pd.DataFrame, datasets: DatasetsResource):
     return row_errors_result(images, datasets.strict)
-
-
-ROW_ERROR_CHECKS = [masks_error_rows, images_error_rows]
