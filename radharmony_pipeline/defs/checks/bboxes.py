@@ -56,7 +56,16 @@ def check_results(
         ),
         "bboxes_error_rows": lambda: row_errors_result(bboxes, strict),
     }
-    for spec in CHECK_SPECS:
+    yield from selected_results(CHECK_SPECS, selected, evaluate)
+
+
+def selected_results(
+    specs: list[dg.AssetCheckSpec],
+    selected: set[dg.AssetCheckKey],
+    evaluate: dict[str, Callable[[], dg.AssetCheckResult]],
+) -> Iterator[dg.AssetCheckResult]:
+    """The results of the selected specs only (a run may deselect checks), in spec order."""
+    for spec in specs:
         if spec.key in selected:
             yield as_spec_result(spec, evaluate[spec.name]())
 

@@ -20,7 +20,7 @@ from ...sources import DatasetSource, SplitTables
 from ...sources.counts import MASK_METRICS, compare_counts, is_dataset_metric
 from ..partitions import blocking_partition_check
 from ..row_errors import row_errors_result
-from .bboxes import as_spec_result
+from .bboxes import selected_results
 from .counts import comparison_result
 from .expectations import suite_result
 from .row_errors import ROW_ERRORS_DESCRIPTION
@@ -79,14 +79,12 @@ def check_results(
         ),
         "raw_index_error_rows": lambda: row_errors_result(tables.index, strict),
     }
-    for spec in CHECK_SPECS:
-        if spec.key in selected:
-            yield as_spec_result(spec, evaluate[spec.name]())
+    yield from selected_results(CHECK_SPECS, selected, evaluate)
 
 
 def _usable(table: pd.DataFrame) -> pd.DataFrame:
     # Error rows (reported by raw_index_error_rows) may lack a path or size by nature.
-    return table[table["status"] == "ok"] if "status" in table else table
+    return table[table["status"] == "ok"]
 
 
 def _counts(
