@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 import dagster as dg
 import pandas as pd
 
-from ...processing.expectations import bbox_expectations, validate_table
 from ...sources import DatasetSource
 from ...sources.counts import compare_counts
 from ..partitions import blocking_partition_check
@@ -51,9 +50,7 @@ def check_results(
     """The result of every selected check, computed from the table in memory."""
     evaluate: dict[str, Callable[[], dg.AssetCheckResult]] = {
         "bboxes_match_documentation": lambda: _counts(source, split, bboxes, strict),
-        "bboxes_suite": lambda: suite_result(
-            validate_table(bboxes[bboxes["status"] == "ok"], "bboxes", bbox_expectations())
-        ),
+        "bboxes_suite": lambda: suite_result(bboxes[bboxes["status"] == "ok"], "bboxes"),
         "bboxes_error_rows": lambda: row_errors_result(bboxes, strict),
     }
     yield from selected_results(CHECK_SPECS, selected, evaluate)

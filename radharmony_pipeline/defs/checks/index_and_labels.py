@@ -10,11 +10,6 @@ from collections.abc import Callable, Iterator
 import dagster as dg
 import pandas as pd
 
-from ...processing.expectations import (
-    labels_expectations,
-    raw_index_expectations,
-    validate_table,
-)
 from ...processing.vocabulary import LABEL_COLUMNS
 from ...sources import DatasetSource, SplitTables
 from ...sources.counts import MASK_METRICS, compare_counts, is_dataset_metric
@@ -71,12 +66,8 @@ def check_results(
     """The result of every selected check, computed from the tables in memory."""
     evaluate: dict[str, Callable[[], dg.AssetCheckResult]] = {
         "counts_match_documentation": lambda: _counts(source, split, tables, metrics, strict),
-        "raw_index_suite": lambda: suite_result(
-            validate_table(_usable(tables.index), "raw_index", raw_index_expectations())
-        ),
-        "labels_suite": lambda: suite_result(
-            validate_table(_usable(tables.labels), "labels", labels_expectations(LABEL_COLUMNS))
-        ),
+        "raw_index_suite": lambda: suite_result(_usable(tables.index), "raw_index"),
+        "labels_suite": lambda: suite_result(_usable(tables.labels), "labels", LABEL_COLUMNS),
         "raw_index_error_rows": lambda: row_errors_result(tables.index, strict),
     }
     yield from selected_results(CHECK_SPECS, selected, evaluate)
