@@ -1,6 +1,7 @@
 """`images`: every image decoded, resized to S×S with its geometry recorded, packed per
-partition."""
+partition. Its checks run in the same step, on the table in memory (check_specs)."""
 
+from collections.abc import Iterator
 from typing import Literal
 
 import dagster as dg
@@ -25,6 +26,7 @@ from ...processing.supervised import TimeLimit, job_timeout
 from ...processing.table_schemas import IMAGES
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
+from ..checks.images import CHECK_SPECS, check_results
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
@@ -47,22 +49,32 @@ class ImagesConfig(dg.Config):
     )
 
 
-@dg.asset(
+# A multi-asset of one asset, only so its in-step checks can be deselected (can_subset).
+@dg.multi_asset(
+    outs={
+        "images": dg.AssetOut(
+            is_required=False,
+            owners=OWNERS,
+            group_name="images",
+            description=(
+                "Every image of the partition decoded to 8-bit grayscale (JPEG at reduced DCT "
+                "scale when much larger than S; PNG 8/16-bit; DICOM with modality and VOI LUTs, "
+                "MONOCHROME1 inverted), resized to S×S (letterbox by default), written as PNG "
+                "with its union mask resized by nearest neighbour through the same geometry, and "
+                "packed into `images/<partition>.npy` (N×S×S uint8, row = tensor_index). "
+                "Unchanged images are re-used after a cheap check; undecodable ones are rows "
+                "with status `error`."
+            ),
+            automation_condition=REBUILD_WHEN_CHANGED,
+            code_version=table_code_version(IMAGE_CODE_VERSION),
+            kinds={"png", "numpy", "parquet"},
+            metadata=definition_metadata(IMAGES),
+        )
+    },
+    ins={"raw_index": dg.AssetIn("raw_index"), "masks": dg.AssetIn("masks")},
     partitions_def=dataset_split_partitions,
-    owners=OWNERS,
-    group_name="images",
-    description=(
-        "Every image of the partition decoded to 8-bit grayscale (JPEG at reduced DCT scale "
-        "when much larger than S; PNG 8/16-bit; DICOM with modality and VOI LUTs, MONOCHROME1 "
-        "inverted), resized to S×S (letterbox by default), written as PNG with its union mask "
-        "resized by nearest neighbour through the same geometry, and packed into "
-        "`images/<partition>.npy` (N×S×S uint8, row = tensor_index). Unchanged images are "
-        "re-used after a cheap check; undecodable ones are rows with status `error`."
-    ),
-    automation_condition=REBUILD_WHEN_CHANGED,
-    code_version=table_code_version(IMAGE_CODE_VERSION),
-    kinds={"png", "numpy", "parquet"},
-    metadata=definition_metadata(IMAGES),
+    check_specs=CHECK_SPECS,
+    can_subset=True,
     pool="heavy_image_work",
 )
 def images(
@@ -72,7 +84,7 @@ def images(
     masks: pd.DataFrame,
     datasets: DatasetsResource,
     outputs: OutputsResource,
-) -> dg.Output[pd.DataFrame]:
+) -> Iterator[dg.Output | dg.AssetCheckResult]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
     root = outputs.root()
@@ -119,8 +131,9 @@ def images(
     _remove_interrupted_writes(folder, packed)
     table = image_table(rows)
     fail_if_strict(table, datasets.strict, "images")
-    return dg.Output(
+    output = dg.Output(
         table.drop(columns="decoded"),
+        output_name="images",
         metadata={
             "images": len(table),
             "decoded": int(table["decoded"].sum()),
@@ -131,6 +144,9 @@ def images(
             "resize": config.resize,
         },
     )
+    if dg.AssetKey("images") in context.selected_asset_keys:
+        yield output
+    yield from check_results(context.selected_asset_check_keys, table, datasets.strict)
 
 
 def _union_masks(masks: pd.DataFrame, root: OutputPath) -> dict[str, OutputPath]:

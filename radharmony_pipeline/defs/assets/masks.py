@@ -1,4 +1,7 @@
-"""`masks`: per-class and unioned binary masks at native resolution (PNG), and their table."""
+"""`masks`: per-class and unioned binary masks at native resolution (PNG), and their table.
+Its checks run in the same step, on the table in memory (check_specs)."""
+
+from collections.abc import Iterator
 
 import dagster as dg
 import pandas as pd
@@ -18,6 +21,7 @@ from ...processing.supervised import TimeLimit, job_timeout
 from ...processing.table_schemas import MASKS
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
+from ..checks.masks import CHECK_SPECS, check_results
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
@@ -25,31 +29,42 @@ from ..row_errors import fail_if_strict
 from .previews import mask_preview
 
 
-@dg.asset(
+# A multi-asset of one asset, only so its in-step checks can be deselected (can_subset).
+@dg.multi_asset(
+    outs={
+        "masks": dg.AssetOut(
+            is_required=False,
+            owners=OWNERS,
+            group_name="masks",
+            description=(
+                "Binary masks at the source image's native resolution, written as 0/255 PNGs "
+                "under `masks/<partition>/<image_key>/<class>.png`: one per class present "
+                "(unified names, `Airspace Opacity` → `lung_opacity`) and the union `any` for "
+                "every image the dataset segments (all-zero when nothing is found; none for "
+                "laterals, MS-CXR, ReXGradient). CheXlocalize RLEs are unioned by merging before "
+                "one decode; ChestX-Det polygons are filled per class, overlaps kept. Unchanged "
+                "masks are not rewritten. Datasets without masks give an empty table."
+            ),
+            automation_condition=REBUILD_WHEN_CHANGED,
+            code_version=table_code_version(MASK_CODE_VERSION),
+            kinds={"png", "parquet"},
+            metadata=definition_metadata(MASKS),
+        )
+    },
+    # labels: read only by the positives_without_masks check.
+    ins={"raw_index": dg.AssetIn("raw_index"), "labels": dg.AssetIn("labels")},
     partitions_def=dataset_split_partitions,
-    owners=OWNERS,
-    group_name="masks",
-    description=(
-        "Binary masks at the source image's native resolution, written as 0/255 PNGs under "
-        "`masks/<partition>/<image_key>/<class>.png`: one per class present (unified names, "
-        "`Airspace Opacity` → `lung_opacity`) and the union `any` for every image the dataset "
-        "segments (all-zero when nothing is found; none for laterals, MS-CXR, ReXGradient). "
-        "CheXlocalize RLEs are unioned by merging "
-        "before one decode; ChestX-Det polygons are filled per class, overlaps kept. Unchanged "
-        "masks are not rewritten. Datasets without masks give an empty table."
-    ),
-    automation_condition=REBUILD_WHEN_CHANGED,
-    code_version=table_code_version(MASK_CODE_VERSION),
-    kinds={"png", "parquet"},
-    metadata=definition_metadata(MASKS),
+    check_specs=CHECK_SPECS,
+    can_subset=True,
     pool="heavy_image_work",
 )
 def masks(
     context: dg.AssetExecutionContext,
     raw_index: pd.DataFrame,
+    labels: pd.DataFrame,
     datasets: DatasetsResource,
     outputs: OutputsResource,
-) -> dg.Output[pd.DataFrame]:
+) -> Iterator[dg.Output | dg.AssetCheckResult]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
     root = outputs.root()
@@ -82,4 +97,14 @@ def masks(
     }
     # Every partition gets a sheet: without masks it shows the images themselves.
     metadata.update(mask_preview(source, split, raw_index, table, root, context.partition_key))
-    return dg.Output(table.drop(columns="written"), metadata=metadata)
+    table = table.drop(columns="written")
+    if dg.AssetKey("masks") in context.selected_asset_keys:
+        yield dg.Output(table, output_name="masks", metadata=metadata)
+    yield from check_results(
+        context.selected_asset_check_keys,
+        source,
+        split,
+        {"masks": table, "labels": labels, "raw_index": raw_index},
+        root,
+        datasets.strict,
+    )

@@ -15,6 +15,7 @@ from ..partitions import blocking_partition_check
 from ..row_errors import row_errors_result
 from .counts import comparison_result
 from .expectations import suite_result
+from .in_step import selected_results
 from .row_errors import ROW_ERRORS_DESCRIPTION
 
 BBOXES = dg.AssetKey("bboxes")
@@ -54,29 +55,6 @@ def check_results(
         "bboxes_error_rows": lambda: row_errors_result(bboxes, strict),
     }
     yield from selected_results(CHECK_SPECS, selected, evaluate)
-
-
-def selected_results(
-    specs: list[dg.AssetCheckSpec],
-    selected: set[dg.AssetCheckKey],
-    evaluate: dict[str, Callable[[], dg.AssetCheckResult]],
-) -> Iterator[dg.AssetCheckResult]:
-    """The results of the selected specs only (a run may deselect checks), in spec order."""
-    for spec in specs:
-        if spec.key in selected:
-            yield as_spec_result(spec, evaluate[spec.name]())
-
-
-def as_spec_result(spec: dg.AssetCheckSpec, result: dg.AssetCheckResult) -> dg.AssetCheckResult:
-    """`result` addressed to `spec`, as a step with several checks must yield it."""
-    return dg.AssetCheckResult(
-        asset_key=spec.asset_key,
-        check_name=spec.name,
-        passed=result.passed,
-        severity=result.severity,
-        metadata=result.metadata,
-        description=result.description,
-    )
 
 
 def _counts(

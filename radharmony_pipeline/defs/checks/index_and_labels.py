@@ -15,9 +15,9 @@ from ...sources import DatasetSource, SplitTables
 from ...sources.counts import MASK_METRICS, compare_counts, is_dataset_metric
 from ..partitions import blocking_partition_check
 from ..row_errors import row_errors_result
-from .bboxes import selected_results
 from .counts import comparison_result
 from .expectations import suite_result
+from .in_step import selected_results
 from .row_errors import ROW_ERRORS_DESCRIPTION
 
 RAW_INDEX = dg.AssetKey("raw_index")

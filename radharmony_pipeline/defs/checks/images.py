@@ -1,0 +1,27 @@
+"""Checks on `images`, run inside its step on the table it has just built (check_specs)."""
+
+from collections.abc import Iterator
+
+import dagster as dg
+import pandas as pd
+
+from ..partitions import blocking_partition_check
+from ..row_errors import row_errors_result
+from .in_step import selected_results
+from .row_errors import ROW_ERRORS_DESCRIPTION
+
+CHECK_SPECS = [
+    blocking_partition_check(
+        "images_error_rows",
+        asset=dg.AssetKey("images"),
+        description=ROW_ERRORS_DESCRIPTION,
+    ),
+]
+
+
+def check_results(
+    selected: set[dg.AssetCheckKey], images: pd.DataFrame, strict: bool
+) -> Iterator[dg.AssetCheckResult]:
+    """The result of every selected check, computed from the table in memory."""
+    evaluate = {"images_error_rows": lambda: row_errors_result(images, strict)}
+    yield from selected_results(CHECK_SPECS, selected, evaluate)

@@ -1,0 +1,147 @@
+"""Checks on `masks`, run inside its step on the table it has just built (check_specs):
+documented counts, the GX suite, positives without a mask, error rows."""
+
+from collections.abc import Callable, Iterator
+
+import dagster as dg
+import pandas as pd
+
+from ...processing.storage import OutputPath, listing
+from ...sources import DatasetSource
+from ...sources.counts import MASK_METRICS, compare_counts
+from ..partitions import blocking_partition_check, dataset_split_partitions
+from ..row_errors import row_errors_result
+from .counts import comparison_result
+from .expectations import suite_result
+from .in_step import selected_results
+from .row_errors import ROW_ERRORS_DESCRIPTION
+
+MASKS = dg.AssetKey("masks")
+# Ids written into a warning's description; the metadata lists up to 200.
+_IDS_IN_DESCRIPTION = 10
+
+CHECK_SPECS = [
+    blocking_partition_check(
+        "masks_match_documentation",
+        asset=MASKS,
+        description="Images with at least one class mask and per-class image counts equal the "
+        "documented figures (CheXlocalize test: 499 of 668). Error rows are reported by "
+        "masks_error_rows.",
+    ),
+    dg.AssetCheckSpec(
+        "positives_without_masks",
+        asset=MASKS,
+        additional_deps=[dg.AssetKey("labels")],
+        partitions_def=dataset_split_partitions,
+        description="Images with a positive localizable label but no mask. The ones the "
+        "dataset's documentation names (CheXlocalize: patient65086_study1_view1_frontal) pass "
+        "and are listed in the metadata; any other warns, with its id in this description.",
+    ),
+    blocking_partition_check(
+        "masks_suite",
+        asset=MASKS,
+        description="GX suite: class-mask area fractions in (0, 1], union fractions in [0, 1], "
+        "every mask file exists, classes in the vocabulary.",
+    ),
+    blocking_partition_check(
+        "masks_error_rows",
+        asset=MASKS,
+        description=ROW_ERRORS_DESCRIPTION,
+    ),
+]
+
+
+def check_results(
+    selected: set[dg.AssetCheckKey],
+    source: DatasetSource,
+    split: str,
+    tables: dict[str, pd.DataFrame],
+    root: OutputPath,
+    strict: bool,
+) -> Iterator[dg.AssetCheckResult]:
+    """The result of every selected check, from `tables` (masks, labels, raw_index) in memory."""
+    masks = tables["masks"]
+    evaluate: dict[str, Callable[[], dg.AssetCheckResult]] = {
+        "masks_match_documentation": lambda: _counts(source, split, masks, strict),
+        "positives_without_masks": lambda: _positives_without_masks(source, tables),
+        "masks_suite": lambda: suite_result(_with_derived_columns(masks, root), "masks"),
+        "masks_error_rows": lambda: row_errors_result(masks, strict),
+    }
+    yield from selected_results(CHECK_SPECS, selected, evaluate)
+
+
+def _counts(
+    source: DatasetSource, split: str, masks: pd.DataFrame, strict: bool
+) -> dg.AssetCheckResult:
+    ok = masks[masks["status"] == "ok"]
+    classes = ok[ok["mask_class"] != "any"]
+    found = {
+        "images_with_masks": int(classes["image_id"].nunique()),
+        **{
+            f"class_images.{name}": int(n)
+            for name, n in classes.groupby("mask_class")["image_id"].nunique().items()
+        },
+    }
+    expected = source.expected_counts()
+    wanted = {
+        metric: value
+        for metric, value in expected.for_split(split).items()
+        if metric in MASK_METRICS or metric.startswith("class_images.")
+    }
+    errors = int(masks.loc[masks["status"] == "error", "image_id"].nunique())
+    comparisons = compare_counts(wanted, found)
+    return comparison_result(source, split, expected.origin, comparisons, found, errors, strict)
+
+
+def _positives_without_masks(
+    source: DatasetSource, tables: dict[str, pd.DataFrame]
+) -> dg.AssetCheckResult:
+    masks, labels, raw_index = tables["masks"], tables["labels"], tables["raw_index"]
+    localizable = [f"label_{name}" for name in source.mask_classes]
+    if not localizable or masks.empty:
+        return dg.AssetCheckResult(passed=True, metadata={"note": "dataset has no masks"})
+    masked = set(masks.loc[masks["mask_class"] != "any", "image_id"])
+    eligible = raw_index.loc[source.localizable_images(raw_index).to_numpy(), "image_id"]
+    positive = labels[labels[localizable].eq(1).any(axis=1) & labels["image_id"].isin(eligible)]
+    missing = sorted(set(positive["image_id"]) - masked)
+    documented = {f"{source.key}/{native}" for native in source.documented_unmasked_positives}
+    expected = [image_id for image_id in missing if image_id in documented]
+    unexpected = [image_id for image_id in missing if image_id not in documented]
+    metadata = {
+        "documented_exceptions": dg.MetadataValue.json(expected),
+        "unexpected": len(unexpected),
+        "unexpected_image_ids": dg.MetadataValue.json(unexpected[:200]),
+    }
+    if not unexpected:
+        described = f" (documented exception: {', '.join(expected)})" if expected else ""
+        return dg.AssetCheckResult(
+            passed=True,
+            metadata=metadata,
+            description=f"every positive localizable image has a mask{described}",
+        )
+    shown = ", ".join(unexpected[:_IDS_IN_DESCRIPTION])
+    more = len(unexpected) - _IDS_IN_DESCRIPTION
+    return dg.AssetCheckResult(
+        passed=False,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata=metadata,
+        description=f"{len(unexpected)} image(s) with a positive localizable label have no mask "
+        f"beyond the documented exceptions: {shown}" + (f" and {more} more" if more > 0 else ""),
+    )
+
+
+def _with_derived_columns(masks: pd.DataFrame, root: OutputPath) -> pd.DataFrame:
+    """The columns the suite checks beyond the table: whether each mask file exists, the area
+    of class masks (not unions) and the (image, class) pair."""
+    # One listing of the partition's folder, not one request per mask on object storage.
+    partitions = {path.split("/")[1] for path in masks["mask_path"].dropna()}
+    listed = {
+        f"masks/{partition}/{name}"
+        for partition in partitions
+        for name in listing(root / "masks" / partition)
+    }
+    return masks.assign(
+        mask_file_exists=masks["mask_path"].map(lambda path: path in listed, na_action="ignore"),
+        class_area_fraction=masks["area_fraction"].where(masks["mask_class"] != "any"),
+        image_class=masks["image_id"] + "/" + masks["mask_class"],
+    )
