@@ -22,7 +22,14 @@ def build_definitions(
     validate_settings()
     return dg.Definitions.merge(
         dg.load_from_defs_folder(path_within_project=Path(__file__).parent),
-        dg.Definitions(resources=pipeline_resources(data_root, output_root)),
+        # Every step of a run in the run's own process. A step started in a process of its own
+        # re-imports Dagster and the definitions first (about 2 s of CPU, a quarter of the
+        # `raw_index,labels` CLI run), and parallel steps gain little: the heavy ones spread
+        # their images over every core themselves and share one pool slot (dagster.yaml).
+        dg.Definitions(
+            resources=pipeline_resources(data_root, output_root),
+            executor=dg.in_process_executor,
+        ),
     )
 
 
