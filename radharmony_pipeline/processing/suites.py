@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import great_expectations.expectations as gxe
 
+from .mask_jobs import MASK_COLUMNS
 from .vocabulary import IMAGE_FORMATS, INDEX_COLUMNS, SPLITS, UNIFIED_LABELS, VIEW_POSITIONS
 
 IMAGE_KEY_REGEX = r"^[A-Za-z0-9._-]+$"
@@ -74,13 +75,7 @@ def masks() -> list[gxe.Expectation]:
     return [
         gxe.ExpectTableColumnsToMatchSet(
             column_set=[
-                "image_id",
-                "mask_class",
-                "mask_path",
-                "height",
-                "width",
-                "area_fraction",
-                "source",
+                *MASK_COLUMNS,
                 "mask_file_exists",
                 "class_area_fraction",
                 "image_class",

@@ -8,44 +8,32 @@ import pandas as pd
 from ...processing.boxes import normalize_xywh
 from ...processing.table_schemas import BBOXES
 from ...sources import parse_partition_key
-from ..automation import REBUILD_WHEN_CHANGED
 from ..checks.bboxes import CHECK_SPECS, check_results
-from ..metadata import definition_metadata, status_counts, table_code_version
-from ..partitions import OWNERS, dataset_split_partitions
+from ..metadata import status_counts
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
+from ..stages import checked_stage
 from .previews import box_preview
 
 CODE_VERSION = "1"
 BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")
 
 
-# A multi-asset of one asset, only so its in-step checks can be deselected (can_subset):
-# a plain @asset must run every check in its check_specs.
-@dg.multi_asset(
-    outs={
-        "bboxes": dg.AssetOut(
-            is_required=False,
-            owners=OWNERS,
-            group_name="bboxes",
-            description=(
-                "One row per box: unified class `label`, phrase `label_text` (MS-CXR), the box "
-                "normalized to the source image as `y_min, y_max, x_min, x_max` in [0, 1], and "
-                "in source pixels as `x_px, y_px, w_px, h_px` (top-left + size). Boxes reaching "
-                "outside the image are clipped and counted; a box with no area after clipping "
-                "is kept as a row with status `error`, never dropped. Datasets without boxes "
-                "give an empty table."
-            ),
-            automation_condition=REBUILD_WHEN_CHANGED,
-            code_version=table_code_version(CODE_VERSION),
-            kinds={"parquet", "png"},
-            metadata=definition_metadata(BBOXES),
-        )
-    },
-    ins={"raw_index": dg.AssetIn("raw_index")},
-    partitions_def=dataset_split_partitions,
+@checked_stage(
+    "bboxes",
+    BBOXES,
+    CODE_VERSION,
     check_specs=CHECK_SPECS,
-    can_subset=True,
+    ins={"raw_index": dg.AssetIn("raw_index")},
+    description=(
+        "One row per box: unified class `label`, phrase `label_text` (MS-CXR), the box "
+        "normalized to the source image as `y_min, y_max, x_min, x_max` in [0, 1], and "
+        "in source pixels as `x_px, y_px, w_px, h_px` (top-left + size). Boxes reaching "
+        "outside the image are clipped and counted; a box with no area after clipping "
+        "is kept as a row with status `error`, never dropped. Datasets without boxes "
+        "give an empty table."
+    ),
+    kinds={"parquet", "png"},
 )
 def bboxes(
     context: dg.AssetExecutionContext,

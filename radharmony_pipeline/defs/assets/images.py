@@ -25,12 +25,11 @@ from ...processing.storage import OutputPath, make_folder
 from ...processing.supervised import TimeLimit, job_timeout
 from ...processing.table_schemas import IMAGES
 from ...sources import parse_partition_key
-from ..automation import REBUILD_WHEN_CHANGED
 from ..checks.images import CHECK_SPECS, check_results
-from ..metadata import definition_metadata, status_counts, table_code_version
-from ..partitions import OWNERS, dataset_split_partitions
+from ..metadata import status_counts
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
+from ..stages import checked_stage
 
 GEOMETRIES = {"letterbox": letterbox_geometry, "squash": squash_geometry}
 
@@ -49,33 +48,22 @@ class ImagesConfig(dg.Config):
     )
 
 
-# A multi-asset of one asset, only so its in-step checks can be deselected (can_subset).
-@dg.multi_asset(
-    outs={
-        "images": dg.AssetOut(
-            is_required=False,
-            owners=OWNERS,
-            group_name="images",
-            description=(
-                "Every image of the partition decoded to 8-bit grayscale (JPEG at reduced DCT "
-                "scale when much larger than S; PNG 8/16-bit; DICOM with modality and VOI LUTs, "
-                "MONOCHROME1 inverted), resized to S×S (letterbox by default), written as PNG "
-                "with its union mask resized by nearest neighbour through the same geometry, and "
-                "packed into `images/<partition>.npy` (N×S×S uint8, row = tensor_index). "
-                "Unchanged images are re-used after a cheap check; undecodable ones are rows "
-                "with status `error`."
-            ),
-            automation_condition=REBUILD_WHEN_CHANGED,
-            code_version=table_code_version(IMAGE_CODE_VERSION),
-            kinds={"png", "numpy", "parquet"},
-            metadata=definition_metadata(IMAGES),
-        )
-    },
-    ins={"raw_index": dg.AssetIn("raw_index"), "masks": dg.AssetIn("masks")},
-    partitions_def=dataset_split_partitions,
+@checked_stage(
+    "images",
+    IMAGES,
+    IMAGE_CODE_VERSION,
     check_specs=CHECK_SPECS,
-    can_subset=True,
+    ins={"raw_index": dg.AssetIn("raw_index"), "masks": dg.AssetIn("masks")},
     pool="heavy_image_work",
+    description=(
+        "Every image of the partition decoded to 8-bit grayscale (JPEG at reduced DCT scale "
+        "when much larger than S; PNG 8/16-bit; DICOM with modality and VOI LUTs, MONOCHROME1 "
+        "inverted), resized to S×S (letterbox by default), written as PNG with its union mask "
+        "resized by nearest neighbour through the same geometry, and packed into "
+        "`images/<partition>.npy` (N×S×S uint8, row = tensor_index). Unchanged images are "
+        "re-used after a cheap check; undecodable ones are rows with status `error`."
+    ),
+    kinds={"png", "numpy", "parquet"},
 )
 def images(
     context: dg.AssetExecutionContext,

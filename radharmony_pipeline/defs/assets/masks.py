@@ -20,43 +20,32 @@ from ...processing.progress import ProgressLog
 from ...processing.supervised import TimeLimit, job_timeout
 from ...processing.table_schemas import MASKS
 from ...sources import parse_partition_key
-from ..automation import REBUILD_WHEN_CHANGED
 from ..checks.masks import CHECK_SPECS, check_results
-from ..metadata import definition_metadata, status_counts, table_code_version
-from ..partitions import OWNERS, dataset_split_partitions
+from ..metadata import status_counts
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
+from ..stages import checked_stage
 from .previews import mask_preview
 
 
-# A multi-asset of one asset, only so its in-step checks can be deselected (can_subset).
-@dg.multi_asset(
-    outs={
-        "masks": dg.AssetOut(
-            is_required=False,
-            owners=OWNERS,
-            group_name="masks",
-            description=(
-                "Binary masks at the source image's native resolution, written as 0/255 PNGs "
-                "under `masks/<partition>/<image_key>/<class>.png`: one per class present "
-                "(unified names, `Airspace Opacity` → `lung_opacity`) and the union `any` for "
-                "every image the dataset segments (all-zero when nothing is found; none for "
-                "laterals, MS-CXR, ReXGradient). CheXlocalize RLEs are unioned by merging before "
-                "one decode; ChestX-Det polygons are filled per class, overlaps kept. Unchanged "
-                "masks are not rewritten. Datasets without masks give an empty table."
-            ),
-            automation_condition=REBUILD_WHEN_CHANGED,
-            code_version=table_code_version(MASK_CODE_VERSION),
-            kinds={"png", "parquet"},
-            metadata=definition_metadata(MASKS),
-        )
-    },
+@checked_stage(
+    "masks",
+    MASKS,
+    MASK_CODE_VERSION,
+    check_specs=CHECK_SPECS,
     # labels: read only by the positives_without_masks check.
     ins={"raw_index": dg.AssetIn("raw_index"), "labels": dg.AssetIn("labels")},
-    partitions_def=dataset_split_partitions,
-    check_specs=CHECK_SPECS,
-    can_subset=True,
     pool="heavy_image_work",
+    description=(
+        "Binary masks at the source image's native resolution, written as 0/255 PNGs under "
+        "`masks/<partition>/<image_key>/<class>.png`: one per class present (unified names, "
+        "`Airspace Opacity` → `lung_opacity`) and the union `any` for every image the dataset "
+        "segments (all-zero when nothing is found; none for laterals, MS-CXR, ReXGradient). "
+        "CheXlocalize RLEs are unioned by merging "
+        "before one decode; ChestX-Det polygons are filled per class, overlaps kept. Unchanged "
+        "masks are not rewritten. Datasets without masks give an empty table."
+    ),
+    kinds={"png", "parquet"},
 )
 def masks(
     context: dg.AssetExecutionContext,

@@ -14,9 +14,9 @@ from ...sources.counts import compare_counts
 from ..partitions import blocking_partition_check
 from ..row_errors import row_errors_result
 from .counts import comparison_result
-from .expectations import suite_result
+from .expectations import suite_check, suite_result
 from .in_step import selected_results
-from .row_errors import ROW_ERRORS_DESCRIPTION
+from .row_errors import error_rows_check
 
 BBOXES = dg.AssetKey("bboxes")
 
@@ -27,17 +27,12 @@ CHECK_SPECS = [
         description="Box rows equal the documented annotations of the split. Degenerate and "
         "malformed boxes are reported by bboxes_error_rows.",
     ),
-    blocking_partition_check(
-        "bboxes_suite",
-        asset=BBOXES,
-        description="GX suite: coordinates in [0, 1], y_min < y_max and x_min < x_max for "
+    suite_check(
+        BBOXES,
+        "coordinates in [0, 1], y_min < y_max and x_min < x_max for "
         "valid boxes, labels in the unified vocabulary.",
     ),
-    blocking_partition_check(
-        "bboxes_error_rows",
-        asset=BBOXES,
-        description=ROW_ERRORS_DESCRIPTION,
-    ),
+    error_rows_check(BBOXES),
 ]
 
 

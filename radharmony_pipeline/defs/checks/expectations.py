@@ -5,6 +5,15 @@ from typing import Any
 import dagster as dg
 import pandas as pd
 
+from ..partitions import blocking_partition_check
+
+
+def suite_check(asset: dg.AssetKey, description: str) -> dg.AssetCheckSpec:
+    """`<asset>_suite`: the table's GX suite, run in its step; blocking (a failure is ERROR)."""
+    return blocking_partition_check(
+        f"{asset.to_user_string()}_suite", asset=asset, description=f"GX suite: {description}"
+    )
+
 
 def suite_result(table: pd.DataFrame, suite: str, *arguments: Any) -> dg.AssetCheckResult:
     """Validate `table` against the suite of that name (processing/suites.py); the result lists

@@ -5,18 +5,11 @@ from collections.abc import Iterator
 import dagster as dg
 import pandas as pd
 
-from ..partitions import blocking_partition_check
 from ..row_errors import row_errors_result
 from .in_step import selected_results
-from .row_errors import ROW_ERRORS_DESCRIPTION
+from .row_errors import error_rows_check
 
-CHECK_SPECS = [
-    blocking_partition_check(
-        "images_error_rows",
-        asset=dg.AssetKey("images"),
-        description=ROW_ERRORS_DESCRIPTION,
-    ),
-]
+CHECK_SPECS = [error_rows_check(dg.AssetKey("images"))]
 
 
 def check_results(

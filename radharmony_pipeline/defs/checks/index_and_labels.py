@@ -16,9 +16,9 @@ from ...sources.counts import MASK_METRICS, compare_counts, is_dataset_metric
 from ..partitions import blocking_partition_check
 from ..row_errors import row_errors_result
 from .counts import comparison_result
-from .expectations import suite_result
+from .expectations import suite_check, suite_result
 from .in_step import selected_results
-from .row_errors import ROW_ERRORS_DESCRIPTION
+from .row_errors import error_rows_check
 
 RAW_INDEX = dg.AssetKey("raw_index")
 LABELS = dg.AssetKey("labels")
@@ -35,23 +35,16 @@ CHECK_SPECS = [
             "stages."
         ),
     ),
-    blocking_partition_check(
-        "raw_index_suite",
-        asset=RAW_INDEX,
-        description="GX suite: unique non-null image_id/image_key, non-empty paths, known "
+    suite_check(
+        RAW_INDEX,
+        "unique non-null image_id/image_key, non-empty paths, known "
         "formats, splits and normalized view positions, positive source sizes.",
     ),
-    blocking_partition_check(
-        "labels_suite",
-        asset=LABELS,
-        description="GX suite: unique image_id, every label_* column in {0, 1, null}, report "
-        'never the string "None".',
+    suite_check(
+        LABELS,
+        'unique image_id, every label_* column in {0, 1, null}, report never the string "None".',
     ),
-    blocking_partition_check(
-        "raw_index_error_rows",
-        asset=RAW_INDEX,
-        description=ROW_ERRORS_DESCRIPTION,
-    ),
+    error_rows_check(RAW_INDEX),
 ]
 
 

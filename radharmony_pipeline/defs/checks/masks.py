@@ -12,9 +12,9 @@ from ...sources.counts import MASK_METRICS, compare_counts
 from ..partitions import blocking_partition_check, dataset_split_partitions
 from ..row_errors import row_errors_result
 from .counts import comparison_result
-from .expectations import suite_result
+from .expectations import suite_check, suite_result
 from .in_step import selected_results
-from .row_errors import ROW_ERRORS_DESCRIPTION
+from .row_errors import error_rows_check
 
 MASKS = dg.AssetKey("masks")
 # Ids written into a warning's description; the metadata lists up to 200.
@@ -37,17 +37,12 @@ CHECK_SPECS = [
         "dataset's documentation names (CheXlocalize: patient65086_study1_view1_frontal) pass "
         "and are listed in the metadata; any other warns, with its id in this description.",
     ),
-    blocking_partition_check(
-        "masks_suite",
-        asset=MASKS,
-        description="GX suite: class-mask area fractions in (0, 1], union fractions in [0, 1], "
+    suite_check(
+        MASKS,
+        "class-mask area fractions in (0, 1], union fractions in [0, 1], "
         "every mask file exists, classes in the vocabulary.",
     ),
-    blocking_partition_check(
-        "masks_error_rows",
-        asset=MASKS,
-        description=ROW_ERRORS_DESCRIPTION,
-    ),
+    error_rows_check(MASKS),
 ]
 
 

@@ -1,0 +1,47 @@
+"""The decorator of a per-partition stage whose checks run in its own step."""
+
+from collections.abc import Callable
+from typing import Any
+
+import dagster as dg
+
+from ..processing.table_schemas import TableSchema
+from .automation import REBUILD_WHEN_CHANGED
+from .metadata import definition_metadata, table_code_version
+from .partitions import OWNERS, dataset_split_partitions
+
+
+def checked_stage(
+    name: str,
+    table: TableSchema,
+    code_version: str,
+    check_specs: list[dg.AssetCheckSpec],
+    ins: dict[str, dg.AssetIn],
+    pool: str | None = None,
+    **out: Any,
+) -> Callable[..., dg.AssetsDefinition]:
+    """A stage of one asset in the group of its name, rebuilt when its inputs change, with
+    `table`'s declared schema.
+
+    A multi-asset of one output, only so its checks can be deselected (`can_subset`): a plain
+    `@asset` must run every check in its `check_specs`. `out` holds the rest of its `AssetOut`
+    (description, kinds); the output is optional within its own step.
+    """
+    return dg.multi_asset(
+        outs={
+            name: dg.AssetOut(
+                is_required=False,
+                owners=OWNERS,
+                group_name=name,
+                automation_condition=REBUILD_WHEN_CHANGED,
+                code_version=table_code_version(code_version),
+                metadata=definition_metadata(table),
+                **out,
+            )
+        },
+        ins=ins,
+        partitions_def=dataset_split_partitions,
+        check_specs=check_specs,
+        can_subset=True,
+        pool=pool,
+    )
