@@ -9,6 +9,22 @@ import dagster as dg
 from .defs.resources import pipeline_resources
 from .processing.settings import validate_settings
 
+# Dagster's default executor (a run config may still choose `multiprocess` or `in_process`), but
+# running every step in the run's own process unless told otherwise. A step started in a
+# process of its own re-imports Dagster and the definitions first (about 2 s of CPU, a quarter
+# of the `raw_index,labels` CLI run), and parallel steps gain little: the heavy ones spread
+# their images over every core themselves and share one pool slot (dagster_home/dagster.yaml).
+STEPS_IN_RUN_PROCESS = dg.ExecutorDefinition(
+    name=dg.multi_or_in_process_executor.name,
+    config_schema=dg.Field(
+        dg.multi_or_in_process_executor.config_schema.config_type,
+        default_value={"in_process": {}},
+    ),
+    requirements=dg.multi_or_in_process_executor.get_requirements,
+    executor_creation_fn=dg.multi_or_in_process_executor.executor_creation_fn,
+    description="Steps in the run's process by default; `multiprocess` on request.",
+)
+
 
 def build_definitions(
     data_root: str | Path | None = None, output_root: str | Path | None = None
@@ -22,13 +38,8 @@ def build_definitions(
     validate_settings()
     return dg.Definitions.merge(
         dg.load_from_defs_folder(path_within_project=Path(__file__).parent),
-        # Every step of a run in the run's own process. A step started in a process of its own
-        # re-imports Dagster and the definitions first (about 2 s of CPU, a quarter of the
-        # `raw_index,labels` CLI run), and parallel steps gain little: the heavy ones spread
-        # their images over every core themselves and share one pool slot (dagster.yaml).
         dg.Definitions(
-            resources=pipeline_resources(data_root, output_root),
-            executor=dg.in_process_executor,
+            resources=pipeline_resources(data_root, output_root), executor=STEPS_IN_RUN_PROCESS
         ),
     )
 
