@@ -157,3 +157,46 @@ def test_nightly_observation_and_rebuild_sensor_run_by_default():
         node = graph.get(dg.AssetKey(key))
         assert node.automation_condition is not None and node.code_version, key
     assert graph.get(dg.AssetKey("images")).pools == {"heavy_image_work"}
+
+
+# Every per-partition check, with whether it blocks downstream stages.
+PARTITION_CHECKS = {
+    "counts_match_documentation": True,
+    "raw_index_suite": True,
+    "labels_suite": True,
+    "raw_index_error_rows": True,
+    "bboxes_match_documentation": True,
+    "bboxes_suite": True,
+    "bboxes_error_rows": True,
+    "masks_match_documentation": True,
+    "positives_without_masks": False,
+    "masks_suite": True,
+    "masks_error_rows": True,
+    "images_error_rows": True,
+}
+
+
+def test_every_partition_check_runs_in_the_step_of_its_stage():
+    in_step = {
+        spec.name: (spec.blocking, spec.partitions_def)
+        for assets in defs.assets
+        if isinstance(assets, dg.AssetsDefinition)
+        for spec in assets.check_specs
+    }
+    assert {name: blocking for name, (blocking, _) in in_step.items()} == PARTITION_CHECKS
+    assert all(partitions is not None for _, partitions in in_step.values())
+    standalone = {key.name for checks in defs.asset_checks or () for key in checks.check_keys}
+    assert not standalone & set(PARTITION_CHECKS)
+
+
+def test_loading_the_definitions_does_not_import_great_expectations():
+    code = "import sys, radharmony_pipeline.definitions; print('great_expectations' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_runs_execute_their_steps_in_process_unless_their_config_asks_otherwise():
+    executor = defs.resolve_job_def("all_stages").executor_def
+    assert executor.config_schema.as_field().default_value == {"in_process": {}}
+    for choice in ({"in_process": {}}, {"multiprocess": {}}):
+        assert executor.config_schema.config_type.fields.keys() >= choice.keys()
