@@ -50,7 +50,6 @@ from PIL import Image
 # Every pool worker re-imports this module (as __mp_main__) before it runs a job, so its top
 # level holds only imports and definitions; the benchmark itself runs under __main__.
 from radharmony_pipeline.processing.atomic import temporary_sibling
-from radharmony_pipeline.processing.geometry import letterbox_geometry
 from radharmony_pipeline.processing.image_jobs import (
     ImageJob,
     ImageRow,
@@ -153,7 +152,7 @@ def run_stage(sources: Sequence[Path], output_root: Path, workers: int) -> Stage
             image_relative=f"images/{PARTITION}/{source.stem}.png",
             mask_relative=None,
             size=SIZE,
-            geometry_of=letterbox_geometry,
+            resize="letterbox",
             row=row,
         )
         for row, source in enumerate(sources)

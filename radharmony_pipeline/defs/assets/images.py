@@ -9,7 +9,6 @@ from pydantic import Field
 
 from ...processing.atomic import TEMP_MARKER, remove_orphaned_temporaries, writer_is_gone
 from ...processing.cluster import worker_slots
-from ...processing.geometry import letterbox_geometry, squash_geometry
 from ...processing.image_jobs import (
     IMAGE_CODE_VERSION,
     ImageJob,
@@ -29,8 +28,6 @@ from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
-
-GEOMETRIES = {"letterbox": letterbox_geometry, "squash": squash_geometry}
 
 
 class ImagesConfig(dg.Config):
@@ -96,7 +93,7 @@ def images(
                 else None
             ),
             size=config.size,
-            geometry_of=GEOMETRIES[config.resize],
+            resize=config.resize,
             row=row,
             source_root=base,
             index_error=None if pd.isna(error) else f"raw_index: {error}",
