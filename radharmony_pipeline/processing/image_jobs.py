@@ -152,9 +152,9 @@ class ImageJob:
                 if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
                     return None
                 pixels = np.asarray(image)
-        except (OSError, SyntaxError):
+            return self._row(tags, decoded=False), pixels
+        except (OSError, SyntaxError, ValueError):  # unreadable: decoded and written again
             return None
-        return self._row(tags, decoded=False), pixels
 
     def _row(self, tags: dict[str, str], decoded: bool) -> ImageRow:
         return ImageRow(

@@ -134,9 +134,15 @@ def run_supervised(
             for worker in active:
                 _hand_out(worker, items, waiting, limit.seconds)
             timeout = max(0.0, min(w.deadline for w in active) - time.monotonic())
-            wait([w.connection for w in active] + [w.process.sentinel for w in active], timeout)
+            ready = set(
+                wait([w.connection for w in active] + [w.process.sentinel for w in active], timeout)
+            )
+            now = time.monotonic()
             for worker in list(active):
-                outcome = _drain(worker, record, limit.seconds)
+                exited = worker.process.sentinel in ready
+                if worker.connection not in ready and not exited and now < worker.deadline:
+                    continue  # nothing to read, within its time
+                outcome = _drain(worker, record, limit.seconds, exited)
                 if outcome == "running":
                     continue
                 active.remove(worker)
@@ -178,11 +184,12 @@ def _hand_out(worker: _Worker, items: Sequence, waiting: deque[int], seconds: fl
         worker.in_hand.append(index)
 
 
-def _drain(worker: _Worker, record: Callable[[int, Any], None], seconds: float) -> str:
+def _drain(
+    worker: _Worker, record: Callable[[int, Any], None], seconds: float, exited: bool
+) -> str:
     """Read every message the worker sent: 'running', 'late' (current item over the limit,
-    or not started in time) or 'dead'."""
-    # Checked before reading: once the process is gone, everything it sent is in the pipe.
-    alive = worker.process.is_alive()
+    or not started in time) or 'dead'. `exited`: its process had ended before this call, so
+    everything it sent is in the pipe."""
     while True:
         try:
             if not worker.connection.poll():
@@ -198,7 +205,7 @@ def _drain(worker: _Worker, record: Callable[[int, Any], None], seconds: float) 
         worker.started = True
         # The next item in hand starts now; an idle worker has no deadline.
         worker.deadline = time.monotonic() + seconds if worker.in_hand else float("inf")
-    if not alive:
+    if exited:
         return "dead"
     if time.monotonic() >= worker.deadline:
         return "late"
