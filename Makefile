@@ -8,7 +8,7 @@ CHROMIUM ?= /usr/bin/chromium
 APT_GET ?= apt-get
 CHROMIUM_INSTALL := $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -q chromium
 
-.PHONY: install install-dev chromium demo test ui lint bench clean-demo
+.PHONY: install install-dev install-bench chromium demo test ui lint bench clean-demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +22,16 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@ $(VENV)/.installed
 
+# The `bench` extra: MONAI and torch 2.13.0 (CPU) for bench_images.py's MONAI comparison.
+$(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[bench]'
+	touch $@ $(VENV)/.installed
+
 install: $(VENV)/.installed
 
 install-dev: $(VENV)/.installed-dev
+
+install-bench: $(VENV)/.installed-bench
 
 ## Debian's chromium for the UI test: installed when missing (as root), else the command to run.
 chromium:
@@ -55,7 +62,7 @@ lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-bench: install
+bench: install-bench
 	$(BIN)/python benchmarks/bench_index.py
 	$(BIN)/python benchmarks/bench_masks.py
 	$(BIN)/python benchmarks/bench_images.py

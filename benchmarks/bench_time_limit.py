@@ -3,7 +3,8 @@
 Builds the masks of a synthetic ChestX-Det train split (repeated into separate folders) with
 map_in_chunks on all cores twice per round: through the plain process pool (no time limit,
 the baseline) and through the supervised pool the `masks` and `images` stages use (one
-process per chunk, one message per image, a stuck image killed). Prints the median
+long-lived process per worker fed single images, one message each way per image, a stuck
+image killed). Prints the median
 throughput of each and their ratio. Target: ratio >= 0.9.
 
     .venv/bin/python benchmarks/bench_time_limit.py [--repeats 20] [--rounds 3]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -14,6 +16,7 @@ from radharmony_pipeline.processing.parallel import (
     map_in_chunks,
     worker_count,
 )
+from radharmony_pipeline.processing.supervised import TimeLimit
 
 
 class ImageBroken(ValueError):
@@ -33,6 +36,21 @@ def fail_on_seven(number: int) -> int:
     if number == 7:
         raise ImageBroken(f"image {number} is broken")
     return number
+
+
+def slow_first(number: int) -> tuple[int, int]:
+    if number == 0:
+        time.sleep(1.0)
+    return number, os.getpid()
+
+
+def stuck_on_bytes(item: bytes) -> int:
+    if item == b"stuck":
+        time.sleep(3600)
+    return len(item)
+
+
+LIMIT = TimeLimit(1.0, lambda item, reason: f"stopped: {reason}")
 
 
 # --- map_in_chunks -------------------------------------------------------------------------
@@ -86,6 +104,49 @@ def test_progress_reports_items_done_up_to_the_total(workers: int) -> None:
     assert [done for done, _ in reports] == sorted(done for done, _ in reports)
     assert reports[-1] == (10, 10)
     assert {total for _, total in reports} == {10}
+
+
+# --- with a time limit (the supervised pool) -------------------------------------------------
+
+
+def test_supervised_progress_is_reported_per_chunk() -> None:
+    reports: list[tuple[int, int]] = []
+    results = map_in_chunks(
+        square,
+        list(range(10)),
+        workers=2,
+        chunk_size=3,
+        on_progress=lambda *r: reports.append(r),
+        time_limit=LIMIT,
+    )
+    assert results == [n * n for n in range(10)]
+    assert reports == [(3, 10), (6, 10), (9, 10), (10, 10)]
+
+
+def test_a_slow_item_holds_back_only_the_item_queued_behind_it() -> None:
+    # Items are handed out one at a time (plus one in hand), not in fixed chunks: while one
+    # worker sleeps on item 0, the other does everything except what the first holds.
+    roomy = TimeLimit(60.0, LIMIT.on_timeout)
+    results = map_in_chunks(slow_first, list(range(40)), workers=2, chunk_size=20, time_limit=roomy)
+    assert [number for number, _ in results] == list(range(40))
+    slow_worker = results[0][1]
+    assert {number for number, pid in results if pid == slow_worker} <= {0, 1}
+
+
+def test_a_large_item_behind_a_stuck_one_never_blocks_the_parent() -> None:
+    # 4 MB does not fit in a pipe: written to a worker stuck on its current item, it would
+    # block the parent, and with it the time limit, forever.
+    items = [b"stuck", b"x" * (4 << 20), b"ok"]
+    outcome: list = []
+    runner = threading.Thread(
+        target=lambda: outcome.append(map_in_chunks(stuck_on_bytes, items, 1, time_limit=LIMIT)),
+        daemon=True,
+    )
+    runner.start()
+    runner.join(timeout=120)
+    assert not runner.is_alive(), "the supervised pool hung"
+    assert outcome[0][0].startswith("stopped: took longer than 1 s")
+    assert outcome[0][1:] == [4 << 20, 2]
 
 
 def test_no_items_gives_no_results() -> None:

@@ -13,7 +13,6 @@ from PIL import Image
 
 from radharmony_pipeline.processing import image_jobs as image_jobs_module
 from radharmony_pipeline.processing.atomic import TEMP_MARKER
-from radharmony_pipeline.processing.geometry import letterbox_geometry
 from radharmony_pipeline.processing.image_jobs import ImageJob, build_packed_images
 from radharmony_pipeline.processing.storage import listing, output_path, publish
 
@@ -105,7 +104,7 @@ def image_jobs(sources, root):
             image_relative=f"images/p/{source.stem}.png",
             mask_relative=None,
             size=SIZE,
-            geometry_of=letterbox_geometry,
+            resize="letterbox",
             row=row,
         )
         for row, source in enumerate(sources)

@@ -14,7 +14,6 @@ from typing import TypeVar
 
 from .parallel import (
     Progress,
-    apply_to_chunk,
     default_chunk_size,
     map_in_chunks,
     split_into_chunks,
@@ -97,6 +96,11 @@ def map_on_dask(
             client.cancel(futures)
             raise
     return [result for index in range(len(chunks)) for result in by_chunk[index]]
+
+
+def apply_to_chunk(function: Callable[[T], R], chunk: Sequence[T]) -> list[R]:
+    """Run on a Dask worker: one task per chunk, so scheduling costs are paid per chunk."""
+    return [function(item) for item in chunk]
 
 
 def _thread_count(client, address: str) -> int:

@@ -13,7 +13,11 @@ from pydicom.dataset import Dataset
 from pydicom.pixels import apply_modality_lut, apply_voi_lut, get_decoder
 from pydicom.uid import UID, JPEG2000TransferSyntaxes, JPEGLSTransferSyntaxes
 
-from radharmony_pipeline.processing.image_files import ImageFileError, read_grayscale_png
+from radharmony_pipeline.processing.image_files import (
+    FileContent,
+    ImageFileError,
+    read_grayscale_png,
+)
 
 JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
 PNG_SUFFIX = ".png"
@@ -68,21 +72,24 @@ class DecodedImage:
     dct_scale: int = 1  # libjpeg reduced-DCT factor (1, 2, 4 or 8); 1 for non-JPEG
 
 
-def decode_grayscale(path: Path, target_size: int | None = None) -> DecodedImage:
+def decode_grayscale(
+    path: Path, target_size: int | None = None, content: bytes | None = None
+) -> DecodedImage:
     """Decode a .jpg/.jpeg, .png or .dcm file (by extension) to 2-D uint8, bone bright.
 
     `target_size` is the long side the caller will resize to; a JPEG much larger than that
     is decoded at a reduced DCT scale, keeping at least DCT_MARGIN x target_size pixels.
-    Every problem with the file raises DecodeError.
+    `content` is the file's bytes when the caller already read them (to hash them too);
+    otherwise the file is opened here. Every problem with the file raises DecodeError.
     """
     path = Path(path)
     if target_size is not None and target_size < 1:
         raise ValueError(f"target_size must be a positive number of pixels, got {target_size}")
     _require_known_extension(path)
-    if not path.is_file():
+    if content is None and not path.is_file():
         raise DecodeError(path, "file not found")
     try:
-        return _decode_by_extension(path, target_size)
+        return _decode_by_extension(path, content, target_size)
     except (DecodeError, MemoryError):
         # Running out of memory says nothing about the file; let the caller see it.
         raise
@@ -98,13 +105,20 @@ def _require_known_extension(path: Path) -> None:
         raise DecodeError(path, f"unsupported extension {path.suffix!r}")
 
 
-def _decode_by_extension(path: Path, target_size: int | None) -> DecodedImage:
+def _decode_by_extension(
+    path: Path, content: bytes | None, target_size: int | None
+) -> DecodedImage:
     suffix = path.suffix.lower()
     if suffix in JPEG_SUFFIXES:
-        return _decode_jpeg(path, target_size)
+        return _decode_jpeg(path, content, target_size)
     if suffix == PNG_SUFFIX:
-        return _decode_png(path)
-    return _decode_dicom(path)
+        return _decode_png(path, content)
+    return _decode_dicom(path, content)
+
+
+def _readable(path: Path, content: bytes | None) -> Path | FileContent:
+    """What the parsers open: the bytes already read, else the file by its path."""
+    return path if content is None else FileContent(content, path)
 
 
 # --- shared ---------------------------------------------------------------------------------
@@ -129,9 +143,9 @@ def _draft_request(width: int, height: int, target_size: int | None) -> tuple[in
     return math.ceil(width * shrink), math.ceil(height * shrink)
 
 
-def _decode_jpeg(path: Path, target_size: int | None) -> DecodedImage:
+def _decode_jpeg(path: Path, content: bytes | None, target_size: int | None) -> DecodedImage:
     try:
-        with Image.open(path, formats=["JPEG"]) as image:
+        with Image.open(_readable(path, content), formats=["JPEG"]) as image:
             width, height = image.size
             # Asking for "L" lets libjpeg emit the luma channel directly for colour JPEGs.
             drafted = image.draft("L", _draft_request(width, height, target_size))
@@ -148,9 +162,9 @@ def _decode_jpeg(path: Path, target_size: int | None) -> DecodedImage:
 # --- PNG ------------------------------------------------------------------------------------
 
 
-def _decode_png(path: Path) -> DecodedImage:
+def _decode_png(path: Path, content: bytes | None) -> DecodedImage:
     try:
-        pixels, _mode = read_grayscale_png(path)
+        pixels, _mode = read_grayscale_png(path, content)
     except ImageFileError as error:
         raise DecodeError(path, error.reason) from error
     if pixels.dtype != np.uint8:
@@ -163,8 +177,8 @@ def _decode_png(path: Path) -> DecodedImage:
 # --- DICOM ----------------------------------------------------------------------------------
 
 
-def _decode_dicom(path: Path) -> DecodedImage:
-    ds = _read_dicom(path)
+def _decode_dicom(path: Path, content: bytes | None) -> DecodedImage:
+    ds = _read_dicom(path, content)
     _require_grayscale_pixel_data(ds, path)
     _require_plausible_size(ds, path)
     _require_decodable_syntax(ds, path)
@@ -173,9 +187,9 @@ def _decode_dicom(path: Path) -> DecodedImage:
     return DecodedImage(pixels, *stored.shape)
 
 
-def _read_dicom(path: Path) -> Dataset:
+def _read_dicom(path: Path, content: bytes | None) -> Dataset:
     try:
-        return pydicom.dcmread(path)
+        return pydicom.dcmread(_readable(path, content))
     except Exception as error:
         # pydicom's parser raises many unrelated types on corrupt input.
         raise DecodeError(path, f"not a readable DICOM file: {error}") from error

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -21,6 +22,17 @@ class ImageFileError(ValueError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class FileContent(io.BytesIO):
+    """A file's bytes in memory that parsers' messages name like the file itself."""
+
+    def __init__(self, content: bytes, path: Path) -> None:
+        super().__init__(content)
+        self.name = str(path)
+
+    def __repr__(self) -> str:
+        return repr(self.name)
 
 
 # --- confinement -----------------------------------------------------------------------------
@@ -121,23 +133,27 @@ def _grayscale_from_colour(pixels: np.ndarray, mode: str, path: Path) -> np.ndar
     return np.ascontiguousarray(pixels[..., 0])
 
 
-def _decode_png(path: Path) -> tuple[np.ndarray, str]:
-    _require_file(path)
+def _decode_png(path: Path, content: bytes | None) -> tuple[np.ndarray, str]:
+    if content is None:
+        _require_file(path)
+    # Named like the file, so Pillow's messages name it either way.
+    source = path if content is None else FileContent(content, path)
     try:
-        with Image.open(path, formats=["PNG"]) as image:
+        with Image.open(source, formats=["PNG"]) as image:
             return np.array(image), image.mode
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
         raise ImageFileError(path, f"cannot decode PNG: {error}") from error
 
 
-def read_grayscale_png(path: Path) -> tuple[np.ndarray, str]:
-    """A PNG's pixels as a 2-D array (uint8 or uint16) and the PNG's original mode.
+def read_grayscale_png(path: Path, content: bytes | None = None) -> tuple[np.ndarray, str]:
+    """A PNG's pixels as a 2-D array (uint8 or uint16) and the PNG's original mode;
+    `content` is the file's bytes when the caller has already read them.
 
     RGB and RGBA are accepted only when they are lossless grayscale (R == G == B, alpha
     255 everywhere), as in ChestX-Det's RGBA files inherited from ChestX-ray14.
     """
     path = Path(path)
-    pixels, mode = _decode_png(path)
+    pixels, mode = _decode_png(path, content)
     if mode == "L":
         return pixels, mode
     if mode.startswith("I;16") or mode == "I":

@@ -10,10 +10,10 @@ no memory map is shared between machines.
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,10 @@ from PIL import Image
 from .atomic import temporary_sibling
 from .cluster import dask_scheduler, map_on_dask, map_per_image
 from .decode import DecodeError, decode_grayscale
-from .fingerprint import file_sha256
-from .geometry import ResizeGeometry, resize_image, resize_mask
+from .geometry import GEOMETRIES, ResizeGeometry, resize_image, resize_mask
 from .image_files import confined
 from .masks import mask_input_key, read_mask_png, write_mask_png
-from .parallel import Progress, default_chunk_size, map_in_chunks
+from .parallel import Progress, default_chunk_size, map_in_chunks, split_into_chunks
 from .perceptual_hash import perceptual_hash, pixels_sha256
 from .storage import is_local, local_scratch_file, publish, publish_file
 from .supervised import TimeLimit
@@ -40,7 +39,6 @@ IMAGE_CODE_VERSION = "2"  # 2: perceptual hash and pixel digest (issue 11)
 # At most this many images per Dask chunk (one shard of ~12 MB at S=224), so that a large
 # partition (ReXGradient train: 238,968 images) is shared by many workers.
 MAX_IMAGES_PER_CHUNK = 256
-GeometryFunction = Callable[[int, int, int], ResizeGeometry]
 
 
 @dataclass
@@ -73,16 +71,12 @@ class ImageJob:
     image_relative: str
     mask_relative: str | None
     size: int
-    geometry_of: GeometryFunction
+    resize: str  # a resize mode of geometry.GEOMETRIES: "letterbox" or "squash"
     row: int
     # The folder the source must stay inside (resolved), and the raw_index error of an image
     # whose metadata entry is unusable: then nothing is read and the row carries that error.
     source_root: Path | None = None
     index_error: str | None = None
-
-    @property
-    def resize_mode(self) -> str:
-        return self.geometry_of.__name__.removesuffix("_geometry")
 
     def input_key(self) -> str:
         """Source fingerprint (size + mtime), union-mask key and parameters."""
@@ -93,18 +87,22 @@ class ImageJob:
             f"{stat.st_size}:{stat.st_mtime_ns}",
             mask_key or "",
             str(self.size),
-            self.geometry_of.__name__,
+            # Spelled as earlier versions wrote it (the geometry function's name), so that
+            # existing outputs keep their keys and are not decoded again.
+            f"{self.resize}_geometry",
         )
 
-    def reuse(self) -> tuple[ImageRow, np.ndarray] | None:
-        """The row and pixels from existing outputs that carry the current input key, else
-        None. Cheap: a stat, a PNG header and a small PNG decode."""
+    def run(self) -> tuple[ImageRow, np.ndarray | None]:
+        """The row and the pixels to pack: re-used from outputs that carry the current input
+        key (a stat, a PNG header and a small PNG decode), else decoded and written. Errors
+        become rows (without pixels)."""
         if self.index_error is not None:
-            return None
+            return self._error_row(self.index_error), None
         try:
-            return self._reuse(self.input_key())
-        except (OSError, ValueError):  # ValueError: a NUL byte in the path
-            return None
+            key = self.input_key()
+            return self._reuse(key) or self._process(key)
+        except (DecodeError, OSError, ValueError) as exc:  # ValueError: a NUL byte in a path
+            return self._error_row(str(exc)), None
 
     def current_row(self, key: str) -> ImageRow | None:
         """The row from the outputs' headers when they carry `key` (pixels untouched)."""
@@ -113,25 +111,18 @@ class ImageJob:
             return None
         return self._row(tags, decoded=False)
 
-    def process(self) -> tuple[ImageRow, np.ndarray | None]:
-        """Decode the source, resize and write the PNGs; the row and the pixels to pack.
-        Errors become rows (without pixels)."""
-        if self.index_error is not None:
-            return self._error_row(self.index_error), None
-        try:
-            return self._process(self.input_key())
-        except (DecodeError, OSError, ValueError) as exc:
-            return self._error_row(str(exc)), None
-
     def _mask_is_current(self, key: str) -> bool:
         return self.mask_relative is None or (
             stored_input_key(self.output_root / self.mask_relative) == key
         )
 
     def _process(self, key: str) -> tuple[ImageRow, np.ndarray]:
+        """Decode the source, resize and write the PNGs; the row and the pixels to pack."""
         source = confined(self.source_file, self.source_root)
-        decoded = decode_grayscale(source, target_size=self.size)
-        geometry = self.geometry_of(decoded.source_height, decoded.source_width, self.size)
+        # Read once, for both decoding and the source hash.
+        content = read_source(source)
+        decoded = decode_grayscale(source, target_size=self.size, content=content)
+        geometry = GEOMETRIES[self.resize](decoded.source_height, decoded.source_width, self.size)
         pixels = resize_image(decoded.pixels, geometry)
         if self.mask_relative is not None:
             mask = resize_mask(read_mask_png(self.union_mask_file), geometry)
@@ -142,7 +133,7 @@ class ImageJob:
             "scale": repr(geometry.scale_x),
             "pad_top": str(geometry.pad_top),
             "pad_left": str(geometry.pad_left),
-            "source_sha256": file_sha256(self.source_file),
+            "source_sha256": hashlib.sha256(content).hexdigest(),
             **content_fingerprints(pixels, geometry),
         }
         write_tagged_png(
@@ -161,9 +152,9 @@ class ImageJob:
                 if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
                     return None
                 pixels = np.asarray(image)
-        except (OSError, SyntaxError):
+            return self._row(tags, decoded=False), pixels
+        except (OSError, SyntaxError, ValueError):  # unreadable: decoded and written again
             return None
-        return self._row(tags, decoded=False), pixels
 
     def _row(self, tags: dict[str, str], decoded: bool) -> ImageRow:
         return ImageRow(
@@ -178,7 +169,7 @@ class ImageJob:
             pad_left=int(tags["pad_left"]),
             tensor_index=self.row,
             source_sha256=tags["source_sha256"],
-            resize=self.resize_mode,
+            resize=self.resize,
             perceptual_hash=tags.get("perceptual_hash"),
             pixels_sha256=tags.get("pixels_sha256"),
             decoded=decoded,
@@ -197,10 +188,19 @@ class ImageJob:
             pad_left=None,
             tensor_index=self.row,
             source_sha256=None,
-            resize=self.resize_mode,
+            resize=self.resize,
             status="error",
             error=message,
         )
+
+
+def read_source(path: Path) -> bytes:
+    """The whole source file (radiographs are a few MB; decoding needs all of it anyway)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except (FileNotFoundError, IsADirectoryError) as error:
+        raise DecodeError(path, "file not found") from error
 
 
 def content_fingerprints(pixels: np.ndarray, geometry: ResizeGeometry) -> dict[str, str]:
@@ -216,19 +216,28 @@ def image_job_stopped(job: ImageJob, reason: str) -> ImageRow:
     return job._error_row(f"{job.source_file}: {reason}")
 
 
-def fill_packed_row(scratch: Path, job: ImageJob) -> ImageRow:
-    """Top-level (picklable) entry point for the local pool: the job (re-used or processed),
-    its pixels written into row `job.row` of the local scratch array.
+class PackedRows:
+    """The local pool's (picklable) job runner: each job's pixels go into row `job.row` of
+    the local scratch array, and its table row is returned.
 
-    The scratch file is on this machine, so the pool's processes write through their own
-    mapping of it without msync (the page cache is shared); an image stopped by the time
-    limit leaves its row zero."""
-    row, pixels = job.reuse() or job.process()
-    if pixels is not None:
-        packed = np.load(scratch, mmap_mode="r+")
-        packed[job.row] = pixels
-        del packed
-    return row
+    The scratch file is on this machine, so every worker process maps it once (the mapping
+    is not pickled) and writes through it without msync (the page cache is shared); an image
+    stopped by the time limit leaves its row zero."""
+
+    def __init__(self, scratch: Path) -> None:
+        self.scratch = scratch
+        self._array: np.ndarray | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"scratch": self.scratch, "_array": None}
+
+    def __call__(self, job: ImageJob) -> ImageRow:
+        row, pixels = job.run()
+        if pixels is not None:
+            if self._array is None:
+                self._array = np.load(self.scratch, mmap_mode="r+")
+            self._array[job.row] = pixels
+        return row
 
 
 @dataclass(frozen=True)
@@ -247,7 +256,7 @@ def process_image_chunk(chunk: ImageChunk) -> list[ImageRow]:
     pixels = np.zeros((len(chunk.jobs), chunk.size, chunk.size), dtype=np.uint8)
     rows = []
     for position, job in enumerate(chunk.jobs):
-        row, image = job.reuse() or job.process()
+        row, image = job.run()
         if image is not None:
             pixels[position] = image
         rows.append(row)
@@ -287,7 +296,7 @@ def build_packed_images(
         address = dask_scheduler()
         if address is None:
             rows = map_in_chunks(
-                functools.partial(fill_packed_row, scratch),
+                PackedRows(scratch),
                 jobs,
                 workers,
                 on_progress=on_progress,
@@ -351,11 +360,11 @@ def _chunks(jobs: Sequence[ImageJob], packed: Any, size: int, per_chunk: int) ->
     # clean-up of another run never removes the shards of this live one.
     return [
         ImageChunk(
-            jobs=tuple(jobs[start : start + per_chunk]),
-            shard=temporary_sibling(packed.with_name(f"shard{start}-{packed.name}")),
+            jobs=tuple(chunk),
+            shard=temporary_sibling(packed.with_name(f"shard{number}-{packed.name}")),
             size=size,
         )
-        for start in range(0, len(jobs), per_chunk)
+        for number, chunk in enumerate(split_into_chunks(jobs, per_chunk))
     ]
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
 
 from .supervised import TimeLimit, run_supervised
@@ -40,12 +40,8 @@ def default_chunk_size(item_count: int, workers: int) -> int:
 
 
 def split_into_chunks(items: Sequence[T], chunk_size: int) -> list[list[T]]:
+    """Consecutive runs of `chunk_size` items, for executors that take whole chunks (Dask)."""
     return [list(items[start : start + chunk_size]) for start in range(0, len(items), chunk_size)]
-
-
-def apply_to_chunk(function: Callable[[T], R], chunk: Sequence[T]) -> list[R]:
-    """Run in a worker: one task per chunk, so pickling costs are paid per chunk, not item."""
-    return [function(item) for item in chunk]
 
 
 _PRELOAD = [
@@ -54,7 +50,8 @@ _PRELOAD = [
 ]
 
 
-def _process_context() -> multiprocessing.context.BaseContext:
+def process_context() -> multiprocessing.context.BaseContext:
+    """The start method of every worker process: a fork server that preloads our modules."""
     # Never "fork": the Dagster step calling us may hold threads (event log writers, gRPC),
     # and forking a threaded process can copy a held lock into the child and deadlock it.
     # "forkserver" forks from a clean single-threaded server (cheap per worker); "spawn" is
@@ -70,54 +67,6 @@ def _process_context() -> multiprocessing.context.BaseContext:
     return context
 
 
-def _run_in_process(
-    function: Callable[[T], R], chunks: list[list[T]], total: int, on_progress: Progress | None
-) -> list[R]:
-    results: list[R] = []
-    for chunk in chunks:
-        results.extend(apply_to_chunk(function, chunk))
-        if on_progress is not None:
-            on_progress(len(results), total)
-    return results
-
-
-def _collect_in_order(
-    futures: dict[Future, int], chunks: list[list[T]], total: int, on_progress: Progress | None
-) -> list[R]:
-    """Wait for every chunk, reporting progress as they finish; the first failure is raised."""
-    by_chunk: dict[int, list[R]] = {}
-    pending = set(futures)
-    done_items = 0
-    while pending:
-        finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
-        for future in finished:
-            # result() re-raises a worker's exception with its original type and message.
-            index = futures[future]
-            by_chunk[index] = future.result()
-            done_items += len(chunks[index])
-            if on_progress is not None:
-                on_progress(done_items, total)
-    return [result for index in range(len(chunks)) for result in by_chunk[index]]
-
-
-def _run_in_pool(
-    function: Callable[[T], R],
-    chunks: list[list[T]],
-    workers: int,
-    total: int,
-    on_progress: Progress | None,
-) -> list[R]:
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_process_context())
-    try:
-        futures = {
-            pool.submit(apply_to_chunk, function, chunk): i for i, chunk in enumerate(chunks)
-        }
-        return _collect_in_order(futures, chunks, total, on_progress)
-    finally:
-        # On failure, drop the queued chunks instead of finishing work nobody will use.
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
 def map_in_chunks(
     function: Callable[[T], R],
     items: Sequence[T],
@@ -126,23 +75,49 @@ def map_in_chunks(
     on_progress: Progress | None = None,
     time_limit: TimeLimit[T, R] | None = None,
 ) -> list[R]:
-    """[function(item) for item in items], computed by `workers` processes over chunks.
+    """[function(item) for item in items], computed by `workers` processes.
 
-    `function` must be a picklable top-level function. workers == 1 runs in this process
-    with no pool, unless a `time_limit` is given: then every item runs in a worker process
-    that is killed when one item exceeds it (see supervised.py). on_progress(done_items,
-    total_items) is called here, in the parent, each time a chunk finishes.
+    `function` must be a picklable top-level function. Without a time limit, items travel
+    to the pool in chunks of `chunk_size` (concurrent.futures' own chunking, so pickling is
+    paid per chunk); workers == 1 runs in this process with no pool. With a `time_limit`,
+    every item runs in a worker process that is killed when one item exceeds it (see
+    supervised.py). on_progress(done_items, total_items) is called here, in the parent, each
+    time another chunk's worth of items is done, and at the end.
     """
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
     size = chunk_size or default_chunk_size(len(items), workers)
-    chunks = split_into_chunks(items, size)
-    if time_limit is not None and chunks:
-        context = _process_context()
-        return run_supervised(function, chunks, workers, time_limit, context, on_progress)
-    if workers == 1 or len(chunks) <= 1:
+    report = _every_chunk(size, len(items), on_progress)
+    if time_limit is not None and items:
+        return run_supervised(function, items, workers, time_limit, process_context(), report)
+    if workers == 1 or len(items) <= size:
         # One chunk cannot be shared; a pool would only add process start-up time.
-        return _run_in_process(function, chunks, len(items), on_progress)
-    return _run_in_pool(function, chunks, min(workers, len(chunks)), len(items), on_progress)
+        return _collect(map(function, items), report)
+    chunks = math.ceil(len(items) / size)
+    pool = ProcessPoolExecutor(max_workers=min(workers, chunks), mp_context=process_context())
+    try:
+        # map() yields in input order and re-raises a worker's exception with its type.
+        return _collect(pool.map(function, items, chunksize=size), report)
+    finally:
+        # On failure, drop the queued chunks instead of finishing work nobody will use.
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _every_chunk(size: int, total: int, on_progress: Progress | None) -> Callable[[int], None]:
+    """A done-count callback that forwards to on_progress once per chunk and at the end."""
+
+    def report(done: int) -> None:
+        if on_progress is not None and (done % size == 0 or done == total):
+            on_progress(done, total)
+
+    return report
+
+
+def _collect(results: Iterable[R], report: Callable[[int], None]) -> list[R]:
+    collected: list[R] = []
+    for result in results:
+        collected.append(result)
+        report(len(collected))
+    return collected

@@ -2,9 +2,12 @@
 
 ProcessPoolExecutor cannot stop one task: a worker spinning inside C code (pycocotools on
 malformed RLE text, a decoder on a hostile file) holds its chunk and the step forever. Here
-each chunk runs in its own process that reports every finished item; the parent kills a
-process whose current item exceeds the limit (or that died), records `on_timeout(item,
-reason)` for that item, and hands the rest of the chunk to a fresh process.
+every worker is a long-lived process fed items over its own pipe, one at a time with the next
+one already queued (so it never waits for the parent between items), and it reports every
+result. The parent kills a worker whose current item exceeds the limit (or that died),
+records `on_timeout(item, reason)` for that item, puts the item queued behind it back in
+line and starts a fresh worker. Handing out single items, not fixed chunks, also keeps every
+worker busy until the last item (no chunk left running on one worker at the end).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -27,6 +31,8 @@ TIMEOUT_VARIABLE = "RADHARMONY_JOB_TIMEOUT"
 DEFAULT_TIMEOUT_SECONDS = 300.0
 # A worker must import and report ready within this, whatever the per-item limit.
 _START_SECONDS = 120.0
+# An idle worker told to stop exits at once; after this it is killed.
+_EXIT_SECONDS = 5.0
 
 
 class WorkerError(RuntimeError):
@@ -58,139 +64,162 @@ def job_timeout(environ: Any = os.environ) -> float:
     return seconds
 
 
-def _run_chunk(function: Callable[[T], R], items: Sequence[T], connection: Connection) -> None:
-    """In the worker: report ready, then each item's result (or the first exception)."""
-    connection.send(("ready", None))
-    for item in items:
+# Items a worker holds at once: the one it works on and the next, so it starts the next as
+# soon as it sends a result instead of waiting for the parent to wake up and answer.
+ITEMS_IN_HAND = 2
+# A queued item bigger than this waits until its worker is idle (reading), so the parent
+# never blocks writing into the pipe of a worker that is stuck on its current item.
+_QUEUE_BYTES = 16 << 10
+
+
+def _serve(function: Callable[[T], R], connection: Connection) -> None:
+    """In the worker: report ready, then answer each (index, item) with its result until
+    told to stop (None) or the parent is gone; the first exception is sent and ends it."""
+    connection.send(("ready", None, None))
+    while True:
+        try:
+            message = connection.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        index, item = message
         try:
             result = function(item)
         except BaseException as error:
             try:
-                connection.send(("raise", pickle.dumps(error)))
+                connection.send(("raise", index, pickle.dumps(error)))
             except Exception:
                 text = "".join(traceback.format_exception(error))
-                connection.send(("raise", pickle.dumps(WorkerError(text))))
+                connection.send(("raise", index, pickle.dumps(WorkerError(text))))
             return
-        connection.send(("item", result))
-    connection.close()
+        connection.send(("item", index, result))
 
 
 @dataclass
-class _Task(Generic[T]):
-    chunk: int
-    items: list[T]
-
-
-@dataclass
-class _Worker(Generic[T]):
-    task: _Task[T]
+class _Worker:
     process: Any
     connection: Connection
     deadline: float
-    finished: int = 0
+    in_hand: deque[int] = field(default_factory=deque)  # item indices, oldest = current
     started: bool = False
-
-    @property
-    def current(self) -> T:
-        return self.task.items[self.finished]
-
-
-@dataclass
-class _Collector(Generic[R]):
-    chunk_sizes: list[int]
-    on_progress: Callable[[int, int], None] | None
-    by_chunk: dict[int, list[R]] = field(default_factory=dict)
-    done: int = 0
-
-    def add(self, chunk: int, result: R) -> None:
-        self.by_chunk.setdefault(chunk, []).append(result)
-        self.done += 1
-        if self.on_progress is not None and len(self.by_chunk[chunk]) == self.chunk_sizes[chunk]:
-            self.on_progress(self.done, sum(self.chunk_sizes))
-
-    def in_order(self) -> list[R]:
-        return [r for index in range(len(self.chunk_sizes)) for r in self.by_chunk.get(index, [])]
 
 
 def run_supervised(
     function: Callable[[T], R],
-    chunks: list[list[T]],
+    items: Sequence[T],
     workers: int,
     limit: TimeLimit[T, R],
     context: multiprocessing.context.BaseContext,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_done: Callable[[int], None] | None = None,
 ) -> list[R]:
-    """[function(item) for every item of every chunk], in order, with `workers` processes."""
-    pending = deque(_Task(index, chunk) for index, chunk in enumerate(chunks) if chunk)
-    collector: _Collector[R] = _Collector([len(chunk) for chunk in chunks], on_progress)
-    active: list[_Worker[T]] = []
+    """[function(item) for item in items], in order, with up to `workers` processes;
+    on_done(finished_items) is called here as items finish."""
+    results: list[Any] = [None] * len(items)
+    waiting = deque(range(len(items)))
+    active: list[_Worker] = []
+    finished = 0
+
+    def record(index: int, result: Any) -> None:
+        nonlocal finished
+        results[index] = result
+        finished += 1
+        if on_done is not None:
+            on_done(finished)
+
     try:
-        while pending or active:
-            while pending and len(active) < workers:
-                active.append(_start(function, pending.popleft(), context))
+        while finished < len(items):
+            while len(active) < min(workers, len(waiting)):
+                active.append(_start(function, context))
+            for worker in active:
+                _hand_out(worker, items, waiting, limit.seconds)
             timeout = max(0.0, min(w.deadline for w in active) - time.monotonic())
-            wait([w.connection for w in active] + [w.process.sentinel for w in active], timeout)
+            ready = set(
+                wait([w.connection for w in active] + [w.process.sentinel for w in active], timeout)
+            )
+            now = time.monotonic()
             for worker in list(active):
-                outcome = _drain(worker, collector, limit.seconds)
-                if outcome == "running" and time.monotonic() < worker.deadline:
+                exited = worker.process.sentinel in ready
+                if worker.connection not in ready and not exited and now < worker.deadline:
+                    continue  # nothing to read, within its time
+                outcome = _drain(worker, record, limit.seconds, exited)
+                if outcome == "running":
                     continue
                 active.remove(worker)
                 _stop(worker)
-                if outcome == "running":
+                if outcome == "late":
                     reason = f"took longer than {limit.seconds:g} s ({TIMEOUT_VARIABLE}); stopped"
-                    _give_up_on_current(worker, collector, limit, pending, reason)
-                elif outcome == "died":
+                else:
                     code = worker.process.exitcode
                     reason = f"worker process died (exit code {code}) while processing it"
-                    _give_up_on_current(worker, collector, limit, pending, reason)
+                if worker.in_hand:
+                    current = worker.in_hand.popleft()
+                    record(current, limit.on_timeout(items[current], reason))
+                    waiting.extendleft(reversed(worker.in_hand))
     finally:
         for worker in active:
             _stop(worker)
-    return collector.in_order()
+    return results
 
 
-def _start(function: Callable, task: _Task, context: multiprocessing.context.BaseContext):
-    receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_run_chunk, args=(function, task.items, sender), daemon=True)
+def _start(function: Callable, context: multiprocessing.context.BaseContext) -> _Worker:
+    mine, theirs = context.Pipe(duplex=True)
+    process = context.Process(target=_serve, args=(function, theirs), daemon=True)
     process.start()
-    sender.close()
-    return _Worker(task, process, receiver, time.monotonic() + _START_SECONDS)
+    theirs.close()
+    return _Worker(process, mine, time.monotonic() + _START_SECONDS)
 
 
-def _drain(worker: _Worker, collector: _Collector, seconds: float) -> str:
-    """Read every message the worker sent: 'running', 'finished' or 'died'."""
-    # Checked before reading: once the process is gone, everything it sent is in the pipe.
-    alive = worker.process.is_alive()
+def _hand_out(worker: _Worker, items: Sequence, waiting: deque[int], seconds: float) -> None:
+    """Give the worker items until it holds ITEMS_IN_HAND (a large one only when idle)."""
+    while waiting and len(worker.in_hand) < ITEMS_IN_HAND:
+        index = waiting[0]
+        message = ForkingPickler.dumps((index, items[index]))
+        if worker.in_hand and len(message) > _QUEUE_BYTES:
+            return
+        waiting.popleft()
+        worker.connection.send_bytes(message)
+        if not worker.in_hand and worker.started:
+            worker.deadline = time.monotonic() + seconds
+        worker.in_hand.append(index)
+
+
+def _drain(
+    worker: _Worker, record: Callable[[int, Any], None], seconds: float, exited: bool
+) -> str:
+    """Read every message the worker sent: 'running', 'late' (current item over the limit,
+    or not started in time) or 'dead'. `exited`: its process had ended before this call, so
+    everything it sent is in the pipe."""
     while True:
         try:
             if not worker.connection.poll():
                 break
-            kind, payload = worker.connection.recv()
+            kind, index, payload = worker.connection.recv()
         except (EOFError, OSError):
             break
         if kind == "raise":
             raise pickle.loads(payload)
         if kind == "item":
-            collector.add(worker.task.chunk, payload)
-            worker.finished += 1
+            worker.in_hand.popleft()
+            record(index, payload)
         worker.started = True
-        worker.deadline = time.monotonic() + seconds
-    if worker.finished == len(worker.task.items):
-        return "finished"
-    if not alive:
-        return "died"
+        # The next item in hand starts now; an idle worker has no deadline.
+        worker.deadline = time.monotonic() + seconds if worker.in_hand else float("inf")
+    if exited:
+        return "dead"
+    if time.monotonic() >= worker.deadline:
+        return "late"
     return "running"
 
 
-def _give_up_on_current(worker, collector, limit, pending, reason: str) -> None:
-    """The current item gets its timeout result; the rest of the chunk runs again."""
-    collector.add(worker.task.chunk, limit.on_timeout(worker.current, reason))
-    rest = worker.task.items[worker.finished + 1 :]
-    if rest:
-        pending.appendleft(_Task(worker.task.chunk, rest))
-
-
 def _stop(worker: _Worker) -> None:
+    """An idle worker is told to exit; a busy, stuck or starting one is killed."""
+    if worker.process.is_alive() and worker.started and not worker.in_hand:
+        try:
+            worker.connection.send(None)
+            worker.process.join(timeout=_EXIT_SECONDS)
+        except OSError:
+            pass
     if worker.process.is_alive():
         worker.process.kill()
     worker.process.join()

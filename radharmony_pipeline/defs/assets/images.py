@@ -10,7 +10,6 @@ from pydantic import Field
 
 from ...processing.atomic import TEMP_MARKER, remove_orphaned_temporaries, writer_is_gone
 from ...processing.cluster import worker_slots
-from ...processing.geometry import letterbox_geometry, squash_geometry
 from ...processing.image_jobs import (
     IMAGE_CODE_VERSION,
     ImageJob,
@@ -30,8 +29,6 @@ from ..metadata import status_counts
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
 from ..stages import checked_stage
-
-GEOMETRIES = {"letterbox": letterbox_geometry, "squash": squash_geometry}
 
 
 class ImagesConfig(dg.Config):
@@ -96,7 +93,7 @@ def images(
                 else None
             ),
             size=config.size,
-            geometry_of=GEOMETRIES[config.resize],
+            resize=config.resize,
             row=row,
             source_root=base,
             index_error=None if pd.isna(error) else f"raw_index: {error}",
