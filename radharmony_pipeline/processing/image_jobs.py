@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,12 +24,12 @@ from PIL import Image
 from .atomic import temporary_sibling
 from .cluster import dask_scheduler, map_on_dask, map_per_image
 from .decode import DecodeError, decode_grayscale
-from .fingerprint import file_sha256
 from .geometry import ResizeGeometry, resize_image, resize_mask
 from .image_files import confined
 from .masks import mask_input_key, read_mask_png, write_mask_png
 from .parallel import Progress, default_chunk_size, map_in_chunks
 from .perceptual_hash import perceptual_hash, pixels_sha256
+from .source_store import content_sha256, file_state, remote_content
 from .storage import is_local, local_scratch_file, publish, publish_file
 from .supervised import TimeLimit
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
@@ -85,12 +84,13 @@ class ImageJob:
         return self.geometry_of.__name__.removesuffix("_geometry")
 
     def input_key(self) -> str:
-        """Source fingerprint (size + mtime), union-mask key and parameters."""
-        stat = os.stat(self.source_file)
+        """Source fingerprint (size + mtime, or + ETag on a store), union-mask key and
+        parameters."""
+        size, version = file_state(self.source_file)
         mask_key = stored_input_key(self.union_mask_file) if self.union_mask_file else ""
         return mask_input_key(
             IMAGE_CODE_VERSION,
-            f"{stat.st_size}:{stat.st_mtime_ns}",
+            f"{size}:{version}",
             mask_key or "",
             str(self.size),
             self.geometry_of.__name__,
@@ -130,7 +130,9 @@ class ImageJob:
 
     def _process(self, key: str) -> tuple[ImageRow, np.ndarray]:
         source = confined(self.source_file, self.source_root)
-        decoded = decode_grayscale(source, target_size=self.size)
+        # An object is fetched once for both decoding and hashing; a local file is opened.
+        content = remote_content(source)
+        decoded = decode_grayscale(source, target_size=self.size, content=content)
         geometry = self.geometry_of(decoded.source_height, decoded.source_width, self.size)
         pixels = resize_image(decoded.pixels, geometry)
         if self.mask_relative is not None:
@@ -142,7 +144,7 @@ class ImageJob:
             "scale": repr(geometry.scale_x),
             "pad_top": str(geometry.pad_top),
             "pad_left": str(geometry.pad_left),
-            "source_sha256": file_sha256(self.source_file),
+            "source_sha256": content_sha256(self.source_file, content),
             **content_fingerprints(pixels, geometry),
         }
         write_tagged_png(
