@@ -86,7 +86,8 @@ class ImageJob:
     def input_key(self) -> str:
         """Source fingerprint (size + mtime, or + ETag on a store), union-mask key and
         parameters."""
-        size, version = file_state(self.source_file)
+        # Confined first: not even a metadata request for a key outside the image folder.
+        size, version = file_state(confined(self.source_file, self.source_root))
         mask_key = stored_input_key(self.union_mask_file) if self.union_mask_file else ""
         return mask_input_key(
             IMAGE_CODE_VERSION,

@@ -229,6 +229,8 @@ def named_states(folder: SourcePath, names: Iterable[str]) -> dict[str, FileStat
 def _listing(folder: UPath) -> dict[str, FileState]:
     base = folder.path.rstrip("/")
     with _store_errors(folder):
+        # A long-lived process (the next nightly observation) must see today's objects.
+        folder.fs.invalidate_cache(base)
         found = folder.fs.find(base, detail=True)
     return {
         key[len(base) + 1 :]: _object_state(info)
@@ -250,14 +252,18 @@ def key_problem(path: UPath, root: SourcePath) -> str | None:
     """Why an object path is not inside the dataset folder `root`, or None.
 
     Object stores have no symlinks; what can leave a prefix is the key's text: a `..`
-    segment (S3 keeps it literally, other stores resolve it), a key that normalizes to
-    somewhere else, or another store or bucket altogether.
+    segment (S3 keeps it literally, other stores resolve it), an empty segment (an absolute
+    path joined to the folder), a key that normalizes to somewhere else, or another store or
+    bucket altogether.
     """
     if is_local(root) or getattr(path, "protocol", None) != root.protocol:
         return f"is not on the dataset's object store ({root})"
     key, base = path.path, root.path.rstrip("/")
-    if ".." in key.split("/"):
+    segments = key.split("/")
+    if ".." in segments:
         return f"has a '..' segment; keys are confined to {root}"
+    if "" in segments:
+        return f"has an empty segment (an absolute path?); keys are confined to {root}"
     normalized = posixpath.normpath(key)
     if not normalized.startswith(base + "/"):
         return f"normalizes to {normalized}, outside the image folder {root}"
