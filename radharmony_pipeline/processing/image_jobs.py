@@ -29,7 +29,7 @@ from .image_files import confined
 from .masks import mask_input_key, read_mask_png, write_mask_png
 from .parallel import Progress, default_chunk_size, map_in_chunks
 from .perceptual_hash import perceptual_hash, pixels_sha256
-from .source_store import content_sha256, file_state, remote_content
+from .source_store import content_sha256, file_state, is_remote, remote_content
 from .storage import is_local, local_scratch_file, publish, publish_file
 from .supervised import TimeLimit
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
@@ -311,9 +311,12 @@ def current_row_of(job_and_key: tuple[ImageJob, str | None]) -> ImageRow | None:
 
 
 def _input_keys(jobs: Sequence[ImageJob], packed: Any, workers: int) -> list[str | None]:
-    if is_local(packed) or not any(job.union_mask_file for job in jobs):
+    masks_remote = not is_local(packed) and any(job.union_mask_file for job in jobs)
+    sources_remote = any(is_remote(job.source_file) for job in jobs)
+    if not masks_remote and not sources_remote:
         return [_input_key_or_none(job) for job in jobs]
-    # A union mask's key is read from its PNG header: one request each on object storage.
+    # A union mask's key is read from its PNG header, a source object's state is a metadata
+    # request: one request each on object storage, spread over the workers.
     return map_per_image(_input_key_or_none, jobs, workers)
 
 
