@@ -84,30 +84,22 @@ def is_remote(path: Any) -> bool:
 
 
 def exists(path: SourcePath) -> bool:
-    if is_local(path):
-        return path.exists()
     with _store_errors(path):
         return path.exists()
 
 
 def is_file(path: SourcePath) -> bool:
-    if is_local(path):
-        return path.is_file()
     with _store_errors(path):
         return path.is_file()
 
 
 def is_dir(path: SourcePath) -> bool:
     """A local folder, or a prefix with at least one object below it."""
-    if is_local(path):
-        return path.is_dir()
     with _store_errors(path):
         return path.is_dir()
 
 
 def glob(folder: SourcePath, pattern: str) -> list[SourcePath]:
-    if is_local(folder):
-        return list(folder.glob(pattern))
     with _store_errors(folder):
         return list(folder.glob(pattern))
 
@@ -274,9 +266,13 @@ def key_problem(path: UPath, root: SourcePath) -> str | None:
 
 
 @contextlib.contextmanager
-def _store_errors(path: UPath) -> Iterator[None]:
-    """A missing object stays FileNotFoundError, naming its URL; connection problems,
-    timeouts and missing credentials become SourceStoreError with the fix."""
+def _store_errors(path: SourcePath) -> Iterator[None]:
+    """On a store: a missing object stays FileNotFoundError, naming its URL; connection
+    problems, timeouts and missing credentials become SourceStoreError with the fix. Local
+    errors pass unchanged."""
+    if is_local(path):
+        yield
+        return
     try:
         yield
     except ObjectNotFound:
