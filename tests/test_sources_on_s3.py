@@ -187,6 +187,42 @@ def test_a_rerun_from_s3_reuses_every_image(both_runs, datasets):
     assert materialization.metadata["reused"].value == materialization.metadata["images"].value
 
 
+def test_dask_workers_read_the_sources_from_s3_themselves(both_runs, datasets, tmp_path):
+    """Worker processes of a Dask cluster get UPaths (URL + options) and make their own S3
+    clients: the images step gives the same rows and packed array as the local run."""
+    from distributed import Client, LocalCluster
+
+    _store_output, _runs, from_disk, _disk_runs = both_runs
+    _local, url = datasets
+    partition = "chexlocalize.val"
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        pytest.MonkeyPatch.context() as patch,
+    ):
+        patch.setenv("RADHARMONY_DASK_SCHEDULER", cluster.scheduler_address)
+        run = dg.materialize(
+            DEFINITIONS,
+            partition_key=partition,
+            resources=pipeline_resources(url, tmp_path),
+            selection=dg.AssetSelection.assets(
+                "raw_index", "labels", "masks", "images"
+            ).without_checks(),
+            instance=dg.DagsterInstance.ephemeral(),
+        )
+        with Client(cluster) as client:
+            executed = client.run(lambda dask_worker: dask_worker.state.executed_count)
+    # The per-image chunks of masks and images ran in the workers' own processes.
+    assert run.success and sum(executed.values()) > 0
+    table = f"tables/images/{partition}.parquet"
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(tmp_path / table), pd.read_parquet(from_disk / table)
+    )
+    packed = f"images/{partition}.npy"
+    np.testing.assert_array_equal(np.load(tmp_path / packed), np.load(from_disk / packed))
+
+
 def test_observing_sources_on_s3_lists_etags_and_sees_a_replaced_image(store, datasets):
     local, url = datasets
     on_store = open_source("chestx_det", environ={"RADHARMONY_DATA_ROOT": url})
