@@ -43,6 +43,16 @@ DEFINITIONS = [d for d in [*defs.assets, *defs.asset_checks] if d is not source_
 PREFIX = "data"
 
 
+def restart_forkserver() -> None:
+    """The per-image pool forks its workers from a server process that keeps the environment
+    of the moment it started (earlier in the test session); stop it, so that the next pool
+    starts one with this module's AWS_* variables. A pipeline process has them from its start.
+    """
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory):
     """moto_server on loopback, with AWS_* pointing at it for this module."""
@@ -54,9 +64,11 @@ def store(tmp_path_factory: pytest.TempPathFactory):
             patch.setenv(name, value)
         patch.delenv("RADHARMONY_DASK_SCHEDULER", raising=False)
         patch.setenv("RADHARMONY_WORKERS", "2")
+        restart_forkserver()
         yield services
     finally:
         patch.undo()
+        restart_forkserver()
         services.stop()
 
 
