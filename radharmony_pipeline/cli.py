@@ -43,9 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument(
         "--data-root",
-        type=Path,
         default=None,
-        help=f"datasets folder (default RADHARMONY_DATA_ROOT or {DEMO_DATA_ROOT})",
+        help=f"datasets folder or s3:// URL (default RADHARMONY_DATA_ROOT or {DEMO_DATA_ROOT})",
     )
     demo.add_argument(
         "--partition",
@@ -112,10 +111,15 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    data_root = args.data_root or Path(os.environ.get("RADHARMONY_DATA_ROOT") or DEMO_DATA_ROOT)
+    from .processing.source_store import is_remote, source_path
+
+    data_root = source_path(
+        args.data_root or os.environ.get("RADHARMONY_DATA_ROOT") or DEMO_DATA_ROOT
+    )
     os.environ["RADHARMONY_DATA_ROOT"] = str(data_root)
     os.environ.setdefault("DAGSTER_HOME", str(Path("dagster_home").resolve()))
-    if not data_root.exists():
+    # Demo data is generated on disk only; datasets on a store are uploaded by the user.
+    if not is_remote(data_root) and not data_root.exists():
         from .synthetic import generate_datasets
         from .synthetic.duplicates import DEMO_DUPLICATES
 

@@ -15,7 +15,8 @@ OUTPUT_ROOT_ENV = "RADHARMONY_OUTPUT_ROOT"
 
 
 class SourceLocationConfig(dg.Config):
-    """Paths for one dataset, under the seed pages' argument names; unset means auto-discover."""
+    """Paths (or s3:// URLs) for one dataset, under the seed pages' argument names; unset
+    means auto-discover."""
 
     root: str | None = None
     base_image_dir: str | None = None
@@ -27,7 +28,9 @@ class _DatasetsResourceBase(dg.ConfigurableResource):
     """Opens the reader of each dataset. Unset paths fall back to the RADHARMONY_* variables."""
 
     data_root: str | None = Field(
-        default=None, description="Folder of all datasets; default RADHARMONY_DATA_ROOT."
+        default=None,
+        description="Folder or object-store URL (s3://bucket/prefix) of all datasets; default "
+        "RADHARMONY_DATA_ROOT.",
     )
     strict: bool = Field(
         default_factory=strict_mode,

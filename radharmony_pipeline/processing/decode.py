@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pydicom
@@ -13,10 +15,12 @@ from pydicom.dataset import Dataset
 from pydicom.pixels import apply_modality_lut, apply_voi_lut, get_decoder
 from pydicom.uid import UID, JPEG2000TransferSyntaxes, JPEGLSTransferSyntaxes
 
-from radharmony_pipeline.processing.image_files import (
-    FileContent,
-    ImageFileError,
-    read_grayscale_png,
+from radharmony_pipeline.processing.image_files import ImageFileError, read_grayscale_png
+from radharmony_pipeline.processing.source_store import (
+    SourcePath,
+    as_source_path,
+    readable,
+    remote_content,
 )
 
 JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
@@ -56,7 +60,7 @@ UNMASKED_SYNTAXES = frozenset(JPEG2000TransferSyntaxes) | frozenset(JPEGLSTransf
 class DecodeError(ValueError):
     """A radiograph file is missing, truncated, corrupt or stored in a form we cannot decode."""
 
-    def __init__(self, path: Path, reason: str) -> None:
+    def __init__(self, path: SourcePath, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
@@ -73,23 +77,28 @@ class DecodedImage:
 
 
 def decode_grayscale(
-    path: Path, target_size: int | None = None, content: bytes | None = None
+    path: SourcePath, target_size: int | None = None, content: bytes | None = None
 ) -> DecodedImage:
     """Decode a .jpg/.jpeg, .png or .dcm file (by extension) to 2-D uint8, bone bright.
 
     `target_size` is the long side the caller will resize to; a JPEG much larger than that
     is decoded at a reduced DCT scale, keeping at least DCT_MARGIN x target_size pixels.
-    `content` is the file's bytes when the caller already read them (to hash them too);
+    `content` is the file's bytes when the caller already read them (an object on a store);
     otherwise the file is opened here. Every problem with the file raises DecodeError.
     """
-    path = Path(path)
+    path = as_source_path(path)
     if target_size is not None and target_size < 1:
         raise ValueError(f"target_size must be a positive number of pixels, got {target_size}")
     _require_known_extension(path)
-    if content is None and not path.is_file():
-        raise DecodeError(path, "file not found")
     try:
-        return _decode_by_extension(path, content, target_size)
+        # A local file is opened by its path; an object is read once, in full.
+        source = readable(path, content if content is not None else remote_content(path))
+    except FileNotFoundError as error:
+        raise DecodeError(path, "file not found") from error
+    except OSError as error:  # e.g. access denied to the object
+        raise DecodeError(path, f"cannot read: {error}") from error
+    try:
+        return _decode_by_extension(path, source, target_size)
     except (DecodeError, MemoryError):
         # Running out of memory says nothing about the file; let the caller see it.
         raise
@@ -99,26 +108,22 @@ def decode_grayscale(
         raise DecodeError(path, f"cannot decode: {error!r}") from error
 
 
-def _require_known_extension(path: Path) -> None:
+def _require_known_extension(path: SourcePath) -> None:
     suffix = path.suffix.lower()
     if suffix not in JPEG_SUFFIXES and suffix not in (PNG_SUFFIX, DICOM_SUFFIX):
         raise DecodeError(path, f"unsupported extension {path.suffix!r}")
 
 
 def _decode_by_extension(
-    path: Path, content: bytes | None, target_size: int | None
+    path: SourcePath, source: Path | BinaryIO, target_size: int | None
 ) -> DecodedImage:
+    """`path` names the file (extension, errors); `source` is what the parsers read."""
     suffix = path.suffix.lower()
     if suffix in JPEG_SUFFIXES:
-        return _decode_jpeg(path, content, target_size)
+        return _decode_jpeg(path, source, target_size)
     if suffix == PNG_SUFFIX:
-        return _decode_png(path, content)
-    return _decode_dicom(path, content)
-
-
-def _readable(path: Path, content: bytes | None) -> Path | FileContent:
-    """What the parsers open: the bytes already read, else the file by its path."""
-    return path if content is None else FileContent(content, path)
+        return _decode_png(path, source)
+    return _decode_dicom(path, source)
 
 
 # --- shared ---------------------------------------------------------------------------------
@@ -143,9 +148,11 @@ def _draft_request(width: int, height: int, target_size: int | None) -> tuple[in
     return math.ceil(width * shrink), math.ceil(height * shrink)
 
 
-def _decode_jpeg(path: Path, content: bytes | None, target_size: int | None) -> DecodedImage:
+def _decode_jpeg(
+    path: SourcePath, source: Path | BinaryIO, target_size: int | None
+) -> DecodedImage:
     try:
-        with Image.open(_readable(path, content), formats=["JPEG"]) as image:
+        with Image.open(source, formats=["JPEG"]) as image:
             width, height = image.size
             # Asking for "L" lets libjpeg emit the luma channel directly for colour JPEGs.
             drafted = image.draft("L", _draft_request(width, height, target_size))
@@ -162,9 +169,9 @@ def _decode_jpeg(path: Path, content: bytes | None, target_size: int | None) -> 
 # --- PNG ------------------------------------------------------------------------------------
 
 
-def _decode_png(path: Path, content: bytes | None) -> DecodedImage:
+def _decode_png(path: SourcePath, source: Path | BinaryIO) -> DecodedImage:
     try:
-        pixels, _mode = read_grayscale_png(path, content)
+        pixels, _mode = read_grayscale_png(path, _bytes_of(source))
     except ImageFileError as error:
         raise DecodeError(path, error.reason) from error
     if pixels.dtype != np.uint8:
@@ -177,8 +184,13 @@ def _decode_png(path: Path, content: bytes | None) -> DecodedImage:
 # --- DICOM ----------------------------------------------------------------------------------
 
 
-def _decode_dicom(path: Path, content: bytes | None) -> DecodedImage:
-    ds = _read_dicom(path, content)
+def _bytes_of(source: Path | BinaryIO) -> bytes | None:
+    """The in-memory content of an object, None for a local file (read by its path)."""
+    return source.getvalue() if isinstance(source, io.BytesIO) else None
+
+
+def _decode_dicom(path: SourcePath, source: Path | BinaryIO) -> DecodedImage:
+    ds = _read_dicom(path, source)
     _require_grayscale_pixel_data(ds, path)
     _require_plausible_size(ds, path)
     _require_decodable_syntax(ds, path)
@@ -187,9 +199,9 @@ def _decode_dicom(path: Path, content: bytes | None) -> DecodedImage:
     return DecodedImage(pixels, *stored.shape)
 
 
-def _read_dicom(path: Path, content: bytes | None) -> Dataset:
+def _read_dicom(path: SourcePath, source: Path | BinaryIO) -> Dataset:
     try:
-        return pydicom.dcmread(_readable(path, content))
+        return pydicom.dcmread(source)
     except Exception as error:
         # pydicom's parser raises many unrelated types on corrupt input.
         raise DecodeError(path, f"not a readable DICOM file: {error}") from error

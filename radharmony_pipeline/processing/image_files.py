@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 
 import numpy as np
 import pydicom
 from PIL import Image
+
+from .source_store import (
+    SourcePath,
+    SourceStoreError,
+    as_source_path,
+    is_remote,
+    key_problem,
+    open_source_file,
+    readable,
+)
 
 PILLOW_FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
 DICOM_SUFFIX = ".dcm"
@@ -18,35 +27,30 @@ UINT16_MAX = np.iinfo(np.uint16).max
 class ImageFileError(ValueError):
     """An image file is missing, unreadable, or not in a form the pipeline accepts."""
 
-    def __init__(self, path: Path, reason: str) -> None:
+    def __init__(self, path: SourcePath, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
 
 
-class FileContent(io.BytesIO):
-    """A file's bytes in memory that parsers' messages name like the file itself."""
-
-    def __init__(self, content: bytes, path: Path) -> None:
-        super().__init__(content)
-        self.name = str(path)
-
-    def __repr__(self) -> str:
-        return repr(self.name)
-
-
 # --- confinement -----------------------------------------------------------------------------
 
 
-def confined(path: Path, root: Path | None) -> Path:
+def confined(path: SourcePath, root: SourcePath | None) -> SourcePath:
     """`path`, after checking that its real path (symlinks resolved) stays inside `root`.
 
     Metadata paths are confined by text when read; a symlink inside the image tree can still
     point anywhere, so every reader checks the resolved path right before opening. Nothing
-    is opened here. `root` None means the caller has no image folder to confine to.
+    is opened here. `root` None means the caller has no image folder to confine to. An
+    object's key is checked as text instead (see source_store.key_problem).
     """
-    path = Path(path)
+    path = as_source_path(path)
     if root is None:
+        return path
+    if is_remote(path) or is_remote(root):
+        problem = key_problem(path, root)
+        if problem is not None:
+            raise ImageFileError(path, f"{problem}; the file was not read")
         return path
     try:
         real = Path(os.path.realpath(path))
@@ -65,34 +69,42 @@ def confined(path: Path, root: Path | None) -> Path:
 # --- size from the header ------------------------------------------------------------------
 
 
-def _require_file(path: Path) -> None:
-    if not path.is_file():
+def _require_file(path: SourcePath) -> None:
+    # Locally only: an object's absence shows when it is opened, without an extra request.
+    if not is_remote(path) and not path.is_file():
         raise ImageFileError(path, "file not found")
 
 
-def _pillow_size(path: Path, image_format: str) -> tuple[int, int]:
+def _pillow_size(path: SourcePath, image_format: str) -> tuple[int, int]:
     try:
         # Image.open parses the header only; pixels are decoded on load(), which we never call.
-        with Image.open(path, formats=[image_format]) as image:
+        with open_source_file(path) as handle, Image.open(handle, formats=[image_format]) as image:
             width, height = image.size
+    except FileNotFoundError as error:
+        raise ImageFileError(path, "file not found") from error
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
         raise ImageFileError(path, f"cannot read {image_format} header: {error}") from error
     return height, width
 
 
-def _dicom_size(path: Path) -> tuple[int, int]:
+def _dicom_size(path: SourcePath) -> tuple[int, int]:
     try:
-        header = pydicom.dcmread(path, stop_before_pixels=True)
+        with open_source_file(path) as handle:
+            header = pydicom.dcmread(handle, stop_before_pixels=True)
         return int(header.Rows), int(header.Columns)
+    except FileNotFoundError as error:
+        raise ImageFileError(path, "file not found") from error
+    except SourceStoreError:
+        raise  # the store, not this file: stops the step
     except Exception as error:
         # pydicom's parser raises many unrelated types on corrupt input (struct.error,
         # EOFError, InvalidDicomError, AttributeError for a missing tag, ...).
         raise ImageFileError(path, f"cannot read DICOM Rows/Columns: {error!r}") from error
 
 
-def image_size(path: Path) -> tuple[int, int]:
+def image_size(path: SourcePath) -> tuple[int, int]:
     """(height, width) of a JPEG, PNG or DICOM file, from its header, chosen by extension."""
-    path = Path(path)
+    path = as_source_path(path)
     suffix = path.suffix.lower()
     if suffix not in PILLOW_FORMATS and suffix != DICOM_SUFFIX:
         raise ImageFileError(path, f"unsupported extension {path.suffix!r}")
@@ -133,11 +145,11 @@ def _grayscale_from_colour(pixels: np.ndarray, mode: str, path: Path) -> np.ndar
     return np.ascontiguousarray(pixels[..., 0])
 
 
-def _decode_png(path: Path, content: bytes | None) -> tuple[np.ndarray, str]:
-    if content is None:
-        _require_file(path)
-    # Named like the file, so Pillow's messages name it either way.
-    source = path if content is None else FileContent(content, path)
+def _decode_png(path: SourcePath, content: bytes | None) -> tuple[np.ndarray, str]:
+    try:
+        source = readable(path, content)
+    except FileNotFoundError as error:
+        raise ImageFileError(path, "file not found") from error
     try:
         with Image.open(source, formats=["PNG"]) as image:
             return np.array(image), image.mode
@@ -145,14 +157,14 @@ def _decode_png(path: Path, content: bytes | None) -> tuple[np.ndarray, str]:
         raise ImageFileError(path, f"cannot decode PNG: {error}") from error
 
 
-def read_grayscale_png(path: Path, content: bytes | None = None) -> tuple[np.ndarray, str]:
+def read_grayscale_png(path: SourcePath, content: bytes | None = None) -> tuple[np.ndarray, str]:
     """A PNG's pixels as a 2-D array (uint8 or uint16) and the PNG's original mode;
     `content` is the file's bytes when the caller has already read them.
 
     RGB and RGBA are accepted only when they are lossless grayscale (R == G == B, alpha
     255 everywhere), as in ChestX-Det's RGBA files inherited from ChestX-ray14.
     """
-    path = Path(path)
+    path = as_source_path(path)
     pixels, mode = _decode_png(path, content)
     if mode == "L":
         return pixels, mode

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from .image_files import confined
 from .masks import mask_input_key, read_mask_png, write_mask_png
 from .parallel import Progress, default_chunk_size, map_in_chunks, split_into_chunks
 from .perceptual_hash import perceptual_hash, pixels_sha256
+from .source_store import SourcePath, file_state, is_remote, read_source_bytes
 from .storage import is_local, local_scratch_file, publish, publish_file
 from .supervised import TimeLimit
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
@@ -79,12 +79,14 @@ class ImageJob:
     index_error: str | None = None
 
     def input_key(self) -> str:
-        """Source fingerprint (size + mtime), union-mask key and parameters."""
-        stat = os.stat(self.source_file)
+        """Source fingerprint (size + mtime, or + ETag on a store), union-mask key and
+        parameters."""
+        # Confined first: not even a metadata request for a key outside the image folder.
+        size, version = file_state(confined(self.source_file, self.source_root))
         mask_key = stored_input_key(self.union_mask_file) if self.union_mask_file else ""
         return mask_input_key(
             IMAGE_CODE_VERSION,
-            f"{stat.st_size}:{stat.st_mtime_ns}",
+            f"{size}:{version}",
             mask_key or "",
             str(self.size),
             # Spelled as earlier versions wrote it (the geometry function's name), so that
@@ -194,13 +196,16 @@ class ImageJob:
         )
 
 
-def read_source(path: Path) -> bytes:
-    """The whole source file (radiographs are a few MB; decoding needs all of it anyway)."""
+def read_source(path: SourcePath) -> bytes:
+    """The whole source file or object, one request (radiographs are a few MB; decoding
+    needs all of it anyway). A problem with the store itself is not caught here: it stops
+    the step (SourceStoreError) instead of becoming an error row for every image."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read()
+        return read_source_bytes(path)
     except (FileNotFoundError, IsADirectoryError) as error:
         raise DecodeError(path, "file not found") from error
+    except OSError as error:  # e.g. access denied to the file or object
+        raise DecodeError(path, f"cannot read: {error}") from error
 
 
 def content_fingerprints(pixels: np.ndarray, geometry: ResizeGeometry) -> dict[str, str]:
@@ -317,9 +322,12 @@ def current_row_of(job_and_key: tuple[ImageJob, str | None]) -> ImageRow | None:
 
 
 def _input_keys(jobs: Sequence[ImageJob], packed: Any, workers: int) -> list[str | None]:
-    if is_local(packed) or not any(job.union_mask_file for job in jobs):
+    masks_remote = not is_local(packed) and any(job.union_mask_file for job in jobs)
+    sources_remote = any(is_remote(job.source_file) for job in jobs)
+    if not masks_remote and not sources_remote:
         return [_input_key_or_none(job) for job in jobs]
-    # A union mask's key is read from its PNG header: one request each on object storage.
+    # A union mask's key is read from its PNG header, a source object's state is a metadata
+    # request: one request each on object storage, spread over the workers.
     return map_per_image(_input_key_or_none, jobs, workers)
 
 

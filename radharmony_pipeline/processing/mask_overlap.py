@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image
 
 from .masks import read_mask_png
+from .source_store import open_source_file
 
 # A (image, class) mask smaller than this share of the frame counts as small.
 SMALL_MASK_FRACTION = 0.005
@@ -106,6 +107,6 @@ def alpha_images(files: Iterable[Path]) -> int:
     """Source images stored with an alpha channel (RGBA/LA), from their headers only."""
     count = 0
     for path in files:
-        with Image.open(path) as image:
+        with open_source_file(path) as handle, Image.open(handle) as image:
             count += image.mode in ("RGBA", "LA")
     return count

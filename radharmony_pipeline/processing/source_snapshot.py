@@ -1,22 +1,22 @@
 """What a partition's downloaded files looked like when observed, and what changed since.
 
 A snapshot holds the content hash of every annotation file and the (size, modification time)
-of every image — never pixels, so observing 270K images costs a directory walk. The data
-version of a partition is derived from it, and the previous snapshot is kept beside the
-outputs so the next observation can name the files added, removed or modified.
+of every image — never pixels, so observing 270K images costs a directory walk (on an object
+store, sizes and ETags from one listing per prefix; nothing is downloaded). The data version
+of a partition is derived from it, and the previous snapshot is kept beside the outputs so
+the next observation can name the files added, removed or modified.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, BinaryIO
 
-from .fingerprint import combined_version, entries_fingerprint, file_sha256
+from .fingerprint import combined_version, entries_fingerprint
+from .source_store import FileState, SourcePath, annotation_fingerprint
 from .storage import publish
 
 ABSENT = "absent"
@@ -25,10 +25,11 @@ SNAPSHOT_FORMAT = 1
 
 @dataclass(frozen=True)
 class SourceSnapshot:
-    """Annotation file name -> sha256 (or "absent"); image name -> (size, mtime in ns)."""
+    """Annotation file name -> sha256 (or "absent"); image name -> (size, mtime in ns).
+    On an object store: "etag:<ETag>:<size>" and (size, ETag)."""
 
     annotations: Mapping[str, str]
-    images: Mapping[str, tuple[int, int]]
+    images: Mapping[str, FileState]
     # Why the image tree could not be listed ("absent: <folder>", "unreadable: <reason>").
     image_tree_problem: str | None = None
 
@@ -41,26 +42,15 @@ class SourceSnapshot:
         return combined_version(parts)
 
 
-def hash_annotation_files(paths: Iterable[Path], root: Path) -> dict[str, str]:
-    """Name (relative to the dataset root when inside it) -> sha256, or "absent"."""
-    return {
-        _display_name(path, root): file_sha256(path) if path.is_file() else ABSENT for path in paths
-    }
+def hash_annotation_files(paths: Iterable[SourcePath], root: SourcePath) -> dict[str, str]:
+    """Name (relative to the dataset root when inside it) -> fingerprint, or "absent"."""
+    return {_display_name(path, root): annotation_fingerprint(path) or ABSENT for path in paths}
 
 
-def stat_images(files: Iterable[Path], image_dir: Path) -> dict[str, tuple[int, int]]:
-    """Name relative to `image_dir` -> (size, mtime in ns): a stat per file, no reads."""
-    images = {}
-    for path in files:
-        stat = os.stat(path)
-        images[path.relative_to(image_dir).as_posix()] = (stat.st_size, stat.st_mtime_ns)
-    return images
-
-
-def _display_name(path: Path, root: Path) -> str:
+def _display_name(path: SourcePath, root: SourcePath) -> str:
     try:
         return path.relative_to(root).as_posix()
-    except ValueError:
+    except (ValueError, TypeError):  # outside the root, or on another store
         return str(path)
 
 
@@ -135,6 +125,6 @@ def load_snapshot(path: Any) -> SourceSnapshot | None:
         return None
     return SourceSnapshot(
         annotations=payload["annotations"],
-        images={name: (size, mtime) for name, (size, mtime) in payload["images"].items()},
+        images={name: (size, version) for name, (size, version) in payload["images"].items()},
         image_tree_problem=payload.get("image_tree_problem"),
     )

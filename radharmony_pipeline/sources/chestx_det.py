@@ -11,6 +11,7 @@ import pandas as pd
 
 from ..processing.mask_jobs import MaskTarget, PolygonMaskJob
 from ..processing.masks import polygon_problem
+from ..processing.source_store import SourcePath
 from ..processing.vocabulary import snake_case, unified_class
 from .base import (
     DatasetSource,
@@ -138,21 +139,21 @@ chestx-det/
         "mode L) or replaced; this does not change pixels the pipeline reads",
     }
 
-    def __init__(self, location: SourceLocation, data_root: Path):
+    def __init__(self, location: SourceLocation, data_root: SourcePath):
         self._root = location.root or data_root / "chestx-det"
 
     @property
-    def root(self) -> Path:
+    def root(self) -> SourcePath:
         return self._root
 
-    def annotation_json(self, split: str) -> Path:
+    def annotation_json(self, split: str) -> SourcePath:
         return self._root / f"ChestX_Det_{split}.json"
 
-    def image_dir(self, split: str) -> Path:
+    def image_dir(self, split: str) -> SourcePath:
         self.check_split(split)
         return self._root / split
 
-    def annotation_files(self, split: str) -> list[Path]:
+    def annotation_files(self, split: str) -> list[SourcePath]:
         return [self.annotation_json(split)]
 
     def read_entries(self, split: str) -> list[object]:

@@ -10,6 +10,7 @@ import pandas as pd
 
 from ..processing.mask_jobs import MaskTarget, RleMaskJob
 from ..processing.rle_text import RleTextError, validate_rle
+from ..processing.source_store import SourcePath
 from ..processing.vocabulary import snake_case, unified_class
 from .base import (
     DatasetSource,
@@ -120,7 +121,7 @@ chexlocalize/
         "extra key; see the check's `found` entries)",
     }
 
-    def __init__(self, location: SourceLocation, data_root: Path):
+    def __init__(self, location: SourceLocation, data_root: SourcePath):
         base = location.base_image_dir
         self._explicit_split = split_named_in(base, self.splits) if base else None
         chexpert = base.parent if self._explicit_split else base
@@ -130,27 +131,27 @@ chexlocalize/
         self._mask_json_override = location.mask_json_path
 
     @property
-    def root(self) -> Path:
+    def root(self) -> SourcePath:
         return self._root
 
-    def image_dir(self, split: str) -> Path:
+    def image_dir(self, split: str) -> SourcePath:
         self.check_split(split)
         return self._chexpert / split
 
-    def labels_csv(self, split: str) -> Path:
+    def labels_csv(self, split: str) -> SourcePath:
         return (
             self._override_for(split, self._csv_override) or self._chexpert / f"{split}_labels.csv"
         )
 
-    def segmentation_json(self, split: str) -> Path:
+    def segmentation_json(self, split: str) -> SourcePath:
         return self._override_for(split, self._mask_json_override) or (
             self._chexpert.parent / "CheXlocalize" / f"gt_segmentations_{split}.json"
         )
 
-    def annotation_files(self, split: str) -> list[Path]:
+    def annotation_files(self, split: str) -> list[SourcePath]:
         return [self.labels_csv(split), self.segmentation_json(split)]
 
-    def _override_for(self, split: str, path: Path | None) -> Path | None:
+    def _override_for(self, split: str, path: SourcePath | None) -> SourcePath | None:
         """An explicit file applies to the split its name says (else the seed pages' `test`)."""
         if path is None:
             return None

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from ..processing import source_store
+from ..processing.source_store import SourcePath
 from .errors import MetadataError
 
 EXPECTED_COUNTS_FILE = "expected_counts.json"
@@ -33,13 +34,13 @@ class ExpectedCounts:
         return self.splits.get(split, {})
 
 
-def load_expected_counts(root: Path, documented: ExpectedCounts) -> ExpectedCounts:
+def load_expected_counts(root: SourcePath, documented: ExpectedCounts) -> ExpectedCounts:
     """The root's expected_counts.json when present (it replaces the documented numbers)."""
     path = root / EXPECTED_COUNTS_FILE
-    if not path.is_file():
+    if not source_store.is_file(path):
         return documented
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(source_store.read_source_bytes(path))
         splits = {
             split: {metric: int(value) for metric, value in metrics.items()}
             for split, metrics in data.get("splits", {}).items()

@@ -1,10 +1,15 @@
-"""Where a dataset lives: resource config, environment overrides, then the data-root default."""
+"""Where a dataset lives: resource config, environment overrides, then the data-root default.
+
+Every location may be a local folder or file, or an object-store URL (`s3://bucket/prefix`);
+see processing/source_store.py.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
+
+from ..processing.source_store import SourcePath, source_path
 
 DATA_ROOT_ENV = "RADHARMONY_DATA_ROOT"
 DEFAULT_DATA_ROOT = "data/demo"
@@ -14,17 +19,17 @@ DEFAULT_DATA_ROOT = "data/demo"
 class SourceLocation:
     """User-given paths for one dataset; the names are the seed pages' argument names."""
 
-    root: Path | None = None
-    base_image_dir: Path | None = None
-    csv_path: Path | None = None
-    mask_json_path: Path | None = None
+    root: SourcePath | None = None
+    base_image_dir: SourcePath | None = None
+    csv_path: SourcePath | None = None
+    mask_json_path: SourcePath | None = None
 
     def with_environment(
         self, env_vars: Mapping[str, str], environ: Mapping[str, str]
     ) -> SourceLocation:
         """Fill fields not set explicitly from their environment variables."""
         updates = {
-            name: Path(environ[var])
+            name: source_path(environ[var])
             for name, var in env_vars.items()
             if getattr(self, name) is None and environ.get(var)
         }
@@ -33,8 +38,8 @@ class SourceLocation:
     @classmethod
     def from_strings(cls, values: Mapping[str, str | None]) -> SourceLocation:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: Path(v) for k, v in values.items() if k in known and v})
+        return cls(**{k: source_path(v) for k, v in values.items() if k in known and v})
 
 
-def data_root(environ: Mapping[str, str]) -> Path:
-    return Path(environ.get(DATA_ROOT_ENV) or DEFAULT_DATA_ROOT)
+def data_root(environ: Mapping[str, str]) -> SourcePath:
+    return source_path(environ.get(DATA_ROOT_ENV) or DEFAULT_DATA_ROOT)

@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pydicom
 from pydicom.errors import InvalidDicomError
 from pydicom.tag import Tag
 
+from ..processing import source_store
 from ..processing.image_files import ImageFileError, confined
+from ..processing.source_store import SourcePath
 from .base import read_csv, require_columns
 
 METADATA_NAMES = ("mimic-cxr-2.0.0-metadata.csv.gz", "mimic-cxr-2.0.0-metadata.csv")
 VIEW_POSITION_TAG = Tag(0x0018, 0x5101)
 
 
-def metadata_csv(mimic_root: Path) -> Path | None:
+def metadata_csv(mimic_root: SourcePath) -> SourcePath | None:
     """The metadata CSV at the MIMIC-CXR root (beside `files/`), when there is one."""
-    return next((mimic_root / n for n in METADATA_NAMES if (mimic_root / n).is_file()), None)
+    return next(
+        (mimic_root / n for n in METADATA_NAMES if source_store.is_file(mimic_root / n)), None
+    )
 
 
-def raw_view_positions(files_dir: Path, dicom_ids: pd.Series, paths: pd.Series) -> pd.Series:
+def raw_view_positions(files_dir: SourcePath, dicom_ids: pd.Series, paths: pd.Series) -> pd.Series:
     """`ViewPosition` per image as the source states it (null when nothing states it).
 
     The metadata CSV wins when it names the image; otherwise a `.dcm` file's header tag
@@ -42,7 +44,7 @@ def raw_view_positions(files_dir: Path, dicom_ids: pd.Series, paths: pd.Series) 
     return views
 
 
-def dicom_view_position(path: Path, files_dir: Path) -> str | None:
+def dicom_view_position(path: SourcePath, files_dir: SourcePath) -> str | None:
     """The header's ViewPosition, read without the pixel data; None when absent, unreadable or
     outside `files_dir` through a symlink (the images stage reports those files)."""
     try:
@@ -50,7 +52,11 @@ def dicom_view_position(path: Path, files_dir: Path) -> str | None:
     except ImageFileError:
         return None
     try:
-        header = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=[VIEW_POSITION_TAG])
+        # A header read: on a store only the first blocks of the object are fetched.
+        with source_store.open_source_file(path) as handle:
+            header = pydicom.dcmread(
+                handle, stop_before_pixels=True, specific_tags=[VIEW_POSITION_TAG]
+            )
     except (OSError, InvalidDicomError):
         return None
     value = header.get(VIEW_POSITION_TAG)

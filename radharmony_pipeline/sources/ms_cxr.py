@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
+from ..processing import source_store
+from ..processing.source_store import FileState, SourcePath
 from ..processing.vocabulary import snake_case, unified_class
 from .base import (
     DatasetSource,
@@ -73,23 +72,25 @@ mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICO
         "studies": "rows of the MS-CXR CSV for split {split}",
     }
 
-    def __init__(self, location: SourceLocation, data_root: Path):
+    def __init__(self, location: SourceLocation, data_root: SourcePath):
         self._csv_given = location.csv_path
         self._csv_folder = location.root or data_root / "ms-cxr"
         self._files = location.base_image_dir or data_root / "mimic-cxr" / "files"
 
     @property
-    def root(self) -> Path:
+    def root(self) -> SourcePath:
         return self.csv_path().parent
 
-    def csv_path(self) -> Path:
+    def csv_path(self) -> SourcePath:
         """The given CSV, else the v1.1.0 CSV (or another MS-CXR release) in the folder."""
         if self._csv_given is not None:
             return self._csv_given
         preferred = self._csv_folder / CSV_NAME
-        if preferred.exists() or not self._csv_folder.is_dir():
+        if source_store.exists(preferred) or not source_store.is_dir(self._csv_folder):
             return preferred
-        releases = sorted(self._csv_folder.glob("MS_CXR_Local_Alignment_v*.csv"))
+        releases = sorted(
+            source_store.glob(self._csv_folder, "MS_CXR_Local_Alignment_v*.csv"), key=str
+        )
         return releases[-1] if releases else preferred
 
     def _split_rows(self, split: str) -> pd.DataFrame:
@@ -103,25 +104,23 @@ mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICO
         _check_categories(boxes, csv_path)
         return boxes[boxes["split"] == split]
 
-    def image_dir(self, split: str) -> Path:
+    def image_dir(self, split: str) -> SourcePath:
         self.check_split(split)
         return self._files
 
-    def annotation_files(self, split: str) -> list[Path]:
+    def annotation_files(self, split: str) -> list[SourcePath]:
         views = metadata_csv(self._files.parent)
         return [self.csv_path(), *([views] if views is not None else [])]
 
-    def image_files(self, split: str) -> Iterator[Path]:
+    def image_states(self, split: str) -> dict[str, FileState]:
         # The files/ tree is all of MIMIC-CXR; only the images the CSV names belong to the split.
         index = self.read_split(split).index
-        for relative in index.loc[index["status"] == "ok", "image_path"]:
-            path = self._files / relative
-            if path.exists():
-                yield path
+        named = index.loc[index["status"] == "ok", "image_path"]
+        return source_store.named_states(self._files, named)
 
     def read_split(self, split: str) -> SplitTables:
         self.check_split(split)
-        if not self._files.is_dir():
+        if not source_store.is_dir(self._files):
             raise DatasetLayoutError(
                 self.key,
                 self._files,
@@ -183,7 +182,7 @@ mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICO
 
         def resolve(stem: str) -> str:
             for suffix in (".jpg", ".dcm"):
-                if (self._files / (stem + suffix)).is_file():
+                if source_store.is_file(self._files / (stem + suffix)):
                     return stem + suffix
             return stem + ".jpg"
 
@@ -199,7 +198,7 @@ mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICO
         }
 
 
-def _normalized_splits(boxes: pd.DataFrame, csv_path: Path) -> pd.Series:
+def _normalized_splits(boxes: pd.DataFrame, csv_path: SourcePath) -> pd.Series:
     raw = boxes["split"].astype("string").str.strip().str.lower()
     split = raw.map(_SPLITS)
     bad = split.isna().to_numpy()
@@ -214,7 +213,7 @@ def _normalized_splits(boxes: pd.DataFrame, csv_path: Path) -> pd.Series:
     return split
 
 
-def _check_categories(boxes: pd.DataFrame, csv_path: Path) -> None:
+def _check_categories(boxes: pd.DataFrame, csv_path: SourcePath) -> None:
     unknown = ~boxes["category_name"].isin(CATEGORIES)
     if unknown.any():
         row = int(np.flatnonzero(unknown.to_numpy())[0])
@@ -227,7 +226,7 @@ def _check_categories(boxes: pd.DataFrame, csv_path: Path) -> None:
         )
 
 
-def _images_of(boxes: pd.DataFrame, csv_path: Path) -> pd.DataFrame:
+def _images_of(boxes: pd.DataFrame, csv_path: SourcePath) -> pd.DataFrame:
     """One row per dicom_id, with ids parsed from `path` and the image size, checked consistent."""
     parts = boxes["path"].str.strip().str.extract(_PATH)
     parts.columns = ["stem", "patient", "study", "path_dicom_id"]

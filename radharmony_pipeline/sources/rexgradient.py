@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from itertools import chain, repeat
 from operator import itemgetter
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..processing import source_store
+from ..processing.source_store import FileState, SourcePath
 from .base import (
     DatasetSource,
     RowErrors,
@@ -71,7 +72,7 @@ rexgradient/
         "patients": "study entries of {file}",
     }
 
-    def __init__(self, location: SourceLocation, data_root: Path):
+    def __init__(self, location: SourceLocation, data_root: SourcePath):
         self._images = location.base_image_dir
         self._root = location.root or (
             self._images.parent if self._images else data_root / "rexgradient"
@@ -80,14 +81,14 @@ rexgradient/
         self._json_given = location.csv_path
 
     @property
-    def root(self) -> Path:
+    def root(self) -> SourcePath:
         return self._root
 
-    def image_dir(self, split: str) -> Path:
+    def image_dir(self, split: str) -> SourcePath:
         self.check_split(split)
         return self._images
 
-    def metadata_json(self, split: str) -> Path:
+    def metadata_json(self, split: str) -> SourcePath:
         """The given JSON for its split, else the first metadata folder that has the file."""
         self.check_split(split)
         given = self._json_given
@@ -102,18 +103,16 @@ rexgradient/
                 self._images.parent / "metadata",
             )
         ]
-        return next((path for path in candidates if path.exists()), candidates[0])
+        return next((path for path in candidates if source_store.exists(path)), candidates[0])
 
-    def annotation_files(self, split: str) -> list[Path]:
+    def annotation_files(self, split: str) -> list[SourcePath]:
         return [self.metadata_json(split)]
 
-    def image_files(self, split: str) -> Iterator[Path]:
+    def image_states(self, split: str) -> dict[str, FileState]:
         # deid_png/ holds every split; only the images this split's JSON names belong to it.
         index = self.read_split(split).index
-        for relative in index.loc[index["status"] == "ok", "image_path"]:
-            path = self._images / relative
-            if path.exists():
-                yield path
+        named = index.loc[index["status"] == "ok", "image_path"]
+        return source_store.named_states(self._images, named)
 
     def read_split(self, split: str) -> SplitTables:
         path = self.metadata_json(split)
@@ -124,11 +123,11 @@ rexgradient/
                 "the per-study CSV has no image paths and cannot produce per-image rows",
                 f"Pass {path.with_name(metadata_json_name(split)).name} (the JSON) instead",
             )
-        if not path.exists():
+        if not source_store.exists(path):
             csv_twin = path.with_name(f"{_FILE_SPLIT[split]}_metadata.csv")
             detail = (
                 f"only {csv_twin.name} is there, which has no image paths; the JSON"
-                if csv_twin.exists()
+                if source_store.exists(csv_twin)
                 else "metadata JSON"
             )
             raise DatasetLayoutError(
@@ -145,7 +144,7 @@ rexgradient/
         with garbage_collection_paused(), arrow_system_allocator():
             return self._read_tables(path, split)
 
-    def _read_tables(self, path: Path, split: str) -> SplitTables:
+    def _read_tables(self, path: SourcePath, split: str) -> SplitTables:
         # The parsed JSON is the largest object of the step; nothing keeps it past this call.
         studies, images = _study_and_image_tables(read_json(path), path, split)
         image_path = pd.Series(images["image_path"])
@@ -221,7 +220,7 @@ _ALL_ENTRY_FIELDS = itemgetter(*_ENTRY_FIELDS)
 
 
 def _study_and_image_tables(
-    studies: object, path: Path, split: str
+    studies: object, path: SourcePath, split: str
 ) -> tuple[dict[str, object], dict[str, object]]:
     """Per-study columns (with derived report, sex, age, date) and per-ImagePath columns.
 
@@ -297,7 +296,7 @@ def _pathless_id(keys: np.ndarray, position: int) -> str:
     return f"{keys[position]}-image{position - first}"
 
 
-def _unusable_studies(studies: dict, path: Path) -> dict[str, str]:
+def _unusable_studies(studies: dict, path: SourcePath) -> dict[str, str]:
     """Studies that are not objects with an ImagePath list, by key, with their reason."""
     if all(map(isinstance, studies.values(), repeat(dict))) and all(
         isinstance(study.get("ImagePath"), list) for study in studies.values()

@@ -10,8 +10,8 @@ from ...processing.source_snapshot import (
     hash_annotation_files,
     load_snapshot,
     save_snapshot,
-    stat_images,
 )
+from ...processing.source_store import is_dir
 from ...sources import SourceError, parse_partition_key
 from ...sources.base import DatasetSource
 from ..partitions import dataset_split_partitions
@@ -30,9 +30,9 @@ def observe_partition(source: DatasetSource, split: str) -> SourceSnapshot:
     annotations = hash_annotation_files(source.annotation_files(split), source.root)
     try:
         base = source.image_dir(split)
-        if not base.is_dir():
+        if not is_dir(base):
             return SourceSnapshot(annotations, {}, f"absent: {base}")
-        return SourceSnapshot(annotations, stat_images(source.image_files(split), base))
+        return SourceSnapshot(annotations, source.image_states(split))
     except SourceError as exc:
         return SourceSnapshot(annotations, {}, f"unreadable: {exc}")
 

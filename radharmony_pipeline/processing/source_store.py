@@ -1,0 +1,306 @@
+"""The downloaded datasets where they live: a local folder (plain files) or an object store
+(`s3://bucket/prefix`, through fsspec). Readers and decoders open, list, fingerprint and
+confine source files through this module only.
+
+A local path keeps the fast path (plain `open`, `os.walk`, real-path confinement). A store
+path is a `UPath`: it pickles as URL + options, so each worker process (pool or Dask) makes
+its own client — s3fs clients must not cross a fork.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import os
+import posixpath
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from upath import UPath
+
+from .fingerprint import file_sha256
+from .storage import is_local, output_path
+
+SourcePath = Path | UPath
+# (size, modification time in ns) of a local file; (size, ETag) of an object.
+FileState = tuple[int, int | str]
+
+# A wrong or unreachable endpoint must stop a step within seconds, not after botocore's
+# default 60 s connect timeout times its retries; a slow read may still take a while.
+STORE_CONFIG = {
+    "connect_timeout": 5,
+    "read_timeout": 60,
+    "retries": {"max_attempts": 3, "mode": "standard"},
+}
+# Header reads (image sizes, DICOM tags) fetch this much per request instead of the object.
+HEADER_BLOCK = 64 << 10
+_FIX = (
+    "Check AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3), that the store is up and reachable, and "
+    "the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY); the dataset's location comes "
+    "from RADHARMONY_DATA_ROOT or the dataset's own variable"
+)
+
+
+class SourceStoreError(RuntimeError):
+    """The object store holding a dataset cannot be used (endpoint unreachable or timing out,
+    no credentials). Not a problem of one file: it stops the step instead of becoming error
+    rows, which would mark every image of the partition unreadable."""
+
+
+class ObjectNotFound(FileNotFoundError):
+    """A source object that is not on the store (a FileNotFoundError, like a local file)."""
+
+    def __str__(self) -> str:
+        return (
+            f"{self.filename}: object not found on the store; upload it, or point the "
+            "dataset's location (RADHARMONY_DATA_ROOT or its own variable) at the prefix "
+            "that holds it"
+        )
+
+
+def source_path(location: str | os.PathLike) -> SourcePath:
+    """A dataset location as a local Path, or a UPath for a URL (`s3://bucket/prefix`)."""
+    path = output_path(location)
+    if is_local(path) or path.protocol not in ("s3", "s3a"):
+        return path
+    options = dict(path.storage_options)
+    options["config_kwargs"] = {**STORE_CONFIG, **options.get("config_kwargs", {})}
+    return UPath(str(path), **options)
+
+
+def as_source_path(path: Any) -> SourcePath:
+    """`path` unchanged when it is a UPath, else as a local Path."""
+    return path if isinstance(path, UPath) else Path(path)
+
+
+def is_remote(path: Any) -> bool:
+    return not is_local(path)
+
+
+# --- discovery -------------------------------------------------------------------------------
+
+
+def exists(path: SourcePath) -> bool:
+    with _store_errors(path):
+        return path.exists()
+
+
+def is_file(path: SourcePath) -> bool:
+    with _store_errors(path):
+        return path.is_file()
+
+
+def is_dir(path: SourcePath) -> bool:
+    """A local folder, or a prefix with at least one object below it."""
+    with _store_errors(path):
+        return path.is_dir()
+
+
+def glob(folder: SourcePath, pattern: str) -> list[SourcePath]:
+    with _store_errors(folder):
+        return list(folder.glob(pattern))
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def open_source_file(path: SourcePath) -> Iterator[BinaryIO]:
+    """A binary handle on the file; an object is fetched in HEADER_BLOCK ranges as read, so
+    a parser that stops after the header downloads little."""
+    if is_local(path):
+        with open(path, "rb") as handle:
+            yield handle
+        return
+    with _store_errors(path):
+        handle = path.fs.open(path.path, "rb", block_size=HEADER_BLOCK, cache_type="readahead")
+    with handle, _store_errors(path):
+        yield handle
+
+
+def read_source_bytes(path: SourcePath) -> bytes:
+    """The whole file: one request for an object."""
+    if is_local(path):
+        return Path(path).read_bytes()
+    with _store_errors(path):
+        return path.fs.cat_file(path.path)
+
+
+class FileContent(io.BytesIO):
+    """A file's bytes in memory, named like the file so parsers' messages name it too."""
+
+    def __init__(self, content: bytes, path: SourcePath) -> None:
+        super().__init__(content)
+        self.name = str(path)
+
+    def __repr__(self) -> str:
+        return repr(self.name)
+
+
+def readable(path: SourcePath, content: bytes | None = None) -> Path | BinaryIO:
+    """What a parser (Pillow, pydicom) should open: `content` when the caller already read
+    the file, a local file by its path (the fast path), else the object's bytes in memory.
+    A missing file raises FileNotFoundError naming it."""
+    if content is not None:
+        return FileContent(content, path)
+    if is_local(path):
+        if not Path(path).is_file():
+            raise FileNotFoundError(errno.ENOENT, "file not found", str(path))
+        return Path(path)
+    return FileContent(read_source_bytes(path), path)
+
+
+def remote_content(path: SourcePath) -> bytes | None:
+    """An object's bytes, read once for both decoding and hashing; None for a local file,
+    which the decoders open themselves."""
+    return None if is_local(path) else read_source_bytes(path)
+
+
+def content_sha256(path: SourcePath, content: bytes | None = None) -> str:
+    """sha256 of the file (or of `content`, its bytes already read)."""
+    if content is not None:
+        return hashlib.sha256(content).hexdigest()
+    if is_local(path):
+        return file_sha256(path)
+    with open_source_file(path) as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+# --- fingerprints ----------------------------------------------------------------------------
+
+
+def file_state(path: SourcePath) -> FileState:
+    """What changes when the file is replaced: (size, mtime) locally, (size, ETag) on a store
+    (one metadata request, no read)."""
+    if is_local(path):
+        stat = os.stat(path)
+        return stat.st_size, stat.st_mtime_ns
+    with _store_errors(path):
+        return _object_state(path.fs.info(path.path))
+
+
+def annotation_fingerprint(path: SourcePath) -> str | None:
+    """Content hash of a local annotation file; size + ETag of an object (a 200 MB JSON is
+    not downloaded to be observed); None when absent."""
+    if is_local(path):
+        return file_sha256(path) if path.is_file() else None
+    try:
+        size, etag = file_state(path)
+    except FileNotFoundError:
+        return None
+    return f"etag:{etag}:{size}"
+
+
+def tree_states(folder: SourcePath, suffixes: Iterable[str]) -> dict[str, FileState]:
+    """Every file below `folder` with one of `suffixes` (lower case), by its '/'-separated
+    name relative to `folder`: a directory walk locally, one listing on a store."""
+    suffixes = tuple(suffixes)
+    if is_remote(folder):
+        return {
+            name: state
+            for name, state in _listing(folder).items()
+            if posixpath.splitext(name)[1].lower() in suffixes
+        }
+    states = {}
+    for dirpath, _dirnames, filenames in os.walk(folder):
+        for name in filenames:
+            if Path(name).suffix.lower() in suffixes:
+                path = Path(dirpath) / name
+                stat = os.stat(path)
+                states[path.relative_to(folder).as_posix()] = (stat.st_size, stat.st_mtime_ns)
+    return states
+
+
+def named_states(folder: SourcePath, names: Iterable[str]) -> dict[str, FileState]:
+    """The files among `names` (relative to `folder`) that exist: a stat each locally, one
+    listing of `folder` on a store instead of a request per name."""
+    if is_remote(folder):
+        listed = _listing(folder)
+        return {name: listed[name] for name in names if name in listed}
+    states = {}
+    for name in names:
+        path = Path(folder) / name
+        if path.exists():
+            stat = os.stat(path)
+            states[name] = (stat.st_size, stat.st_mtime_ns)
+    return states
+
+
+def _listing(folder: UPath) -> dict[str, FileState]:
+    base = folder.path.rstrip("/")
+    with _store_errors(folder):
+        # A long-lived process (the next nightly observation) must see today's objects.
+        folder.fs.invalidate_cache(base)
+        found = folder.fs.find(base, detail=True)
+    return {
+        key[len(base) + 1 :]: _object_state(info)
+        for key, info in found.items()
+        if info.get("type") != "directory" and key.startswith(base + "/")
+    }
+
+
+def _object_state(info: dict) -> FileState:
+    # Stores without ETags (rare) still give a modification time.
+    tag = info.get("ETag") or info.get("etag") or str(info.get("LastModified", ""))
+    return int(info.get("size") or 0), str(tag).strip('"')
+
+
+# --- confinement -----------------------------------------------------------------------------
+
+
+def key_problem(path: UPath, root: SourcePath) -> str | None:
+    """Why an object path is not inside the dataset folder `root`, or None.
+
+    Object stores have no symlinks; what can leave a prefix is the key's text: a `..`
+    segment (S3 keeps it literally, other stores resolve it), an empty segment (an absolute
+    path joined to the folder), a key that normalizes to somewhere else, or another store or
+    bucket altogether.
+    """
+    if is_local(root) or getattr(path, "protocol", None) != root.protocol:
+        return f"is not on the dataset's object store ({root})"
+    key, base = path.path, root.path.rstrip("/")
+    segments = key.split("/")
+    if ".." in segments:
+        return f"has a '..' segment; keys are confined to {root}"
+    if "" in segments:
+        return f"has an empty segment (an absolute path?); keys are confined to {root}"
+    normalized = posixpath.normpath(key)
+    if not normalized.startswith(base + "/"):
+        return f"normalizes to {normalized}, outside the image folder {root}"
+    return None
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _store_errors(path: SourcePath) -> Iterator[None]:
+    """On a store: a missing object stays FileNotFoundError, naming its URL; connection
+    problems, timeouts and missing credentials become SourceStoreError with the fix. Local
+    errors pass unchanged."""
+    if is_local(path):
+        yield
+        return
+    try:
+        yield
+    except ObjectNotFound:
+        raise
+    except FileNotFoundError as error:
+        raise ObjectNotFound(errno.ENOENT, "object not found", str(path)) from error
+    except TimeoutError as error:  # an OSError, but about the store, not the file
+        raise SourceStoreError(_store_message(path, error)) from error
+    except (OSError, ValueError):
+        raise  # about this object (access denied, ...): the caller reports the file
+    except Exception as error:
+        if type(error).__module__.split(".")[0] in ("botocore", "aiobotocore", "aiohttp"):
+            raise SourceStoreError(_store_message(path, error)) from error
+        raise
+
+
+def _store_message(path: UPath, error: Exception) -> str:
+    endpoint = path.storage_options.get("client_kwargs", {}).get("endpoint_url")
+    where = f" at {endpoint}" if endpoint else ""
+    return f"{path}: cannot use the object store{where}: {error}. {_FIX}"
