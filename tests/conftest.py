@@ -43,7 +43,9 @@ def open_tiny(tiny_root: Path):
 
 @pytest.fixture(scope="session")
 def tiny_corpus(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
-    """Every partition of the tiny data materialized with its checks, then the manifest.
+    """Every partition of the tiny data materialized with its checks, then the manifest: built
+    once per session for every module that only reads outputs (a rebuild costs seconds per
+    partition; `tiny_corpus_copy` gives a test a private copy to change or rebuild on).
 
     Returns (output root, {partition: result}, manifest result). Do not modify the files.
     """
@@ -51,3 +53,11 @@ def tiny_corpus(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
 
     output = tmp_path_factory.mktemp("tiny-corpus")
     return output, *materialize_corpus(tiny_root, output)
+
+
+@pytest.fixture
+def tiny_corpus_copy(tiny_corpus, tmp_path: Path) -> Path:
+    """A private copy of the tiny corpus's outputs (file times kept, as a rerun sees them)."""
+    copy = tmp_path / "output"
+    shutil.copytree(tiny_corpus[0], copy)
+    return copy
