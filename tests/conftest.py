@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -61,3 +65,54 @@ def tiny_corpus_copy(tiny_corpus, tmp_path: Path) -> Path:
     copy = tmp_path / "output"
     shutil.copytree(tiny_corpus[0], copy)
     return copy
+
+
+@dataclass
+class Demo:
+    """`radharmony demo` as a new user runs it: its folder (data, output, dagster_home), the
+    environment it ran with, its finished process, and the instance's runs right after it."""
+
+    base: Path
+    environment: dict[str, str]
+    completed: subprocess.CompletedProcess
+    runs: list
+
+    @property
+    def data_root(self) -> Path:
+        return self.base / "data"
+
+
+@pytest.fixture(scope="session")
+def tiny_demo(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Demo:
+    """`radharmony demo` once per session on a private copy of the tiny data, with its own
+    DAGSTER_HOME and output: tests/test_cli.py reads its summary and runs, and
+    tests/test_e2e_ui.py serves the instance with `dagster dev` (and may change the data)."""
+    import dagster as dg
+    from e2e_support import write_instance
+
+    base = tmp_path_factory.mktemp("demo")
+    shutil.copytree(tiny_root, base / "data")
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith(("RADHARMONY_", "DAGSTER_"))
+    }
+    environment.update(
+        DAGSTER_HOME=str(write_instance(base / "dagster_home")),
+        RADHARMONY_DATA_ROOT=str(base / "data"),
+        RADHARMONY_OUTPUT_ROOT=str(base / "output"),
+        RADHARMONY_WORKERS="1",
+    )
+    radharmony = Path(sys.executable).with_name("radharmony")
+    completed = subprocess.run(
+        [str(radharmony), "demo"],
+        cwd=base,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DAGSTER_HOME", environment["DAGSTER_HOME"])  # read by its dagster.yaml
+        with dg.DagsterInstance.get() as instance:
+            runs = list(instance.get_runs())
+    return Demo(base, environment, completed, runs)
