@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -16,6 +17,52 @@ from radharmony_pipeline.sources import SourceLocation, open_source
 from radharmony_pipeline.synthetic import generate_datasets
 
 warnings.filterwarnings("ignore", message=".*preview.*", category=Warning)
+
+# `make test` runs two pytest processes (`pytest -n 2 --dist loadfile`, pytest-xdist). A work
+# unit goes to one process: a test module, or every module that uses one of the costly session
+# fixtures below (so it is built once), and the long units are handed out first so that
+# neither process is left with one at the end. (xdist's own `loadgroup` marks do not reach
+# the scheduler under pytest 9.2, hence this hook.)
+SHARED_SESSION_FIXTURES = ("tiny_corpus", "tiny_demo")
+LONG_UNITS = ("test_cluster.py", "tiny_corpus", "test_crash_recovery.py", "tiny_demo")
+TESTS = Path(__file__).parent
+
+
+def work_unit(nodeid: str) -> str:
+    """The module's session fixture group if it uses one, else the module's file name."""
+    return _work_unit_of_module(nodeid.split("::", 1)[0].rsplit("/", 1)[-1])
+
+
+@functools.cache
+def _work_unit_of_module(module: str) -> str:
+    try:
+        source = (TESTS / module).read_text()
+    except OSError:
+        return module
+    return next((name for name in SHARED_SESSION_FIXTURES if name in source), module)
+
+
+def long_units_first(nodeid: str) -> int:
+    unit = work_unit(nodeid)
+    return LONG_UNITS.index(unit) if unit in LONG_UNITS else len(LONG_UNITS)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep the order the workers collected in
+    return SharedFixtureScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: the long units first (stable sort)
+        items.sort(key=lambda item: long_units_first(item.nodeid))
 
 
 @pytest.fixture(scope="session")
