@@ -50,9 +50,12 @@ chromium:
 demo: install
 	$(BIN)/radharmony demo
 
-## The whole test suite, after installing what it needs (Python packages, chromium).
+## The whole test suite, after installing what it needs (Python packages, chromium), in two
+## processes: tests/conftest.py keeps each module, and every user of a costly session fixture,
+## in one of them. `make test PYTEST_ARGS=` runs it in one process.
+PYTEST_ARGS ?= -n 2 --dist loadfile
 test: install-dev chromium
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_ARGS)
 
 ## The Dagster UI on the demo's instance: http://127.0.0.1:3000
 ui: install

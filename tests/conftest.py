@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import shutil
+import subprocess
+import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -12,6 +17,52 @@ from radharmony_pipeline.sources import SourceLocation, open_source
 from radharmony_pipeline.synthetic import generate_datasets
 
 warnings.filterwarnings("ignore", message=".*preview.*", category=Warning)
+
+# `make test` runs two pytest processes (`pytest -n 2 --dist loadfile`, pytest-xdist). A work
+# unit goes to one process: a test module, or every module that uses one of the costly session
+# fixtures below (so it is built once), and the long units are handed out first so that
+# neither process is left with one at the end. (xdist's own `loadgroup` marks do not reach
+# the scheduler under pytest 9.2, hence this hook.)
+SHARED_SESSION_FIXTURES = ("tiny_corpus", "tiny_demo")
+LONG_UNITS = ("test_cluster.py", "tiny_corpus", "test_crash_recovery.py", "tiny_demo")
+TESTS = Path(__file__).parent
+
+
+def work_unit(nodeid: str) -> str:
+    """The module's session fixture group if it uses one, else the module's file name."""
+    return _work_unit_of_module(nodeid.split("::", 1)[0].rsplit("/", 1)[-1])
+
+
+@functools.cache
+def _work_unit_of_module(module: str) -> str:
+    try:
+        source = (TESTS / module).read_text()
+    except OSError:
+        return module
+    return next((name for name in SHARED_SESSION_FIXTURES if name in source), module)
+
+
+def long_units_first(nodeid: str) -> int:
+    unit = work_unit(nodeid)
+    return LONG_UNITS.index(unit) if unit in LONG_UNITS else len(LONG_UNITS)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep the order the workers collected in
+    return SharedFixtureScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: the long units first (stable sort)
+        items.sort(key=lambda item: long_units_first(item.nodeid))
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +94,9 @@ def open_tiny(tiny_root: Path):
 
 @pytest.fixture(scope="session")
 def tiny_corpus(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
-    """Every partition of the tiny data materialized with its checks, then the manifest.
+    """Every partition of the tiny data materialized with its checks, then the manifest: built
+    once per session for every module that only reads outputs (a rebuild costs seconds per
+    partition; `tiny_corpus_copy` gives a test a private copy to change or rebuild on).
 
     Returns (output root, {partition: result}, manifest result). Do not modify the files.
     """
@@ -51,3 +104,62 @@ def tiny_corpus(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
 
     output = tmp_path_factory.mktemp("tiny-corpus")
     return output, *materialize_corpus(tiny_root, output)
+
+
+@pytest.fixture
+def tiny_corpus_copy(tiny_corpus, tmp_path: Path) -> Path:
+    """A private copy of the tiny corpus's outputs (file times kept, as a rerun sees them)."""
+    copy = tmp_path / "output"
+    shutil.copytree(tiny_corpus[0], copy)
+    return copy
+
+
+@dataclass
+class Demo:
+    """`radharmony demo` as a new user runs it: its folder (data, output, dagster_home), the
+    environment it ran with, its finished process, and the instance's runs right after it."""
+
+    base: Path
+    environment: dict[str, str]
+    completed: subprocess.CompletedProcess
+    runs: list
+
+    @property
+    def data_root(self) -> Path:
+        return self.base / "data"
+
+
+@pytest.fixture(scope="session")
+def tiny_demo(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Demo:
+    """`radharmony demo` once per session on a private copy of the tiny data, with its own
+    DAGSTER_HOME and output: tests/test_cli.py reads its summary and runs, and
+    tests/test_e2e_ui.py serves the instance with `dagster dev` (and may change the data)."""
+    import dagster as dg
+    from e2e_support import write_instance
+
+    base = tmp_path_factory.mktemp("demo")
+    shutil.copytree(tiny_root, base / "data")
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith(("RADHARMONY_", "DAGSTER_"))
+    }
+    environment.update(
+        DAGSTER_HOME=str(write_instance(base / "dagster_home")),
+        RADHARMONY_DATA_ROOT=str(base / "data"),
+        RADHARMONY_OUTPUT_ROOT=str(base / "output"),
+        RADHARMONY_WORKERS="1",
+    )
+    radharmony = Path(sys.executable).with_name("radharmony")
+    completed = subprocess.run(
+        [str(radharmony), "demo"],
+        cwd=base,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DAGSTER_HOME", environment["DAGSTER_HOME"])  # read by its dagster.yaml
+        with dg.DagsterInstance.get() as instance:
+            runs = list(instance.get_runs())
+    return Demo(base, environment, completed, runs)

@@ -2,46 +2,36 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
-from radharmony_pipeline.definitions import defs
-from radharmony_pipeline.defs.assets.source_files import source_files
-from radharmony_pipeline.defs.resources import pipeline_resources
+from radharmony_pipeline.definitions import build_definitions
+from radharmony_pipeline.defs.jobs import ALL_STAGES_JOB, MANIFEST_JOB
 from radharmony_pipeline.sources import partition_keys
-
-DEFINITIONS = [d for d in [*defs.assets, *defs.asset_checks] if d is not source_files]
-MANIFEST = dg.AssetSelection.assets("unified_manifest")
 
 
 def materialize_corpus(
     data_root: Path, output: Path, partitions: Sequence[str] | None = None
 ) -> tuple[dict[str, dg.ExecuteInProcessResult], dg.ExecuteInProcessResult]:
-    """Each partition's stages and checks, then the manifest and its checks (one instance)."""
-    os.environ.setdefault("RADHARMONY_WORKERS", "2")
+    """Each partition's `all_stages` run (stages and checks), then the `manifest` job (the
+    manifest, near duplicates, the corpus profile and their checks), in one instance, with a
+    pool of two workers as on this machine."""
+    definitions = build_definitions(data_root, output)
     instance = dg.DagsterInstance.ephemeral()
-    stages = dg.AssetSelection.all() - MANIFEST
-    results = {
-        key: dg.materialize(
-            DEFINITIONS,
-            partition_key=key,
-            resources=pipeline_resources(data_root, output),
-            selection=stages,
-            instance=instance,
-            raise_on_error=False,
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RADHARMONY_WORKERS", "2")
+        results = {
+            key: definitions.resolve_job_def(ALL_STAGES_JOB).execute_in_process(
+                partition_key=key, instance=instance, raise_on_error=False
+            )
+            for key in (partitions or partition_keys())
+        }
+        manifest = definitions.resolve_job_def(MANIFEST_JOB).execute_in_process(
+            instance=instance, raise_on_error=False
         )
-        for key in (partitions or partition_keys())
-    }
-    manifest = dg.materialize(
-        DEFINITIONS,
-        resources=pipeline_resources(data_root, output),
-        selection=MANIFEST,
-        instance=instance,
-        raise_on_error=False,
-    )
     return results, manifest
 
 

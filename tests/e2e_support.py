@@ -127,7 +127,7 @@ class DagsterDev:
                 last = f"repositories: {data}"
             except (urllib.error.URLError, OSError, ValueError) as error:
                 last = repr(error)
-            time.sleep(1.0)
+            time.sleep(0.25)
         raise AssertionError(
             f"dagster dev not ready after {timeout:.0f}s ({last})" + self.log_tail()
         )

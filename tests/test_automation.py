@@ -62,11 +62,14 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def built(tiny_root, tmp_path_factory):
-    """Every partition and the manifest built once for the module, on a private data copy."""
+def built(tiny_root, tiny_corpus, tmp_path_factory):
+    """Every partition and the manifest built once for the module, on a private data copy.
+    The outputs start as a copy of the session's tiny corpus, so these runs reuse its images
+    and masks (the instance, which the automation reads, still records every run)."""
     folder = tmp_path_factory.mktemp("automation")
     data = folder / "data"
     shutil.copytree(tiny_root, data)
+    shutil.copytree(tiny_corpus[0], folder / "out")
     deployment = Deployment(data, folder / "out")
     deployment.run("observe_source_files")
     for key in partition_keys():

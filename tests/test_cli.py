@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import dagster as dg
 import pytest
 
 from radharmony_pipeline.cli import main
-
-RADHARMONY = Path(sys.executable).with_name("radharmony")
 
 
 def test_synth_writes_the_chosen_datasets(tmp_path, capsys):
@@ -52,20 +44,8 @@ def test_unknown_scale_is_refused(tmp_path):
         main(["synth", "--out", str(tmp_path), "--scale", "huge"])
 
 
-def test_demo_materializes_every_partition_and_prints_the_summary(tiny_root, tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("RADHARMONY_")}
-    environ.update(DAGSTER_HOME=str(home), RADHARMONY_OUTPUT_ROOT=str(tmp_path / "out"))
-    completed = subprocess.run(
-        [str(RADHARMONY), "demo", "--data-root", str(tiny_root)],
-        cwd=tmp_path,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+def test_demo_materializes_every_partition_and_prints_the_summary(tiny_demo):
+    completed = tiny_demo.completed
     summary = completed.stdout.split("partition ", 1)[1]
     for partition in ("chexlocalize.val", "ms_cxr.test", "chestx_det.train", "rexgradient.val"):
         line = next(row for row in summary.splitlines() if row.startswith(partition))
@@ -74,8 +54,7 @@ def test_demo_materializes_every_partition_and_prints_the_summary(tiny_root, tmp
         assert passed == total and int(total) >= 3
     assert "make ui" in completed.stdout
     # The runs are in the instance the UI reads: an observation, a run per partition, the manifest.
-    with dg.DagsterInstance.from_config(str(home)) as instance:
-        runs = instance.get_runs()
+    runs = tiny_demo.runs
     assert len(runs) == 12 and all(run.is_success for run in runs)
     # Recorded as runs of the project's jobs in its code location, as the UI launches them.
     assert sorted(run.job_name for run in runs).count("all_stages") == 10

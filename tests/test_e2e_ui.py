@@ -19,8 +19,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -155,7 +153,7 @@ def _wait_for_run(server: DagsterDev, client: DagsterGraphQLClient, run_id: str)
             status = f"error: {error}"
         if status in ("SUCCESS", "FAILURE", "CANCELED"):
             return status
-        time.sleep(2.0)
+        time.sleep(0.5)
     events = _run_events(server, run_id)
     raise AssertionError(
         f"run {run_id} still {status} after {RUN_TIMEOUT:.0f}s"
@@ -265,7 +263,6 @@ def test_ui_runs_a_partition_and_shows_the_lineage(dagster_dev: DagsterDev):
 
 # --- A freshly built demo instance, as a new user sees it after `make demo` and `make ui` ---
 
-RADHARMONY = Path(sys.executable).with_name("radharmony")
 CHANGED_PARTITION = "chestx_det.train"
 CHANGED_FILE = "ChestX_Det_train.json"
 DOCUMENTED_EXCEPTION = "chexlocalize/patient65086_study1_view1_frontal"
@@ -344,26 +341,15 @@ query Schema($assetKey: AssetKeyInput!) {
 
 
 @pytest.fixture(scope="module")
-def demo_server(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
-    """`radharmony demo` on a private copy of the tiny datasets, then `dagster dev` on it."""
-    base = tmp_path_factory.mktemp("demo-ui")
-    data = base / "data"
-    shutil.copytree(tiny_root, data)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RADHARMONY_", "DAGSTER_"))}
-    env.update(
-        DAGSTER_HOME=str(write_instance(base / "dagster_home")),
-        RADHARMONY_DATA_ROOT=str(data),
-        RADHARMONY_OUTPUT_ROOT=str(base / "output"),
-        RADHARMONY_WORKERS="1",
+def demo_server(tiny_demo):
+    """`dagster dev` on the session's freshly built demo instance (`radharmony demo` on a
+    private copy of the tiny datasets, see conftest.py)."""
+    server = DagsterDev(
+        REPO, tiny_demo.environment, tiny_demo.base / "dagster-dev.log", free_port()
     )
-    demo = subprocess.run(
-        [str(RADHARMONY), "demo"], cwd=base, env=env, capture_output=True, text=True, timeout=900
-    )
-    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-    server = DagsterDev(REPO, env, base / "dagster-dev.log", free_port())
     try:
         server.wait_until_loaded(LOCATION, timeout=120)
-        server.data_root = data
+        server.data_root = tiny_demo.data_root
         yield server
     finally:
         server.stop(grace=30)

@@ -47,12 +47,13 @@ REX_METADATA = ("rexgradient", "download", "metadata")
 
 
 @pytest.fixture(scope="module")
-def clean(tiny_root, tmp_path_factory):
-    """Every partition the suite sabotages, built from the untouched data."""
-    output = tmp_path_factory.mktemp("clean")
+def clean(tiny_corpus):
+    """Every partition the suite sabotages, as built from the untouched data (the session's
+    tiny corpus)."""
+    output, results, _ = tiny_corpus
     built = {}
     for partition in PARTITIONS:
-        assert build(tiny_root, output, partition).success
+        assert results[partition].success
         built[partition] = tables(output, partition)
         built[partition]["packed"] = packed_rows(output, partition, built[partition]["images"])
     return built

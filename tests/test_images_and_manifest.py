@@ -12,23 +12,16 @@ from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.loader import ManifestDataset
 from radharmony_pipeline.processing.manifest import MANIFEST_COLUMNS
 from radharmony_pipeline.processing.table_schemas import UNIFIED_MANIFEST
-from radharmony_pipeline.sources import parse_partition_key, partition_keys
+from radharmony_pipeline.sources import parse_partition_key
 
 S = 224
 
 
 @pytest.fixture(scope="module")
-def corpus(tiny_root, tmp_path_factory):
-    output = tmp_path_factory.mktemp("corpus")
-    built = build_definitions(tiny_root, output)
-    instance = dg.DagsterInstance.ephemeral()
-    first = {}
-    for key in partition_keys():
-        first[key] = built.resolve_job_def("all_stages").execute_in_process(
-            partition_key=key, instance=instance
-        )
-    manifest = built.resolve_job_def("manifest").execute_in_process(instance=instance)
-    return output, first, manifest, built, instance
+def corpus(tiny_root, tiny_corpus):
+    """The session's tiny corpus (every partition's `all_stages` run, then the manifest)."""
+    output, first, manifest = tiny_corpus
+    return output, first, manifest, build_definitions(tiny_root, output)
 
 
 def letterbox_placement(height: int, width: int) -> tuple[int, int, int, int]:
@@ -49,7 +42,7 @@ def images_metadata(result) -> dict:
 
 
 def test_every_image_is_packed_and_written_at_the_target_size(corpus):
-    output, first, _, _, _ = corpus
+    output, first, _, _ = corpus
     for key, result in first.items():
         table = pd.read_parquet(output / "tables" / "images" / f"{key}.parquet")
         assert (table["status"] == "ok").all(), table["error"].dropna().tolist()
@@ -63,10 +56,14 @@ def test_every_image_is_packed_and_written_at_the_target_size(corpus):
     assert not list(output.rglob(".partial-*"))
 
 
-def test_second_run_of_an_unchanged_partition_decodes_at_most_5_percent(corpus):
-    _output, first, _, built, instance = corpus
-    again = built.resolve_job_def("all_stages").execute_in_process(
-        partition_key="chexlocalize.test", instance=instance
+def test_second_run_of_an_unchanged_partition_decodes_at_most_5_percent(
+    corpus, tiny_root, tiny_corpus_copy
+):
+    _output, first, _, _ = corpus
+    again = (
+        build_definitions(tiny_root, tiny_corpus_copy)
+        .resolve_job_def("all_stages")
+        .execute_in_process(partition_key="chexlocalize.test")
     )
     before = images_metadata(first["chexlocalize.test"])["decoded"]
     assert images_metadata(again)["decoded"] <= 0.05 * before
@@ -74,7 +71,7 @@ def test_second_run_of_an_unchanged_partition_decodes_at_most_5_percent(corpus):
 
 
 def test_union_mask_follows_the_image_geometry(corpus):
-    output, _, _, _, _ = corpus
+    output, _, _, _ = corpus
     table = pd.read_parquet(output / "tables" / "images" / "chexlocalize.test.parquet")
     with_mask = table[table["mask_path"].notna()]
     # Frontals are segmented (a union mask, possibly empty); laterals are not annotated.
@@ -87,7 +84,7 @@ def test_union_mask_follows_the_image_geometry(corpus):
 
 
 def test_padding_bands_stay_empty_in_images_and_masks(corpus):
-    output, first, _, _, _ = corpus
+    output, first, _, _ = corpus
     padded = 0
     for key in first:
         table = pd.read_parquet(output / "tables" / "images" / f"{key}.parquet")
@@ -119,7 +116,7 @@ def reference_letterbox(path) -> np.ndarray:
 def test_images_stage_pixels_match_an_independent_decode_and_letterbox(
     corpus, tiny_root, partition
 ):
-    output, _, _, built, _ = corpus
+    output, _, _, built = corpus
     dataset, split = parse_partition_key(partition)
     source_dir = built.resources["datasets"].source(dataset).image_dir(split)
     index = pd.read_parquet(output / "tables" / "raw_index" / f"{partition}.parquet")
@@ -143,7 +140,7 @@ def test_images_stage_pixels_match_an_independent_decode_and_letterbox(
 
 
 def test_manifest_has_the_contract_columns_and_every_usable_image(corpus):
-    output, first, manifest_result, _, _ = corpus
+    output, first, manifest_result, _ = corpus
     assert manifest_result.success
     evaluations = manifest_result.get_asset_check_evaluations()
     blocking = [e for e in evaluations if e.severity == dg.AssetCheckSeverity.ERROR]
@@ -162,7 +159,7 @@ def test_manifest_has_the_contract_columns_and_every_usable_image(corpus):
 
 
 def test_resized_boxes_account_for_letterbox_padding(corpus):
-    output, _, _, _, _ = corpus
+    output, _, _, _ = corpus
     manifest = pd.read_parquet(output / "tables" / "unified_manifest.parquet")
     row = manifest[manifest["dataset"] == "ms_cxr"].iloc[0]
     height, width = row["orig_height"], row["orig_width"]
@@ -175,7 +172,7 @@ def test_resized_boxes_account_for_letterbox_padding(corpus):
 
 
 def test_loader_reads_the_manifest(corpus):
-    output, _, _, _, _ = corpus
+    output, _, _, _ = corpus
     dataset = ManifestDataset(
         output / "tables" / "unified_manifest.parquet", datasets="chexlocalize", splits="test"
     )
@@ -190,7 +187,7 @@ def test_loader_reads_the_manifest(corpus):
 
 
 def test_manifest_column_lineage_names_real_upstream_columns(corpus):
-    output, _, manifest, _, _ = corpus
+    output, _, manifest, _ = corpus
     (event,) = [
         e
         for e in manifest.get_asset_materialization_events()

@@ -23,11 +23,9 @@ def run(data_root, output, partition) -> dg.ExecuteInProcessResult:
 
 
 @pytest.fixture(scope="module")
-def built(tiny_root, tmp_path_factory):
-    output = tmp_path_factory.mktemp("stages")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("RADHARMONY_WORKERS", "2")
-        results = {key: run(tiny_root, output, key) for key in partition_keys()}
+def built(tiny_corpus):
+    """The session's tiny corpus: every partition's `all_stages` run, two workers."""
+    output, results, _ = tiny_corpus
     return output, results
 
 
@@ -204,8 +202,8 @@ def test_contact_sheets_are_written_and_linked(built):
         assert "data:image/jpeg;base64" in event.materialization.metadata["preview_inline"].value
 
 
-def test_second_run_rewrites_no_mask_png(built, tiny_root):
-    output, _ = built
+def test_second_run_rewrites_no_mask_png(tiny_corpus_copy, tiny_root):
+    output = tiny_corpus_copy
     pngs = sorted((output / "masks" / "chestx_det.test").rglob("*.png"))
     before = {p: p.stat().st_mtime_ns for p in pngs}
     assert run(tiny_root, output, "chestx_det.test").success
