@@ -20,7 +20,6 @@ from radharmony_pipeline.processing.source_store import (
     SourcePath,
     as_source_path,
     readable,
-    remote_content,
 )
 
 JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
@@ -92,7 +91,7 @@ def decode_grayscale(
     _require_known_extension(path)
     try:
         # A local file is opened by its path; an object is read once, in full.
-        source = readable(path, content if content is not None else remote_content(path))
+        source = readable(path, content)
     except FileNotFoundError as error:
         raise DecodeError(path, "file not found") from error
     except OSError as error:  # e.g. access denied to the object

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import io
 import os
 import posixpath
@@ -151,22 +150,6 @@ def readable(path: SourcePath, content: bytes | None = None) -> Path | BinaryIO:
             raise FileNotFoundError(errno.ENOENT, "file not found", str(path))
         return Path(path)
     return FileContent(read_source_bytes(path), path)
-
-
-def remote_content(path: SourcePath) -> bytes | None:
-    """An object's bytes, read once for both decoding and hashing; None for a local file,
-    which the decoders open themselves."""
-    return None if is_local(path) else read_source_bytes(path)
-
-
-def content_sha256(path: SourcePath, content: bytes | None = None) -> str:
-    """sha256 of the file (or of `content`, its bytes already read)."""
-    if content is not None:
-        return hashlib.sha256(content).hexdigest()
-    if is_local(path):
-        return file_sha256(path)
-    with open_source_file(path) as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 # --- fingerprints ----------------------------------------------------------------------------
