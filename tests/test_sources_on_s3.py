@@ -26,11 +26,16 @@ from upath import UPath
 from radharmony_pipeline.definitions import defs
 from radharmony_pipeline.defs.assets.source_files import observe_partition, source_files
 from radharmony_pipeline.defs.resources import pipeline_resources
+from radharmony_pipeline.processing import image_jobs
 from radharmony_pipeline.processing.decode import DecodeError, decode_grayscale
 from radharmony_pipeline.processing.image_files import ImageFileError, confined, image_size
 from radharmony_pipeline.processing.image_jobs import ImageJob
 from radharmony_pipeline.processing.source_snapshot import compare
-from radharmony_pipeline.processing.source_store import SourceStoreError, source_path
+from radharmony_pipeline.processing.source_store import (
+    SourceStoreError,
+    named_states,
+    source_path,
+)
 from radharmony_pipeline.processing.tagged_png import INPUT_KEY_TAG
 from radharmony_pipeline.sources import DatasetLayoutError, SourceLocation, open_source
 from radharmony_pipeline.synthetic import generate_datasets
@@ -326,6 +331,50 @@ def test_an_image_job_never_reads_an_escaping_key(store, datasets):
     row, pixels = job.run()
     assert pixels is None and row.status == "error"
     assert "'..' segment" in row.error and str(escaping) in row.error
+
+
+def test_input_keys_from_one_listing_equal_the_per_object_keys(store, datasets, monkeypatch):
+    _local, url = datasets
+    base = source_path(f"{url}/chestx-det/test")
+    names = sorted(path.name for path in base.iterdir())[:4]
+    # Names the listing cannot hold: an escaping key and a missing object.
+    names += ["../train/" + names[0], "no-such-image.png"]
+
+    def job(name: str, state=None) -> ImageJob:
+        return ImageJob(
+            image_id=f"chestx_det/{name}",
+            source_file=base / name,
+            union_mask_file=None,
+            output_root=Path("/nonexistent-output"),
+            image_relative="images/x.png",
+            mask_relative=None,
+            size=32,
+            resize="letterbox",
+            row=0,
+            source_root=base,
+            source_state=state,
+        )
+
+    def key_or_error(job: ImageJob) -> str:
+        try:
+            return job.input_key()
+        except (OSError, ValueError) as error:
+            return type(error).__name__
+
+    per_object = [key_or_error(job(name)) for name in names]
+    listed = named_states(base, names)
+    assert sorted(listed) == names[:4]
+    # With the listing's states, no object is asked about again.
+    requests = []
+    monkeypatch.setattr(image_jobs, "file_state", lambda path: requests.append(path) or (0, ""))
+    from_listing = [key_or_error(job(name, listed.get(name))) for name in names[:4]]
+    assert requests == []
+    assert from_listing == per_object[:4]
+    assert len(set(from_listing)) == 4  # keys, one per image, not error names
+    # Names absent from the listing fall back to the per-object path: confinement first,
+    # then the object's own state.
+    monkeypatch.undo()
+    assert per_object[4:] == ["ImageFileError", "ObjectNotFound"]
 
 
 # --- missing objects and unreachable stores -------------------------------------------------

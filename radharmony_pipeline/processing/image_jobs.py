@@ -29,7 +29,7 @@ from .image_files import confined
 from .masks import mask_input_key, read_mask_png, write_mask_png
 from .parallel import Progress, default_chunk_size, map_in_chunks, split_into_chunks
 from .perceptual_hash import perceptual_hash, pixels_sha256
-from .source_store import SourcePath, file_state, is_remote, read_source_bytes
+from .source_store import FileState, SourcePath, file_state, is_remote, read_source_bytes
 from .storage import is_local, local_scratch_file, publish, publish_file
 from .supervised import TimeLimit
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
@@ -77,12 +77,16 @@ class ImageJob:
     # whose metadata entry is unusable: then nothing is read and the row carries that error.
     source_root: Path | None = None
     index_error: str | None = None
+    # The source's state from one listing of its folder, taken by the caller on an object
+    # store where asking each object is a request per image; None: ask the file itself.
+    source_state: FileState | None = None
 
     def input_key(self) -> str:
         """Source fingerprint (size + mtime, or + ETag on a store), union-mask key and
         parameters."""
         # Confined first: not even a metadata request for a key outside the image folder.
-        size, version = file_state(confined(self.source_file, self.source_root))
+        source = confined(self.source_file, self.source_root)
+        size, version = self.source_state or file_state(source)
         mask_key = stored_input_key(self.union_mask_file) if self.union_mask_file else ""
         return mask_input_key(
             IMAGE_CODE_VERSION,
@@ -323,7 +327,7 @@ def current_row_of(job_and_key: tuple[ImageJob, str | None]) -> ImageRow | None:
 
 def _input_keys(jobs: Sequence[ImageJob], packed: Any, workers: int) -> list[str | None]:
     masks_remote = not is_local(packed) and any(job.union_mask_file for job in jobs)
-    sources_remote = any(is_remote(job.source_file) for job in jobs)
+    sources_remote = any(is_remote(job.source_file) and not job.source_state for job in jobs)
     if not masks_remote and not sources_remote:
         return [_input_key_or_none(job) for job in jobs]
     # A union mask's key is read from its PNG header, a source object's state is a metadata

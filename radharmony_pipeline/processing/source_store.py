@@ -162,6 +162,8 @@ def file_state(path: SourcePath) -> FileState:
         stat = os.stat(path)
         return stat.st_size, stat.st_mtime_ns
     with _store_errors(path):
+        # Not from a listing this process cached earlier: a replaced object must be seen.
+        path.fs.invalidate_cache(path.path)
         return _object_state(path.fs.info(path.path))
 
 

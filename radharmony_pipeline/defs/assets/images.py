@@ -20,6 +20,7 @@ from ...processing.image_jobs import (
 from ...processing.progress import ProgressLog
 from ...processing.settings import MAX_IMAGE_SIZE
 from ...processing.settings import image_size as image_size_setting
+from ...processing.source_store import is_remote, named_states
 from ...processing.storage import OutputPath, make_folder
 from ...processing.supervised import TimeLimit, job_timeout
 from ...processing.table_schemas import IMAGES
@@ -80,6 +81,9 @@ def images(
     unions = _union_masks(masks, root)
     base = source.image_dir(split)
     errors = raw_index["error"] if "error" in raw_index else pd.Series(pd.NA, index=raw_index.index)
+    relatives = raw_index["image_path"].fillna("")
+    # On an object store one listing of the image folder replaces a request per image.
+    listed = named_states(base, relatives) if is_remote(base) else {}
     jobs = [
         ImageJob(
             image_id=image_id,
@@ -97,12 +101,13 @@ def images(
             row=row,
             source_root=base,
             index_error=None if pd.isna(error) else f"raw_index: {error}",
+            source_state=listed.get(relative),
         )
         for row, (image_id, image_key, relative, error) in enumerate(
             zip(
                 raw_index["image_id"],
                 raw_index["image_key"],
-                raw_index["image_path"].fillna(""),
+                relatives,
                 errors,
                 strict=True,
             )
