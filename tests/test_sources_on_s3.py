@@ -311,14 +311,11 @@ def test_keys_inside_the_prefix_are_accepted_unchanged():
         assert confined(root / relative, root) == root / relative
 
 
-def test_an_image_job_never_reads_an_escaping_key(store, datasets):
-    local, url = datasets
-    base = source_path(f"{url}/chestx-det/test")
-    existing = sorted(p.name for p in (local / "chestx-det" / "train").iterdir())[0]
-    escaping = base / ".." / "train" / existing
-    job = ImageJob(
-        image_id="chestx_det/escape",
-        source_file=escaping,
+def image_job(base: UPath, name: str, state: tuple[int, str] | None = None) -> ImageJob:
+    """A job for the object `name` below the image folder `base`, writing nowhere useful."""
+    return ImageJob(
+        image_id=f"chestx_det/{name}",
+        source_file=base / name,
         union_mask_file=None,
         output_root=Path("/nonexistent-output"),
         image_relative="images/x.png",
@@ -327,8 +324,16 @@ def test_an_image_job_never_reads_an_escaping_key(store, datasets):
         resize="letterbox",
         row=0,
         source_root=base,
+        source_state=state,
     )
-    row, pixels = job.run()
+
+
+def test_an_image_job_never_reads_an_escaping_key(store, datasets):
+    local, url = datasets
+    base = source_path(f"{url}/chestx-det/test")
+    existing = sorted(p.name for p in (local / "chestx-det" / "train").iterdir())[0]
+    escaping = base / ".." / "train" / existing
+    row, pixels = image_job(base, f"../train/{existing}").run()
     assert pixels is None and row.status == "error"
     assert "'..' segment" in row.error and str(escaping) in row.error
 
@@ -340,34 +345,19 @@ def test_input_keys_from_one_listing_equal_the_per_object_keys(store, datasets, 
     # Names the listing cannot hold: an escaping key and a missing object.
     names += ["../train/" + names[0], "no-such-image.png"]
 
-    def job(name: str, state=None) -> ImageJob:
-        return ImageJob(
-            image_id=f"chestx_det/{name}",
-            source_file=base / name,
-            union_mask_file=None,
-            output_root=Path("/nonexistent-output"),
-            image_relative="images/x.png",
-            mask_relative=None,
-            size=32,
-            resize="letterbox",
-            row=0,
-            source_root=base,
-            source_state=state,
-        )
-
     def key_or_error(job: ImageJob) -> str:
         try:
             return job.input_key()
         except (OSError, ValueError) as error:
             return type(error).__name__
 
-    per_object = [key_or_error(job(name)) for name in names]
+    per_object = [key_or_error(image_job(base, name)) for name in names]
     listed = named_states(base, names)
     assert sorted(listed) == names[:4]
     # With the listing's states, no object is asked about again.
     requests = []
     monkeypatch.setattr(image_jobs, "file_state", lambda path: requests.append(path) or (0, ""))
-    from_listing = [key_or_error(job(name, listed.get(name))) for name in names[:4]]
+    from_listing = [key_or_error(image_job(base, n, listed.get(n))) for n in names[:4]]
     assert requests == []
     assert from_listing == per_object[:4]
     assert len(set(from_listing)) == 4  # keys, one per image, not error names
