@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import struct
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from PIL import Image, ImageDraw
 from pycocotools import mask as coco_mask
 
+from radharmony_pipeline.processing import storage
 from radharmony_pipeline.processing.atomic import TEMP_MARKER
 from radharmony_pipeline.processing.masks import (
     MaskSizeError,
@@ -297,11 +299,13 @@ def test_failed_write_leaves_no_temp_file_and_keeps_the_old_mask(
     old = np.eye(HEIGHT, WIDTH, dtype=np.uint8)
     write_mask_png(path, old, "key-1")
 
-    def broken_save(self, target, *args, **kwargs):
-        target.write(b"half a png")  # PNGs are written through an open handle
-        raise OSError("disk full")
+    class DiskFillsUp(io.FileIO):
+        def write(self, data: bytes) -> int:
+            super().write(bytes(data)[: len(data) // 2])
+            raise OSError("disk full")
 
-    monkeypatch.setattr(Image.Image, "save", broken_save)
+    # The temporary file is opened by the storage layer; half the PNG lands, then it fails.
+    monkeypatch.setattr(storage, "open", DiskFillsUp, raising=False)
     with pytest.raises(OSError, match="disk full"):
         write_mask_png(path, 1 - old, "key-2")
     monkeypatch.undo()

@@ -142,9 +142,7 @@ class ImageJob:
             "source_sha256": hashlib.sha256(content).hexdigest(),
             **content_fingerprints(pixels, geometry),
         }
-        write_tagged_png(
-            self.output_root / self.image_relative, lambda: Image.fromarray(pixels), key, tags
-        )
+        write_tagged_png(self.output_root / self.image_relative, lambda: pixels, key, tags)
         return self._row(tags, decoded=True), pixels
 
     def _reuse(self, key: str) -> tuple[ImageRow, np.ndarray] | None:

@@ -12,7 +12,7 @@ from PIL import Image
 from pycocotools import mask as coco_mask
 
 from radharmony_pipeline.processing.rle_text import validate_rle
-from radharmony_pipeline.processing.tagged_png import write_tagged_png
+from radharmony_pipeline.processing.tagged_png import MASK_FILTER, write_tagged_png
 
 INPUT_KEY_HEX_DIGITS = 16  # 64 bits: collisions are negligible for a per-mask change check
 MASK_FOREGROUND = 255
@@ -164,7 +164,7 @@ def mask_input_key(*parts: str | bytes) -> str:
     return digest.hexdigest()[:INPUT_KEY_HEX_DIGITS]
 
 
-def _mask_image(mask: np.ndarray) -> Image.Image:
+def _mask_pixels(mask: np.ndarray) -> np.ndarray:
     if mask.ndim != 2:
         raise ValueError(f"a mask is 2-D, got shape {mask.shape}")
     if mask.dtype != np.bool_:
@@ -172,7 +172,7 @@ def _mask_image(mask: np.ndarray) -> Image.Image:
         if invalid:
             raise ValueError(f"a mask holds 0 and 1 only; {invalid:,} pixels hold other values")
     foreground = np.ascontiguousarray(mask != 0)
-    return Image.fromarray(foreground.view(np.uint8) * np.uint8(MASK_FOREGROUND))
+    return foreground.view(np.uint8) * np.uint8(MASK_FOREGROUND)
 
 
 def write_mask_png(path: Path, mask: np.ndarray, input_key: str) -> bool:
@@ -181,7 +181,7 @@ def write_mask_png(path: Path, mask: np.ndarray, input_key: str) -> bool:
     A file already tagged with the same key is left untouched (its mtime too), so masks
     whose inputs did not change are never rewritten.
     """
-    return write_tagged_png(path, lambda: _mask_image(mask), input_key)
+    return write_tagged_png(path, lambda: _mask_pixels(mask), input_key, row_filter=MASK_FILTER)
 
 
 def read_mask_png(path: Path) -> np.ndarray:

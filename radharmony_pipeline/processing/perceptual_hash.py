@@ -36,7 +36,10 @@ _CANDIDATE_CHUNK = 250_000
 
 def perceptual_hash(content: np.ndarray) -> str:
     """Hex dHash (256 bits) of a uint8 grayscale image (pass the content, not the padding)."""
-    return str(imagehash.dhash(Image.fromarray(content), hash_size=HASH_SIZE))
+    bits = imagehash.dhash(Image.fromarray(content), hash_size=HASH_SIZE).hash
+    # The same hex digits as str(ImageHash), whose bit-by-bit string building costs more
+    # than the hash itself.
+    return np.packbits(bits, axis=None).tobytes().hex()
 
 
 def pixels_sha256(pixels: np.ndarray) -> str:

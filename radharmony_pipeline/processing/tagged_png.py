@@ -1,25 +1,38 @@
 """PNGs that carry text tags (input keys, recorded facts), readable without decoding pixels.
 
 Outputs are keyed by their inputs: a file whose stored key equals the new key is left alone.
-Tags live in tEXt chunks, which Pillow writes before the image data and parses on open.
+Pixels are encoded by OpenCV; the tags go in tEXt chunks right after the header, before the
+image data, where Pillow parses them on open.
 """
 
 from __future__ import annotations
 
+import struct
 import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from PIL import Image, PngImagePlugin
+import cv2
+import numpy as np
+from PIL import Image
 
 from .storage import publish
 
 INPUT_KEY_TAG = "radharmony-input"
-# zlib's run-length strategy after PNG's row filters: measured on resized radiographs and on
-# masks, it writes files as small as the default (level 6, which also searches for repeated
-# strings) or smaller, 4x faster (224x224 radiograph 0.75 ms vs 3.5 ms). Noise and smooth
-# gradients leave few repeated strings to find; masks are runs. Readers see the same pixels.
-PNG_OPTIONS = {"compress_type": zlib.Z_RLE}
+
+# zlib's run-length strategy after one fixed row filter, chosen per kind of picture. Measured
+# against Pillow (zlib RLE, its own per-row filter choice) in one process:
+# - 224x224 radiographs: Paeth 0.46 ms and 17.1 kB (noisy) / 15.8 kB (smooth), Pillow
+#   0.78 ms and the same sizes; Up is 0.37 ms but 10 % larger.
+# - 2000x2000 union masks (a few filled regions): no filter 4.5 ms and 8.2 kB, Pillow 10.3 ms
+#   and 9.3 kB; a mask is runs of 0 and 255, which filtering only breaks up.
+# Level 1: with the RLE strategy zlib searches no further at higher levels.
+RADIOGRAPH_FILTER = cv2.IMWRITE_PNG_FILTER_PAETH
+MASK_FILTER = cv2.IMWRITE_PNG_FILTER_NONE
+
+_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_HEADER_END = len(_SIGNATURE) + 4 + 4 + 13 + 4  # signature, then IHDR: length, type, data, CRC
+_MAX_KEYWORD = 79  # PNG's limit on a text chunk's keyword
 
 
 def read_png_tags(path: Any) -> dict[str, str]:
@@ -40,21 +53,63 @@ def stored_input_key(path: Any) -> str | None:
     return read_png_tags(path).get(INPUT_KEY_TAG)
 
 
+def grayscale_png(pixels: np.ndarray, row_filter: int) -> bytes:
+    """A 2-D uint8 array as an 8-bit grayscale PNG (no tags)."""
+    if pixels.ndim != 2 or pixels.dtype != np.uint8:
+        raise ValueError(f"expected 2-D uint8 pixels, got {pixels.dtype} of shape {pixels.shape}")
+    # In this order: setting the level resets the strategy to zlib's default.
+    options = [
+        cv2.IMWRITE_PNG_COMPRESSION, 1,
+        cv2.IMWRITE_PNG_STRATEGY, cv2.IMWRITE_PNG_STRATEGY_RLE,
+        cv2.IMWRITE_PNG_FILTER, row_filter,
+    ]  # fmt: skip
+    encoded, buffer = cv2.imencode(".png", pixels, options)
+    if not encoded:
+        raise ValueError(f"OpenCV could not encode a {pixels.shape} PNG")
+    return buffer.tobytes()
+
+
+def with_text_tags(png: bytes, tags: Mapping[str, str]) -> bytes:
+    """`png` with one text chunk per tag inserted right after its header (IHDR)."""
+    if not png.startswith(_SIGNATURE) or png[12:16] != b"IHDR":
+        raise ValueError("not a PNG that starts with its IHDR header")
+    chunks = b"".join(_text_chunk(name, value) for name, value in tags.items())
+    return png[:_HEADER_END] + chunks + png[_HEADER_END:]
+
+
+def _text_chunk(name: str, value: str) -> bytes:
+    """tEXt (Latin-1) when the value allows it, else iTXt (UTF-8), as Pillow writes them."""
+    try:
+        keyword = name.encode("latin-1")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"PNG tag name {name!r} is not Latin-1") from error
+    if not 1 <= len(keyword) <= _MAX_KEYWORD or b"\0" in keyword:
+        raise ValueError(f"PNG tag name {name!r} must be 1-{_MAX_KEYWORD} characters, no NUL")
+    try:
+        return _chunk(b"tEXt", keyword + b"\0" + value.encode("latin-1"))
+    except UnicodeEncodeError:
+        # keyword, no compression (flag 0, method 0), empty language and translated keyword
+        return _chunk(b"iTXt", keyword + b"\0\0\0\0\0" + value.encode("utf-8"))
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
 def write_tagged_png(
     path: Any,
-    image: Callable[[], Image.Image],
+    pixels: Callable[[], np.ndarray],
     input_key: str,
     tags: Mapping[str, str] | None = None,
+    row_filter: int = RADIOGRAPH_FILTER,
 ) -> bool:
-    """Write `image()` with its input key (and other tags) atomically; False if the file
-    already carries the same key and was left untouched (mtime included). The image is only
-    built when it is written."""
+    """Write `pixels()` (2-D uint8) with its input key (and other tags) atomically; False if
+    the file already carries the same key and was left untouched (mtime included). The
+    pixels are only built when they are written."""
     if stored_input_key(path) == input_key:
         return False
-    header = PngImagePlugin.PngInfo()
-    header.add_text(INPUT_KEY_TAG, input_key)
-    for name, value in (tags or {}).items():
-        header.add_text(name, value)
-    picture = image()
-    publish(path, lambda handle: picture.save(handle, format="PNG", pnginfo=header, **PNG_OPTIONS))
+    png = with_text_tags(
+        grayscale_png(pixels(), row_filter), {INPUT_KEY_TAG: input_key, **(tags or {})}
+    )
+    publish(path, lambda handle: handle.write(png))
     return True

@@ -1,0 +1,110 @@
+"""Tagged PNGs: OpenCV-encoded pixels with text chunks that Pillow reads back unchanged."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from radharmony_pipeline.processing.tagged_png import (
+    INPUT_KEY_TAG,
+    MASK_FILTER,
+    RADIOGRAPH_FILTER,
+    grayscale_png,
+    read_png_tags,
+    stored_input_key,
+    with_text_tags,
+    write_tagged_png,
+)
+
+SHAPES = [(1, 1), (1, 7), (5, 1), (224, 224), (224, 187), (33, 250), (2000, 3)]
+
+
+def random_pixels(shape: tuple[int, int], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+
+
+def pillow_read(path: Path) -> tuple[np.ndarray, dict[str, str], str]:
+    with Image.open(path) as image:
+        image.load()
+        tags = {k: v for k, v in image.info.items() if isinstance(v, str)}
+        return np.asarray(image), tags, image.mode
+
+
+@pytest.mark.parametrize("row_filter", [RADIOGRAPH_FILTER, MASK_FILTER])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_pixels_and_tags_round_trip_through_pillow(
+    tmp_path: Path, shape: tuple[int, int], row_filter: int
+) -> None:
+    pixels = random_pixels(shape, seed=sum(shape))
+    tags = {"orig_height": "2828", "scale": repr(224 / 2828), "source_sha256": "ab" * 32}
+    path = tmp_path / "out.png"
+
+    assert write_tagged_png(path, lambda: pixels, "key-1", tags, row_filter=row_filter)
+
+    read, stored, mode = pillow_read(path)
+    assert mode == "L"
+    np.testing.assert_array_equal(read, pixels)
+    assert stored == {INPUT_KEY_TAG: "key-1", **tags}
+    assert read_png_tags(path) == stored
+
+
+def test_every_chunk_checksum_is_valid(tmp_path: Path) -> None:
+    path = tmp_path / "out.png"
+    write_tagged_png(path, lambda: random_pixels((64, 48), 3), "k", {"a": "1", "b": "é"})
+    with Image.open(path) as image:
+        image.verify()  # raises on a bad CRC or a malformed chunk
+
+
+def test_text_outside_latin1_is_kept_exactly(tmp_path: Path) -> None:
+    path = tmp_path / "out.png"
+    tags = {"note": "肺 – ∅ ✓", "latin": "Zürich café"}
+    write_tagged_png(path, lambda: random_pixels((8, 8), 1), "k", tags)
+    assert read_png_tags(path) == {INPUT_KEY_TAG: "k", **tags}
+
+
+def test_tags_precede_the_image_data() -> None:
+    png = with_text_tags(grayscale_png(random_pixels((16, 16), 2), RADIOGRAPH_FILTER), {"a": "b"})
+    assert png.index(b"tEXt") < png.index(b"IDAT")
+
+
+@pytest.mark.parametrize("name", ["", "x" * 80, "nul\0inside", "ключ"])
+def test_unusable_tag_names_are_refused(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "out.png"
+    with pytest.raises(ValueError, match="PNG tag name"):
+        write_tagged_png(path, lambda: random_pixels((4, 4), 0), "k", {name: "v"})
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(
+    "pixels",
+    [np.zeros((4, 4, 3), np.uint8), np.zeros((4, 4), np.uint16), np.zeros(4, np.uint8)],
+)
+def test_only_2d_uint8_pixels_are_encoded(pixels: np.ndarray) -> None:
+    with pytest.raises(ValueError, match="2-D uint8"):
+        grayscale_png(pixels, RADIOGRAPH_FILTER)
+
+
+def test_not_a_png_is_refused() -> None:
+    with pytest.raises(ValueError, match="IHDR"):
+        with_text_tags(b"GIF89a" + b"\0" * 40, {"a": "b"})
+
+
+def test_same_key_leaves_the_file_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "out.png"
+    write_tagged_png(path, lambda: random_pixels((8, 8), 1), "key-1")
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    built = []
+
+    def pixels() -> np.ndarray:
+        built.append(True)
+        return random_pixels((8, 8), 9)
+
+    assert not write_tagged_png(path, pixels, "key-1")
+    assert built == [] and path.stat().st_mtime_ns == 1_000_000_000
+    assert write_tagged_png(path, pixels, "key-2")
+    assert stored_input_key(path) == "key-2"
+    np.testing.assert_array_equal(pillow_read(path)[0], random_pixels((8, 8), 9))
