@@ -520,3 +520,17 @@ def test_colour_dicom_is_rejected(tmp_path: Path) -> None:
     ds.save_as(path, enforce_file_format=True)
     with pytest.raises(DecodeError, match="not grayscale"):
         decode_grayscale(path)
+
+
+@pytest.mark.parametrize("target", [None, TARGET])
+def test_jpeg_bytes_in_memory_decode_like_the_file(big_jpeg: Path, target: int | None) -> None:
+    from_file = decode_grayscale(big_jpeg, target_size=target)
+    from_bytes = decode_grayscale(big_jpeg, target_size=target, content=big_jpeg.read_bytes())
+    assert from_bytes.dct_scale == from_file.dct_scale
+    np.testing.assert_array_equal(from_bytes.pixels, from_file.pixels)
+
+
+def test_truncated_jpeg_bytes_are_a_decode_error_naming_the_file(big_jpeg: Path) -> None:
+    content = big_jpeg.read_bytes()
+    with pytest.raises(DecodeError, match=r"view1_frontal\.jpg"):
+        decode_grayscale(big_jpeg, target_size=TARGET, content=content[: len(content) // 3])

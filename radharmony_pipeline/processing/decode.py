@@ -156,6 +156,11 @@ def _decode_jpeg(
 ) -> DecodedImage:
     try:
         with Image.open(source, formats=["JPEG"]) as image:
+            if isinstance(source, io.BytesIO):
+                # Pillow feeds libjpeg 64 KiB at a time, and each refill suspends the decoder
+                # and copies the unread tail; bytes already in memory go in as one block
+                # (~0.3 ms of a 14 ms decode, same pixels).
+                image.decodermaxblock = source.getbuffer().nbytes
             width, height = image.size
             # Asking for "L" lets libjpeg emit the luma channel directly for colour JPEGs.
             drafted = image.draft("L", _draft_request(width, height, target_size))
