@@ -479,10 +479,15 @@ def test_column_descriptions_show_on_the_schema(demo_server: DagsterDev):
     assert description, "raw_index.image_id has no description in its published schema"
     with _browser_page(server) as page:
         _open(page, server, "/assets/raw_index", "Columns")
-        row = page.locator("tr", has_text="image_id").first
         # The UI renders descriptions as Markdown: `code` spans lose their backticks.
         shown = description.replace("`", "").split(".")[0][:40]
-        assert shown in row.inner_text(), row.inner_text()
+        # The row's name can render before its description cell: wait for both in one row.
+        row = page.locator("tr", has_text="image_id").filter(has_text=shown).first
+        try:
+            row.wait_for(state="visible", timeout=15_000)
+        except Exception as error:  # playwright's TimeoutError: show what the row holds
+            shown_row = page.locator("tr", has_text="image_id").first.inner_text()
+            raise AssertionError(f"{shown!r} not in the image_id row: {shown_row!r}") from error
 
 
 def test_a_changed_annotation_file_marks_its_partition(demo_server: DagsterDev):
