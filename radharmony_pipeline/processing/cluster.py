@@ -2,13 +2,18 @@
 
 Setting RADHARMONY_DASK_SCHEDULER to a scheduler address (`tcp://host:8786`) sends the
 chunks of the `masks` and `images` steps to that `distributed` cluster; its workers need the
-project installed (`pip install -e '.[scale]'`) and read/write the same output root.
+project installed (`pip install -e '.[scale]'`) and read/write the same output root. With a
+time limit, each Dask worker thread runs its chunks' items in a supervised child process of
+its own (kept between chunks), so a stuck image becomes an error row there too.
 """
 
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
+import pickle
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
@@ -16,16 +21,18 @@ from .parallel import (
     Progress,
     default_chunk_size,
     map_in_chunks,
+    process_context,
     split_into_chunks,
     worker_count,
 )
-from .supervised import TimeLimit
+from .supervised import SupervisedPool, TimeLimit
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 SCHEDULER_VARIABLE = "RADHARMONY_DASK_SCHEDULER"
 CONNECT_TIMEOUT_SECONDS = 30
+DAEMON_SETTING = "DASK_DISTRIBUTED__WORKER__DAEMON"
 
 
 def dask_scheduler(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -54,14 +61,12 @@ def map_per_image(
     """[function(item) for item in items] on the Dask cluster if one is configured, else on
     the local process pool (see parallel.map_in_chunks); results in input order.
 
-    `time_limit` bounds every item on the local pool (supervised.py). A Dask worker cannot
-    stop one task of its threads, so on a cluster it does not apply: there the scheduler's
-    own timeouts and worker restarts are the bound (README "Running on a cluster").
+    `time_limit` bounds every item in either place (supervised.py; see apply_to_chunk).
     """
     address = dask_scheduler()
     if address is None:
         return map_in_chunks(function, items, workers, chunk_size, on_progress, time_limit)
-    return map_on_dask(function, items, address, chunk_size, on_progress)
+    return map_on_dask(function, items, address, chunk_size, on_progress, time_limit)
 
 
 def map_on_dask(
@@ -70,9 +75,11 @@ def map_on_dask(
     address: str,
     chunk_size: int | None = None,
     on_progress: Progress | None = None,
+    time_limit: TimeLimit[T, R] | None = None,
 ) -> list[R]:
     """Chunks of `items` as Dask tasks on the scheduler at `address`; the first failure is
-    raised here (remaining tasks cancelled). on_progress(done_items, total) as chunks finish."""
+    raised here (remaining tasks cancelled). on_progress(done_items, total) as chunks finish;
+    `time_limit` bounds each item on the worker (apply_to_chunk)."""
     from distributed import as_completed  # the scale extra; imported only when configured
 
     if not items:
@@ -81,7 +88,8 @@ def map_on_dask(
         slots = _thread_count(client, address)
         chunks = split_into_chunks(items, chunk_size or default_chunk_size(len(items), slots))
         # pure=False: a re-run must recompute (files may have changed), not reuse a result.
-        futures = client.map(functools.partial(apply_to_chunk, function), chunks, pure=False)
+        task = functools.partial(apply_to_chunk, function, time_limit=time_limit)
+        futures = client.map(task, chunks, pure=False)
         position = {future.key: index for index, future in enumerate(futures)}
         by_chunk: dict[int, list[R]] = {}
         done = 0
@@ -98,9 +106,44 @@ def map_on_dask(
     return [result for index in range(len(chunks)) for result in by_chunk[index]]
 
 
-def apply_to_chunk(function: Callable[[T], R], chunk: Sequence[T]) -> list[R]:
-    """Run on a Dask worker: one task per chunk, so scheduling costs are paid per chunk."""
-    return [function(item) for item in chunk]
+def apply_to_chunk(
+    function: Callable[[T], R], chunk: Sequence[T], time_limit: TimeLimit[T, R] | None = None
+) -> list[R]:
+    """Run on a Dask worker: one task per chunk, so scheduling costs are paid per chunk.
+
+    With a time limit the items run in this worker thread's supervised child process: a
+    thread cannot be stopped, a process can, and an item over the limit becomes
+    `time_limit.on_timeout(item, reason)` as on the local pool.
+    """
+    if time_limit is None:
+        return [function(item) for item in chunk]
+    return _thread_pool(function, time_limit).map(chunk)
+
+
+# This worker process's supervised pools, one per Dask worker thread: (task key, pool).
+_POOLS: dict[int, tuple[bytes, SupervisedPool]] = {}
+
+
+def _thread_pool(function: Callable[[T], R], time_limit: TimeLimit[T, R]) -> SupervisedPool:
+    """The calling thread's one-process pool for `function`, kept alive for its next chunks
+    (starting a process per chunk would cost ~10 ms each); replaced when the task changes."""
+    if multiprocessing.current_process().daemon:
+        raise RuntimeError(
+            "this Dask worker runs as a daemonic process, which may not start the process "
+            "that bounds each image's time (RADHARMONY_JOB_TIMEOUT). Start the workers with "
+            f"{DAEMON_SETTING}=False in their environment (or `distributed.worker.daemon: "
+            "false` in the Dask config), or with `dask worker --no-nanny`"
+        )
+    key = pickle.dumps((function, time_limit))
+    thread = threading.get_ident()
+    cached = _POOLS.get(thread)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    if cached is not None:
+        cached[1].close()
+    pool = SupervisedPool(function, 1, time_limit, process_context())
+    _POOLS[thread] = (key, pool)
+    return pool
 
 
 def _thread_count(client, address: str) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ import pandas as pd
 from PIL import Image
 
 from .atomic import temporary_sibling
-from .cluster import dask_scheduler, map_on_dask, map_per_image
+from .cluster import apply_to_chunk, dask_scheduler, map_on_dask, map_per_image
 from .decode import DecodeError, decode_grayscale
 from .geometry import GEOMETRIES, ResizeGeometry, resize_image, resize_mask
 from .image_files import confined
@@ -223,6 +223,21 @@ def image_job_stopped(job: ImageJob, reason: str) -> ImageRow:
     return job._error_row(f"{job.source_file}: {reason}")
 
 
+def run_image_job(job: ImageJob) -> tuple[ImageRow, np.ndarray | None]:
+    """Top-level (picklable) form of ImageJob.run for worker processes."""
+    return job.run()
+
+
+@dataclass(frozen=True)
+class RowWithoutPixels:
+    """A caller's on_timeout turned into run_image_job's form: its row, and no pixels."""
+
+    row: Callable[[ImageJob, str], ImageRow]
+
+    def __call__(self, job: ImageJob, reason: str) -> tuple[ImageRow, None]:
+        return self.row(job, reason), None
+
+
 class PackedRows:
     """The local pool's (picklable) job runner: each job's pixels go into row `job.row` of
     the local scratch array, and its table row is returned.
@@ -255,6 +270,8 @@ class ImageChunk:
     jobs: tuple[ImageJob, ...]
     shard: Any  # a temporary file or object beside the packed array
     size: int
+    # Bounds each job (on_timeout gives the row and no pixels); None runs them in the thread.
+    time_limit: TimeLimit | None = None
 
 
 def process_image_chunk(chunk: ImageChunk) -> list[ImageRow]:
@@ -262,8 +279,8 @@ def process_image_chunk(chunk: ImageChunk) -> list[ImageRow]:
     or processed), its pixels saved as one shard; rows in job order."""
     pixels = np.zeros((len(chunk.jobs), chunk.size, chunk.size), dtype=np.uint8)
     rows = []
-    for position, job in enumerate(chunk.jobs):
-        row, image = job.run()
+    results = apply_to_chunk(run_image_job, chunk.jobs, chunk.time_limit)
+    for position, (row, image) in enumerate(results):
         if image is not None:
             pixels[position] = image
         rows.append(row)
@@ -311,7 +328,11 @@ def build_packed_images(
             )
         else:
             chunk = default_chunk_size(len(jobs), workers)
-            rows = _run_on_dask(_chunks(jobs, packed, size, chunk), scratch, address, on_progress)
+            limit = None
+            if time_limit is not None:  # a Dask chunk's results are (row, pixels) pairs
+                limit = TimeLimit(time_limit.seconds, RowWithoutPixels(time_limit.on_timeout))
+            chunks = _chunks(jobs, packed, size, chunk, limit)
+            rows = _run_on_dask(chunks, scratch, address, on_progress)
         publish_file(packed, scratch)
     publish(keys_file, lambda handle: handle.write(json.dumps(keys).encode()))
     return rows
@@ -364,7 +385,13 @@ def _run_on_dask(
     return [row for rows in results for row in rows]
 
 
-def _chunks(jobs: Sequence[ImageJob], packed: Any, size: int, per_chunk: int) -> list[ImageChunk]:
+def _chunks(
+    jobs: Sequence[ImageJob],
+    packed: Any,
+    size: int,
+    per_chunk: int,
+    time_limit: TimeLimit | None,
+) -> list[ImageChunk]:
     per_chunk = max(1, min(per_chunk, MAX_IMAGES_PER_CHUNK))
     # Shards are named like every temporary file (owner pid@host), so the interrupted-run
     # clean-up of another run never removes the shards of this live one.
@@ -373,6 +400,7 @@ def _chunks(jobs: Sequence[ImageJob], packed: Any, size: int, per_chunk: int) ->
             jobs=tuple(chunk),
             shard=temporary_sibling(packed.with_name(f"shard{number}-{packed.name}")),
             size=size,
+            time_limit=time_limit,
         )
         for number, chunk in enumerate(split_into_chunks(jobs, per_chunk))
     ]

@@ -105,32 +105,66 @@ class _Worker:
     started: bool = False
 
 
-def run_supervised(
-    function: Callable[[T], R],
-    items: Sequence[T],
-    workers: int,
-    limit: TimeLimit[T, R],
-    context: multiprocessing.context.BaseContext,
-    on_done: Callable[[int], None] | None = None,
-) -> list[R]:
-    """[function(item) for item in items], in order, with up to `workers` processes;
-    on_done(finished_items) is called here as items finish."""
-    results: list[Any] = [None] * len(items)
-    waiting = deque(range(len(items)))
-    active: list[_Worker] = []
-    finished = 0
+class SupervisedPool(Generic[T, R]):
+    """Up to `workers` processes running `function`, each item bounded by `limit`.
 
-    def record(index: int, result: Any) -> None:
-        nonlocal finished
-        results[index] = result
-        finished += 1
-        if on_done is not None:
-            on_done(finished)
+    Healthy workers stay alive between map() calls, so a caller that maps many small batches
+    (a Dask worker running chunk after chunk) starts its processes once. A failed map()
+    stops them all; close() (or leaving the `with` block) stops the rest.
+    """
 
-    try:
+    def __init__(
+        self,
+        function: Callable[[T], R],
+        workers: int,
+        limit: TimeLimit[T, R],
+        context: multiprocessing.context.BaseContext,
+    ) -> None:
+        self.function = function
+        self.workers = workers
+        self.limit = limit
+        self.context = context
+        self._active: list[_Worker] = []
+
+    def __enter__(self) -> SupervisedPool[T, R]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for worker in self._active:
+            _stop(worker)
+        self._active = []
+
+    def map(self, items: Sequence[T], on_done: Callable[[int], None] | None = None) -> list[R]:
+        """[function(item) for item in items], in order; on_done(finished_items) is called
+        here as items finish."""
+        try:
+            return self._map(items, on_done)
+        except BaseException:
+            self.close()
+            raise
+
+    def _map(self, items: Sequence[T], on_done: Callable[[int], None] | None) -> list[R]:
+        results: list[Any] = [None] * len(items)
+        waiting = deque(range(len(items)))
+        finished = 0
+        active, limit = self._active, self.limit
+
+        def record(index: int, result: Any) -> None:
+            nonlocal finished
+            results[index] = result
+            finished += 1
+            if on_done is not None:
+                on_done(finished)
+
+        for worker in [w for w in active if not w.process.is_alive()]:
+            active.remove(worker)  # died while idle since the last map()
+            _stop(worker)
         while finished < len(items):
-            while len(active) < min(workers, len(waiting)):
-                active.append(_start(function, context))
+            while len(active) < min(self.workers, len(waiting)):
+                active.append(_start(self.function, self.context))
             for worker in active:
                 _hand_out(worker, items, waiting, limit.seconds)
             timeout = max(0.0, min(w.deadline for w in active) - time.monotonic())
@@ -156,10 +190,21 @@ def run_supervised(
                     current = worker.in_hand.popleft()
                     record(current, limit.on_timeout(items[current], reason))
                     waiting.extendleft(reversed(worker.in_hand))
-    finally:
-        for worker in active:
-            _stop(worker)
-    return results
+        return results
+
+
+def run_supervised(
+    function: Callable[[T], R],
+    items: Sequence[T],
+    workers: int,
+    limit: TimeLimit[T, R],
+    context: multiprocessing.context.BaseContext,
+    on_done: Callable[[int], None] | None = None,
+) -> list[R]:
+    """[function(item) for item in items], in order, with up to `workers` processes started
+    for this call and stopped after it; on_done(finished_items) is called as items finish."""
+    with SupervisedPool(function, workers, limit, context) as pool:
+        return pool.map(items, on_done)
 
 
 def _start(function: Callable, context: multiprocessing.context.BaseContext) -> _Worker:
@@ -177,8 +222,11 @@ def _hand_out(worker: _Worker, items: Sequence, waiting: deque[int], seconds: fl
         message = ForkingPickler.dumps((index, items[index]))
         if worker.in_hand and len(message) > _QUEUE_BYTES:
             return
+        try:
+            worker.connection.send_bytes(message)
+        except OSError:
+            return  # the worker is gone; the wait sees its end and puts its items back
         waiting.popleft()
-        worker.connection.send_bytes(message)
         if not worker.in_hand and worker.started:
             worker.deadline = time.monotonic() + seconds
         worker.in_hand.append(index)
