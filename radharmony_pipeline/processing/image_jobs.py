@@ -304,8 +304,8 @@ def build_packed_images(
     (`<name>.keys.json`) and in its PNG, nothing is read beyond file headers. Otherwise the
     array is assembled in a local scratch file (current PNGs re-used, the rest decoded) and
     published once; then its keys are recorded. Locally the jobs run in the supervised pool
-    (each image bounded by `time_limit`) and write straight into the scratch file; on a Dask
-    cluster chunks of jobs write shards that are copied into it one at a time.
+    and write straight into the scratch file; on a Dask cluster chunks of jobs write shards
+    that are copied into it one at a time. `time_limit` bounds each image in both places.
     """
     keys_file = packed.with_name(packed.name + ".keys.json")
     keys = _input_keys(jobs, packed, workers)

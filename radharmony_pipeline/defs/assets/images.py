@@ -114,7 +114,7 @@ def images(
         )
     ]
     progress = ProgressLog(context.log, "images to decode", len(jobs))
-    # The per-image time limit bounds the local pool; Dask workers are not stopped mid-image.
+    # Bounds every image, on the local pool and on a Dask cluster alike.
     limit = TimeLimit(job_timeout(), image_job_stopped)
     rows = build_packed_images(jobs, packed, config.size, worker_slots(), progress.update, limit)
     # A killed worker (time limit) leaves its temporary PNG behind.

@@ -65,7 +65,7 @@ def masks(
     segmented = raw_index[(usable & source.localizable_images(raw_index)).to_numpy()]
     jobs = source.mask_jobs(split, segmented, lambda key: MaskTarget(root, f"{folder}/{key}"))
     progress = ProgressLog(context.log, "images", len(jobs))
-    # The per-image time limit bounds the local pool; Dask workers are not stopped mid-image.
+    # Bounds every image, on the local pool and on a Dask cluster alike.
     rows = map_per_image(
         run_mask_job,
         jobs,
