@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from PIL import Image
 
@@ -33,10 +34,14 @@ def square(value: int) -> int:
 def scheduler():
     from distributed import LocalCluster
 
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
-    ) as local:
-        yield local.scheduler_address
+    try:
+        with LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as local:
+            yield local.scheduler_address
+    finally:
+        # The worker threads ran here: stop the supervised children they kept.
+        cluster.close_thread_pools()
 
 
 def test_results_come_back_in_input_order_with_progress(scheduler):
@@ -108,6 +113,9 @@ def test_each_dask_thread_keeps_one_supervised_process_across_chunks(scheduler):
     pids = set(first) | set(second)
     # Two worker threads: at most two processes for 24 one-item chunks, none of them ours.
     assert 1 <= len(pids) <= 2 and os.getpid() not in pids
+    assert all(psutil.pid_exists(pid) for pid in pids)
+    cluster.close_thread_pools()
+    assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
 def test_daemonic_dask_workers_are_refused_with_the_fix():

@@ -146,6 +146,15 @@ def _thread_pool(function: Callable[[T], R], time_limit: TimeLimit[T, R]) -> Sup
     return pool
 
 
+def close_thread_pools() -> None:
+    """Stop this process's per-thread supervised children. A Dask worker's end stops them
+    anyway; a process that hosts in-process Dask workers (tests) calls this when they stop,
+    since each child also keeps multiprocessing's fork server alive."""
+    while _POOLS:
+        _thread, (_key, pool) = _POOLS.popitem()
+        pool.close()
+
+
 def _thread_count(client, address: str) -> int:
     """Worker threads on the cluster; waits a while for a first worker instead of queueing
     tasks that nothing would ever run."""
