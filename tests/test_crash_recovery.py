@@ -255,3 +255,45 @@ def test_temporary_files_of_a_live_writer_are_never_removed(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_stopped_image_job_removes_only_its_dead_writers_temporaries(tmp_path):
+    from radharmony_pipeline.processing.atomic import temporary_sibling
+    from radharmony_pipeline.processing.image_jobs import ImageJob, image_job_stopped
+
+    folder = tmp_path / "images" / "p"
+    folder.mkdir(parents=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+    def temporary(name: str, pid: int) -> Path:
+        mine = temporary_sibling(folder / name)  # named after this (live) process
+        owner = f"{TEMP_MARKER}{pid}@"
+        path = mine.with_name(mine.name.replace(f"{TEMP_MARKER}{os.getpid()}@", owner))
+        path.write_bytes(b"half")
+        return path
+
+    left_by_stopped = [
+        temporary("x[1].png", int(dead.stdout)),
+        temporary("x[1]-mask.png", int(dead.stdout)),
+    ]
+    kept = [temporary("x[1].png", os.getpid()), temporary("y.png", int(dead.stdout))]
+    job = ImageJob(
+        image_id="x[1]",
+        source_file=tmp_path / "x[1].jpg",
+        union_mask_file=None,
+        output_root=tmp_path,
+        image_relative="images/p/x[1].png",
+        mask_relative="images/p/x[1]-mask.png",
+        size=32,
+        resize="letterbox",
+        row=0,
+    )
+    row = image_job_stopped(job, "took longer than 1 s (RADHARMONY_JOB_TIMEOUT); stopped")
+    assert row.status == "error" and "took longer than 1 s" in row.error
+    assert not any(path.exists() for path in left_by_stopped)
+    assert all(path.exists() for path in kept)

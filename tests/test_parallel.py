@@ -14,9 +14,10 @@ from radharmony_pipeline.processing.parallel import (
     WORKERS_VARIABLE,
     default_chunk_size,
     map_in_chunks,
+    process_context,
     worker_count,
 )
-from radharmony_pipeline.processing.supervised import TimeLimit
+from radharmony_pipeline.processing.supervised import SupervisedPool, TimeLimit, run_supervised
 
 
 class ImageBroken(ValueError):
@@ -48,6 +49,19 @@ def stuck_on_bytes(item: bytes) -> int:
     if item == b"stuck":
         time.sleep(3600)
     return len(item)
+
+
+class DiesOnArrival:
+    """A worker function whose process exits while unpickling it, before any item."""
+
+    def __call__(self, number: int) -> int:
+        return number
+
+    def __getstate__(self) -> dict:
+        return {"dies": True}  # a non-empty state, so unpickling calls __setstate__
+
+    def __setstate__(self, state: dict) -> None:
+        os._exit(3)
 
 
 LIMIT = TimeLimit(1.0, lambda item, reason: f"stopped: {reason}")
@@ -147,6 +161,33 @@ def test_a_large_item_behind_a_stuck_one_never_blocks_the_parent() -> None:
     assert not runner.is_alive(), "the supervised pool hung"
     assert outcome[0][0].startswith("stopped: took longer than 1 s")
     assert outcome[0][1:] == [4 << 20, 2]
+
+
+def test_a_supervised_pool_keeps_its_workers_between_maps() -> None:
+    with SupervisedPool(tag_with_pid, 2, LIMIT, process_context()) as pool:
+        first = pool.map(list(range(10)))
+        second = pool.map(list(range(10, 20)))
+    assert [number for number, _ in first + second] == list(range(20))
+    first_pids, second_pids = {pid for _, pid in first}, {pid for _, pid in second}
+    assert second_pids <= first_pids and os.getpid() not in first_pids
+
+
+def test_a_worker_that_died_while_idle_is_replaced_at_the_next_map() -> None:
+    with SupervisedPool(tag_with_pid, 1, LIMIT, process_context()) as pool:
+        [(_, pid)] = pool.map([1])
+        os.kill(pid, 9)
+        time.sleep(0.2)
+        again = pool.map([2, 3])
+    assert [number for number, _ in again] == [2, 3]
+    assert {worker for _, worker in again} != {pid}
+
+
+def test_workers_that_die_on_start_use_up_items_instead_of_restarting_for_ever() -> None:
+    limit = TimeLimit(30.0, lambda item, reason: f"{item}: {reason}")
+    results = run_supervised(DiesOnArrival(), [1, 2, 3], 2, limit, process_context())
+    assert results == [
+        f"{n}: worker process died (exit code 3) while processing it" for n in (1, 2, 3)
+    ]
 
 
 def test_no_items_gives_no_results() -> None:

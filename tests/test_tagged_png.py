@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +73,10 @@ def test_tags_precede_the_image_data() -> None:
     assert png.index(b"tEXt") < png.index(b"IDAT")
 
 
-@pytest.mark.parametrize("name", ["", "x" * 80, "nul\0inside", "ключ"])
+@pytest.mark.parametrize(
+    "name",
+    ["", "x" * 80, "nul\0inside", "ключ", " lead", "trail ", "double  space", "tab\there"],
+)
 def test_unusable_tag_names_are_refused(tmp_path: Path, name: str) -> None:
     path = tmp_path / "out.png"
     with pytest.raises(ValueError, match="PNG tag name"):
@@ -81,11 +86,41 @@ def test_unusable_tag_names_are_refused(tmp_path: Path, name: str) -> None:
 
 @pytest.mark.parametrize(
     "pixels",
-    [np.zeros((4, 4, 3), np.uint8), np.zeros((4, 4), np.uint16), np.zeros(4, np.uint8)],
+    [
+        np.zeros((4, 4, 3), np.uint8),
+        np.zeros((4, 4), np.uint16),
+        np.zeros(4, np.uint8),
+        np.zeros((0, 5), np.uint8),
+    ],
 )
-def test_only_2d_uint8_pixels_are_encoded(pixels: np.ndarray) -> None:
-    with pytest.raises(ValueError, match="2-D uint8"):
+def test_only_non_empty_2d_uint8_pixels_are_encoded(pixels: np.ndarray) -> None:
+    with pytest.raises(ValueError, match="non-empty 2-D uint8"):
         grayscale_png(pixels, RADIOGRAPH_FILTER)
+
+
+def test_a_nul_in_a_tag_value_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="NUL"):
+        write_tagged_png(tmp_path / "out.png", lambda: random_pixels((4, 4), 0), "k", {"a": "x\0"})
+
+
+def row_filters(png: bytes) -> set[int]:
+    """The filter byte that starts each row of an 8-bit grayscale PNG's image data."""
+    width, height = struct.unpack(">II", png[16:24])
+    position, data = 8, b""
+    while position < len(png):
+        (length,) = struct.unpack(">I", png[position : position + 4])
+        if png[position + 4 : position + 8] == b"IDAT":
+            data += png[position + 8 : position + 8 + length]
+        position += 12 + length
+    raw = zlib.decompress(data)
+    assert len(raw) == height * (width + 1)
+    return {raw[row * (width + 1)] for row in range(height)}
+
+
+def test_radiographs_use_paeth_and_masks_no_filter_on_every_row() -> None:
+    pixels = random_pixels((40, 30), 5)
+    assert row_filters(grayscale_png(pixels, RADIOGRAPH_FILTER)) == {4}  # Paeth
+    assert row_filters(grayscale_png(pixels, MASK_FILTER)) == {0}  # None
 
 
 def test_not_a_png_is_refused() -> None:

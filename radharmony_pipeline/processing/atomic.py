@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,20 @@ def writer_is_gone(temp: Path) -> bool:
 def remove_orphaned_temporaries(folder: Any, pattern: str = "*") -> list[Any]:
     """Delete the temporary files under `folder` (a local path or a UPath on object storage,
     recursively) whose writer is gone."""
-    removed = []
     folder = Path(folder) if isinstance(folder, str) else folder
-    for temp in folder.rglob(f"{TEMP_MARKER}{pattern}"):
+    return _remove_if_writer_gone(folder.rglob(f"{TEMP_MARKER}{pattern}"))
+
+
+def remove_orphaned_siblings(path: Any) -> list[Any]:
+    """Delete the temporary siblings of `path` (see temporary_sibling) whose writer is gone,
+    looking only for that name: what a worker stopped while writing `path` left behind."""
+    pattern = f"{TEMP_MARKER}*-{glob.escape(path.name)}"
+    return _remove_if_writer_gone(path.parent.glob(pattern))
+
+
+def _remove_if_writer_gone(temporaries: Iterable[Any]) -> list[Any]:
+    removed = []
+    for temp in temporaries:
         if writer_is_gone(temp):
             temp.unlink(missing_ok=True)
             removed.append(temp)

@@ -147,9 +147,10 @@ def _thread_pool(function: Callable[[T], R], time_limit: TimeLimit[T, R]) -> Sup
 
 
 def close_thread_pools() -> None:
-    """Stop this process's per-thread supervised children. A Dask worker's end stops them
-    anyway; a process that hosts in-process Dask workers (tests) calls this when they stop,
-    since each child also keeps multiprocessing's fork server alive."""
+    """Stop this process's per-thread supervised children, once no Dask task runs here. A
+    Dask worker's clean exit stops them anyway (a child stuck in an item outlives a killed
+    worker until its item ends); a process that hosts in-process Dask workers (tests) calls
+    this when they stop, since each child also keeps multiprocessing's fork server alive."""
     while _POOLS:
         _thread, (_key, pool) = _POOLS.popitem()
         pool.close()

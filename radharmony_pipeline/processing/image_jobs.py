@@ -10,6 +10,7 @@ no memory map is shared between machines.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -21,7 +22,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from .atomic import temporary_sibling
+from .atomic import remove_orphaned_siblings, temporary_sibling
 from .cluster import apply_to_chunk, dask_scheduler, map_on_dask, map_per_image
 from .decode import DecodeError, decode_grayscale
 from .geometry import GEOMETRIES, ResizeGeometry, resize_image, resize_mask
@@ -219,7 +220,13 @@ def content_fingerprints(pixels: np.ndarray, geometry: ResizeGeometry) -> dict[s
 
 
 def image_job_stopped(job: ImageJob, reason: str) -> ImageRow:
-    """The row of a job whose worker was stopped (time limit) or died."""
+    """The row of a job whose worker was stopped (time limit) or died, once the temporary
+    files that worker may have left are removed. This runs on the worker's host, which is
+    the only place that can tell the writer is gone (a Dask worker's, on a cluster)."""
+    with contextlib.suppress(OSError):  # best effort; the step's own clean-up comes later
+        for relative in (job.image_relative, job.mask_relative):
+            if relative is not None:
+                remove_orphaned_siblings(job.output_root / relative)
     return job._error_row(f"{job.source_file}: {reason}")
 
 

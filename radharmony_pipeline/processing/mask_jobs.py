@@ -7,6 +7,7 @@ annotate differently: COCO RLEs (CheXlocalize) and polygons (ChestX-Det).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .atomic import remove_orphaned_temporaries
 from .image_files import ImageFileError, confined, image_size, read_grayscale_png
 from .masks import (
     MaskSizeError,
@@ -148,7 +150,11 @@ def run_mask_job(job: MaskJob) -> list[MaskRow]:
 
 
 def mask_job_stopped(job: MaskJob, reason: str) -> list[MaskRow]:
-    """The rows of a job whose worker was stopped (time limit) or died."""
+    """The rows of a job whose worker was stopped (time limit) or died, once the temporary
+    files that worker may have left in the image's mask folder are removed (on the worker's
+    host, the only place that can tell the writer is gone)."""
+    with contextlib.suppress(OSError):  # best effort; the step's own clean-up comes later
+        remove_orphaned_temporaries(job.target.output_root / job.target.folder)
     return [_error_row(job.image_id, f"{job.image_file}: {reason}")]
 
 

@@ -222,14 +222,17 @@ def _hand_out(worker: _Worker, items: Sequence, waiting: deque[int], seconds: fl
         message = ForkingPickler.dumps((index, items[index]))
         if worker.in_hand and len(message) > _QUEUE_BYTES:
             return
-        try:
-            worker.connection.send_bytes(message)
-        except OSError:
-            return  # the worker is gone; the wait sees its end and puts its items back
         waiting.popleft()
         if not worker.in_hand and worker.started:
             worker.deadline = time.monotonic() + seconds
         worker.in_hand.append(index)
+        try:
+            worker.connection.send_bytes(message)
+        except OSError:
+            # The worker died (before the pipe's other end was read): the wait sees its end
+            # and records that against this item, so a worker that cannot start at all
+            # uses up items instead of being restarted for ever.
+            return
 
 
 def _drain(

@@ -1,12 +1,13 @@
 """PNGs that carry text tags (input keys, recorded facts), readable without decoding pixels.
 
 Outputs are keyed by their inputs: a file whose stored key equals the new key is left alone.
-Pixels are encoded by OpenCV; the tags go in tEXt chunks right after the header, before the
-image data, where Pillow parses them on open.
+Pixels are encoded by OpenCV; the tags go in text chunks (tEXt, or iTXt beyond Latin-1) right
+after the header, before the image data, where Pillow parses them on open.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from collections.abc import Callable, Mapping
@@ -33,6 +34,8 @@ MASK_FILTER = cv2.IMWRITE_PNG_FILTER_NONE
 _SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _HEADER_END = len(_SIGNATURE) + 4 + 4 + 13 + 4  # signature, then IHDR: length, type, data, CRC
 _MAX_KEYWORD = 79  # PNG's limit on a text chunk's keyword
+# PNG keywords: printable Latin-1 (32-126, 161-255), no leading, trailing or double spaces.
+_KEYWORD = re.compile(rf"(?!.*  )(?! )[\x21-\x7e\xa1-\xff ]{{1,{_MAX_KEYWORD}}}(?<! )")
 
 
 def read_png_tags(path: Any) -> dict[str, str]:
@@ -55,8 +58,10 @@ def stored_input_key(path: Any) -> str | None:
 
 def grayscale_png(pixels: np.ndarray, row_filter: int) -> bytes:
     """A 2-D uint8 array as an 8-bit grayscale PNG (no tags)."""
-    if pixels.ndim != 2 or pixels.dtype != np.uint8:
-        raise ValueError(f"expected 2-D uint8 pixels, got {pixels.dtype} of shape {pixels.shape}")
+    if pixels.ndim != 2 or pixels.dtype != np.uint8 or pixels.size == 0:
+        raise ValueError(
+            f"expected non-empty 2-D uint8 pixels, got {pixels.dtype} of shape {pixels.shape}"
+        )
     # In this order: setting the level resets the strategy to zlib's default.
     options = [
         cv2.IMWRITE_PNG_COMPRESSION, 1,
@@ -79,12 +84,14 @@ def with_text_tags(png: bytes, tags: Mapping[str, str]) -> bytes:
 
 def _text_chunk(name: str, value: str) -> bytes:
     """tEXt (Latin-1) when the value allows it, else iTXt (UTF-8), as Pillow writes them."""
-    try:
-        keyword = name.encode("latin-1")
-    except UnicodeEncodeError as error:
-        raise ValueError(f"PNG tag name {name!r} is not Latin-1") from error
-    if not 1 <= len(keyword) <= _MAX_KEYWORD or b"\0" in keyword:
-        raise ValueError(f"PNG tag name {name!r} must be 1-{_MAX_KEYWORD} characters, no NUL")
+    if not _KEYWORD.fullmatch(name):
+        raise ValueError(
+            f"PNG tag name {name!r} must be 1-{_MAX_KEYWORD} printable Latin-1 characters "
+            "without leading, trailing or double spaces"
+        )
+    if "\0" in value:
+        raise ValueError(f"PNG tag {name!r}: a text value may not contain NUL")
+    keyword = name.encode("latin-1")
     try:
         return _chunk(b"tEXt", keyword + b"\0" + value.encode("latin-1"))
     except UnicodeEncodeError:
