@@ -176,7 +176,7 @@ def test_output_is_2d_uint8_with_the_source_size(tmp_path: Path) -> None:
     decoded = decode_grayscale(write_dicom(tmp_path / "x.DCM", square_on_ramp(12)))
     assert decoded.pixels.dtype == np.uint8
     assert decoded.pixels.shape == (ROWS, COLS)
-    assert (decoded.source_height, decoded.source_width, decoded.dct_scale) == (ROWS, COLS, 1)
+    assert (decoded.source_height, decoded.source_width, decoded.reduction) == (ROWS, COLS, 1)
 
 
 def test_narrow_window_saturates_outside_and_differs_from_min_max(tmp_path: Path) -> None:
@@ -358,12 +358,12 @@ def test_large_jpeg_uses_reduced_dct_within_a_grey_level_of_full_decode(big_jpeg
     full = decode_grayscale(big_jpeg)
     reduced = decode_grayscale(big_jpeg, target_size=TARGET)
 
-    assert full.dct_scale == 1 and full.pixels.shape == (BIG_HEIGHT, BIG_WIDTH)
-    assert reduced.dct_scale > 1
+    assert full.reduction == 1 and full.pixels.shape == (BIG_HEIGHT, BIG_WIDTH)
+    assert reduced.reduction > 1
     assert (reduced.source_height, reduced.source_width) == (BIG_HEIGHT, BIG_WIDTH)
     assert max(reduced.pixels.shape) >= 2 * TARGET  # the margin the area resize relies on
     assert reduced.pixels.shape == tuple(
-        -(-side // reduced.dct_scale) for side in (BIG_HEIGHT, BIG_WIDTH)
+        -(-side // reduced.reduction) for side in (BIG_HEIGHT, BIG_WIDTH)
     )
     difference = mean_abs_difference(
         area_resize_long_side(reduced.pixels, TARGET), area_resize_long_side(full.pixels, TARGET)
@@ -375,7 +375,7 @@ def test_small_jpeg_is_decoded_at_full_scale(tmp_path: Path) -> None:
     path = tmp_path / "small.jpeg"
     Image.fromarray(radiograph_like(300, 260)).save(path, quality=95)
     decoded = decode_grayscale(path, target_size=TARGET)
-    assert decoded.dct_scale == 1 and decoded.pixels.shape == (300, 260)
+    assert decoded.reduction == 1 and decoded.pixels.shape == (300, 260)
 
 
 def test_colour_jpeg_decodes_to_grayscale(tmp_path: Path) -> None:
@@ -526,7 +526,7 @@ def test_colour_dicom_is_rejected(tmp_path: Path) -> None:
 def test_jpeg_bytes_in_memory_decode_like_the_file(big_jpeg: Path, target: int | None) -> None:
     from_file = decode_grayscale(big_jpeg, target_size=target)
     from_bytes = decode_grayscale(big_jpeg, target_size=target, content=big_jpeg.read_bytes())
-    assert from_bytes.dct_scale == from_file.dct_scale
+    assert from_bytes.reduction == from_file.reduction
     np.testing.assert_array_equal(from_bytes.pixels, from_file.pixels)
 
 

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+import cv2
 import numpy as np
 import pydicom
 from PIL import Image
 from pydicom.dataset import Dataset
+from pydicom.encaps import generate_frames
 from pydicom.pixels import apply_modality_lut, apply_voi_lut, get_decoder
 from pydicom.uid import UID, JPEG2000TransferSyntaxes, JPEGLSTransferSyntaxes
 
+from radharmony_pipeline.processing.geometry import reduce_by_area
 from radharmony_pipeline.processing.image_files import ImageFileError, read_grayscale_png
 from radharmony_pipeline.processing.source_store import (
     SourcePath,
@@ -46,8 +50,20 @@ DCT_MARGIN = 2
 # ~37,000 pixels, more than a marker letter), too little to saturate visible anatomy.
 ROBUST_PERCENTILES = (0.5, 99.5)
 # Percentiles come from a regular subsample of about this many pixels: on a 3000x2500
-# image it moves them by well under a stored level and is ~6x faster than the full sort.
+# image it moves them by well under a stored level. They are read off its histogram, which
+# gives np.percentile's exact values without sorting.
 PERCENTILE_SAMPLES = 1_000_000
+
+# A PNG or DICOM much larger than the target is first shrunk by a whole factor (area mean of
+# stored values, or a JPEG 2000 resolution level), keeping at least this many pixels per
+# target pixel on the short side; the caller's resize then averages the rest. A whole factor
+# is OpenCV's fast area path and leaves few pixels for the window lookup table (see
+# benchmarks/README.md for the cost and for the difference from windowing at full size).
+REDUCTION_MARGIN = 1.5
+# Stored values of these types are windowed through a lookup table over every value the type
+# holds; others (32-bit, float) take the general path over the whole array.
+LOOKUP_DTYPES = {np.dtype(np.uint8): np.uint8, np.dtype(np.uint16): np.uint16,
+                 np.dtype(np.int8): np.uint8, np.dtype(np.int16): np.uint16}  # fmt: skip
 
 GRAYSCALE_PHOTOMETRICS = ("MONOCHROME1", "MONOCHROME2")
 # Refuse a DICOM whose header declares more pixel data than this before decoding: a 1 KB
@@ -76,7 +92,10 @@ class DecodedImage:
     pixels: np.ndarray  # 2-D uint8, bone bright
     source_height: int
     source_width: int
-    dct_scale: int = 1  # libjpeg reduced-DCT factor (1, 2, 4 or 8); 1 for non-JPEG
+    # How many times smaller than the source the pixels are on each side (rounded up): a
+    # JPEG's reduced-DCT scale, a JPEG 2000 resolution level's 2**level, or a whole-factor
+    # area reduction of PNG and DICOM pixels; 1 at full resolution.
+    reduction: int = 1
 
 
 def decode_grayscale(
@@ -85,7 +104,8 @@ def decode_grayscale(
     """Decode a .jpg/.jpeg, .png or .dcm file (by extension) to 2-D uint8, bone bright.
 
     `target_size` is the long side the caller will resize to; a JPEG much larger than that
-    is decoded at a reduced DCT scale, keeping at least DCT_MARGIN x target_size pixels.
+    is decoded at a reduced DCT scale, keeping at least DCT_MARGIN x target_size pixels, and
+    a PNG or DICOM is reduced by a whole factor (see REDUCTION_MARGIN) before windowing.
     `content` is the file's bytes when the caller already read them (an object on a store);
     otherwise the file is opened here. Every problem with the file raises DecodeError.
     """
@@ -125,8 +145,8 @@ def _decode_by_extension(
     if suffix in JPEG_SUFFIXES:
         return _decode_jpeg(path, source, target_size)
     if suffix == PNG_SUFFIX:
-        return _decode_png(path, source)
-    return _decode_dicom(path, source)
+        return _decode_png(path, source, target_size)
+    return _decode_dicom(path, source, target_size)
 
 
 # --- shared ---------------------------------------------------------------------------------
@@ -138,6 +158,25 @@ def stretch_to_uint8(values: np.ndarray, low: float, high: float) -> np.ndarray:
         return np.zeros(values.shape, dtype=np.uint8)
     scaled = (values.astype(np.float32) - np.float32(low)) * np.float32(GREY_MAX / (high - low))
     return np.rint(np.clip(scaled, 0, GREY_MAX)).astype(np.uint8)
+
+
+def reduction_factor(height: int, width: int, target_size: int | None) -> int:
+    """The whole factor a `height` x `width` image may shrink by before the final resize."""
+    if target_size is None:
+        return 1
+    return max(1, math.floor(min(height, width) / (REDUCTION_MARGIN * target_size)))
+
+
+def through_lookup(stored: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """`table[v]` for every stored value v; signed values index by their bit pattern, so the
+    table lists the type's values in that order (see lookup_domain)."""
+    return table[stored.view(LOOKUP_DTYPES[stored.dtype])]
+
+
+def lookup_domain(dtype: np.dtype) -> np.ndarray:
+    """Every value of an 8- or 16-bit integer type, ordered by bit pattern (0, 1, ..., -1)."""
+    index_type = LOOKUP_DTYPES[np.dtype(dtype)]
+    return np.arange(np.iinfo(index_type).max + 1, dtype=index_type).view(dtype)
 
 
 # --- JPEG -----------------------------------------------------------------------------------
@@ -171,22 +210,27 @@ def _decode_jpeg(
             pixels = np.array(grey, dtype=np.uint8)  # a writable copy
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
         raise DecodeError(path, f"cannot decode JPEG: {error}") from error
-    return DecodedImage(pixels, height, width, dct_scale)
+    return DecodedImage(pixels, height, width, reduction=dct_scale)
 
 
 # --- PNG ------------------------------------------------------------------------------------
 
 
-def _decode_png(path: SourcePath, source: Path | BinaryIO) -> DecodedImage:
+def _decode_png(path: SourcePath, source: Path | BinaryIO, target_size: int | None) -> DecodedImage:
     try:
         pixels, _mode = read_grayscale_png(path, _bytes_of(source))
     except ImageFileError as error:
         raise DecodeError(path, error.reason) from error
-    if pixels.dtype != np.uint8:
-        # The image's own range, not 0-65535: ReXGradient 16-bit PNGs may use only 12 bits
-        # and a fixed shift would leave them nearly black.
-        pixels = stretch_to_uint8(pixels, float(pixels.min()), float(pixels.max()))
-    return DecodedImage(pixels, *pixels.shape)
+    height, width = pixels.shape
+    factor = reduction_factor(height, width, target_size)
+    if pixels.dtype == np.uint8:
+        return DecodedImage(reduce_by_area(pixels, factor), height, width, factor)
+    # The image's own range, not 0-65535: ReXGradient 16-bit PNGs may use only 12 bits and a
+    # fixed shift would leave them nearly black. Taken at full size, before any reduction.
+    low, high, _, _ = cv2.minMaxLoc(pixels)
+    table = stretch_to_uint8(lookup_domain(pixels.dtype), low, high)
+    reduced = through_lookup(reduce_by_area(pixels, factor), table)
+    return DecodedImage(reduced, height, width, factor)
 
 
 # --- DICOM ----------------------------------------------------------------------------------
@@ -197,14 +241,24 @@ def _bytes_of(source: Path | BinaryIO) -> bytes | None:
     return source.getvalue() if isinstance(source, io.BytesIO) else None
 
 
-def _decode_dicom(path: SourcePath, source: Path | BinaryIO) -> DecodedImage:
+def _decode_dicom(
+    path: SourcePath, source: Path | BinaryIO, target_size: int | None
+) -> DecodedImage:
     ds = _read_dicom(path, source)
     _require_grayscale_pixel_data(ds, path)
     _require_plausible_size(ds, path)
     _require_decodable_syntax(ds, path)
-    stored = _stored_values(ds, path)
-    pixels = _presentation_values(ds, stored)
-    return DecodedImage(pixels, *stored.shape)
+    rows, columns = int(ds.Rows), int(ds.Columns)
+    factor = reduction_factor(rows, columns, target_size)
+    stored, level_reduction = _stored_values(ds, path, factor)
+    if stored.dtype not in LOOKUP_DTYPES:
+        return DecodedImage(_presentation_values(ds, stored), rows, columns, level_reduction)
+    # Reduce the stored values, then window the few that are left through a table composed
+    # once per image: one pass over the full-resolution pixels in all.
+    table = _presentation_table(ds, stored)
+    area_factor = max(1, factor // level_reduction)
+    pixels = through_lookup(reduce_by_area(stored, area_factor), table)
+    return DecodedImage(pixels, rows, columns, level_reduction * area_factor)
 
 
 def _read_dicom(path: SourcePath, source: Path | BinaryIO) -> Dataset:
@@ -268,8 +322,12 @@ def _require_decodable_syntax(ds: Dataset, path: Path) -> None:
         raise DecodeError(path, f"unsupported {_syntax_label(syntax)}: no decoder ({missing})")
 
 
-def _stored_values(ds: Dataset, path: Path) -> np.ndarray:
-    """The stored pixel values of a single-frame image, bits above BitsStored cleared."""
+def _stored_values(ds: Dataset, path: Path, factor: int) -> tuple[np.ndarray, int]:
+    """The stored pixel values of a single-frame image, bits above BitsStored cleared, and
+    how many times smaller than Rows x Columns they are (a JPEG 2000 resolution level)."""
+    reduced = _jpeg2000_reduced(ds, factor)
+    if reduced is not None:
+        return reduced
     try:
         stored = ds.pixel_array
     except Exception as error:
@@ -278,7 +336,58 @@ def _stored_values(ds: Dataset, path: Path) -> np.ndarray:
         raise DecodeError(path, f"cannot decode {label} pixel data: {error}") from error
     if stored.ndim != 2:
         raise DecodeError(path, f"expected one grayscale frame, got pixel array {stored.shape}")
-    return _mask_unused_bits(ds, stored)
+    return _mask_unused_bits(ds, stored), 1
+
+
+def _jpeg2000_reduced(ds: Dataset, factor: int) -> tuple[np.ndarray, int] | None:
+    """A JPEG 2000 image decoded at the coarsest resolution level within `factor`, or None
+    where that does not apply (other syntaxes, several frames, signed values, a codestream
+    whose precision exceeds BitsStored and so needs masking first) or fails: the caller then
+    decodes the full image, which reports any problem with the data."""
+    if (
+        factor < 2
+        or ds.file_meta.TransferSyntaxUID not in JPEG2000TransferSyntaxes
+        or int(ds.get("NumberOfFrames") or 1) != 1
+        or ds.PixelRepresentation != 0
+    ):
+        return None
+    try:
+        codestream = next(generate_frames(ds.PixelData, number_of_frames=1))
+        precision, levels = jpeg2000_precision_and_levels(codestream)
+        level = min(levels, factor.bit_length() - 1)
+        if precision > int(ds.BitsStored) or level < 1:
+            return None
+        with Image.open(io.BytesIO(codestream), formats=["JPEG2000"]) as image:
+            image.reduce = level
+            image.load()
+            if image.mode not in ("L", "I;16"):
+                return None
+            stored = np.asarray(image)
+    except Exception:
+        # Pillow and the frame parser raise assorted types on corrupt data; the full decode
+        # that follows names the problem.
+        return None
+    reduction = 1 << level
+    expected = (-(-int(ds.Rows) // reduction), -(-int(ds.Columns) // reduction))
+    return (stored, reduction) if stored.shape == expected else None
+
+
+def jpeg2000_precision_and_levels(codestream: bytes) -> tuple[int, int]:
+    """Bits per sample of the first component (SIZ) and wavelet decomposition levels (COD)
+    from a JPEG 2000 codestream's main header."""
+    if codestream[:4] != b"\xff\x4f\xff\x51":
+        raise ValueError("not a JPEG 2000 codestream (no SOC, SIZ)")
+    # SIZ: marker, Lsiz, Rsiz, 8 four-byte sizes and offsets, Csiz, then Ssiz per component.
+    precision = (codestream[42] & 0x7F) + 1
+    position = 4 + int.from_bytes(codestream[4:6], "big")
+    while position + 4 <= len(codestream):
+        marker = codestream[position : position + 2]
+        if marker == b"\xff\x52":  # COD: Lcod, Scod, SGcod (4 bytes), then SPcod's levels
+            return precision, codestream[position + 9]
+        if marker == b"\xff\x90":  # SOT: the main header has ended
+            break
+        position += 2 + int.from_bytes(codestream[position + 2 : position + 4], "big")
+    raise ValueError("JPEG 2000 main header has no COD marker")
 
 
 def _mask_unused_bits(ds: Dataset, stored: np.ndarray) -> np.ndarray:
@@ -298,21 +407,31 @@ def _mask_unused_bits(ds: Dataset, stored: np.ndarray) -> np.ndarray:
     return stored & stored.dtype.type((1 << bits_stored) - 1)
 
 
+def _presentation_table(ds: Dataset, stored: np.ndarray) -> np.ndarray:
+    """Stored values to 0-255 as a viewer shows them, as one table over every value of the
+    stored type: modality LUT or rescale, VOI LUT or window (else a robust range of this
+    image's values), stretch to 8 bits, MONOCHROME1 inverted so bone is bright."""
+    values = apply_modality_lut(lookup_domain(stored.dtype), ds)
+    windowed, low, high = _windowed(ds, values, lambda: _robust_range_of(values, stored))
+    table = stretch_to_uint8(windowed, low, high)
+    return GREY_MAX - table if ds.PhotometricInterpretation == "MONOCHROME1" else table
+
+
 def _presentation_values(ds: Dataset, stored: np.ndarray) -> np.ndarray:
-    """Stored values to 0-255 as a viewer would show them: modality LUT, VOI, polarity."""
+    """The same mapping as _presentation_table, over the pixels themselves (32-bit or float
+    data, which no table covers)."""
     values = apply_modality_lut(stored, ds)
-    values, low, high = _windowed(ds, values)
-    pixels = stretch_to_uint8(values, low, high)
-    if ds.PhotometricInterpretation == "MONOCHROME1":
-        # MONOCHROME1 shows low values bright; invert so bone is bright in every output.
-        pixels = GREY_MAX - pixels
-    return pixels
+    windowed, low, high = _windowed(ds, values, lambda: _robust_range(values))
+    pixels = stretch_to_uint8(windowed, low, high)
+    return GREY_MAX - pixels if ds.PhotometricInterpretation == "MONOCHROME1" else pixels
 
 
-def _windowed(ds: Dataset, values: np.ndarray) -> tuple[np.ndarray, float, float]:
+def _windowed(
+    ds: Dataset, values: np.ndarray, robust_range: Callable[[], tuple[float, float]]
+) -> tuple[np.ndarray, float, float]:
     """The values after the file's VOI LUT or window, and the range that spans 0-255.
 
-    Without a usable VOI the range is a robust min-max of the values themselves.
+    Without a usable VOI the range is `robust_range()`, a robust min-max of the image.
     """
     if _has_voi_lut(ds) or _has_window(ds):
         try:
@@ -321,7 +440,7 @@ def _windowed(ds: Dataset, values: np.ndarray) -> tuple[np.ndarray, float, float
             # A zero window width or an unknown VOI LUT Function: the tags are unusable, but
             # the pixels are fine, so fall back to the image's own range.
             pass
-    low, high = _robust_range(values)
+    low, high = robust_range()
     return values, low, high
 
 
@@ -360,7 +479,35 @@ def _voi_output_range(ds: Dataset) -> tuple[float, float]:
     return float(mapped.min()), float(mapped.max())
 
 
+def _percentile_sample(pixels: np.ndarray) -> np.ndarray:
+    stride = max(1, math.isqrt(pixels.size // PERCENTILE_SAMPLES))
+    return pixels[::stride, ::stride]
+
+
 def _robust_range(values: np.ndarray) -> tuple[float, float]:
-    stride = max(1, math.isqrt(values.size // PERCENTILE_SAMPLES))
-    low, high = np.percentile(values[::stride, ::stride], ROBUST_PERCENTILES)
+    low, high = np.percentile(_percentile_sample(values), ROBUST_PERCENTILES)
     return float(low), float(high)
+
+
+def _robust_range_of(table_values: np.ndarray, stored: np.ndarray) -> tuple[float, float]:
+    """ROBUST_PERCENTILES of the image's modality values, where `table_values[i]` is the
+    modality value of the stored value with bit pattern i: read off a histogram of the
+    stored values, exactly as np.percentile (linear) would find them on the values."""
+    sample = _percentile_sample(stored).view(LOOKUP_DTYPES[stored.dtype])
+    counts = np.bincount(sample.ravel(), minlength=table_values.size)
+    present = np.flatnonzero(counts)
+    order = np.argsort(table_values[present], kind="stable")
+    sorted_values = np.asarray(table_values[present][order], dtype=np.float64)
+    cumulative = np.cumsum(counts[present][order])
+    last = int(cumulative[-1]) - 1
+
+    def at_rank(rank: int) -> float:
+        return float(sorted_values[np.searchsorted(cumulative, rank, side="right")])
+
+    cut_points = []
+    for percentile in ROBUST_PERCENTILES:
+        position = last * percentile / 100
+        below = math.floor(position)
+        low_value, high_value = at_rank(below), at_rank(min(below + 1, last))
+        cut_points.append(low_value + (position - below) * (high_value - low_value))
+    return cut_points[0], cut_points[1]

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pydicom
+import pyspng
 from PIL import Image
 
 from .source_store import (
+    FileContent,
     SourcePath,
     SourceStoreError,
     as_source_path,
@@ -22,6 +24,12 @@ from .source_store import (
 PILLOW_FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
 DICOM_SUFFIX = ".dcm"
 UINT16_MAX = np.iinfo(np.uint16).max
+# The PNG kinds pyspng decodes here, by IHDR (colour type, bit depth), with the mode Pillow
+# gives them; pyspng decodes radiograph PNGs ~10 % (grey) to 2x (RGBA) faster than Pillow.
+# Anything else (palette, grey + alpha, 1-4 bits), and any file pyspng refuses, goes to
+# Pillow, whose messages name the problem.
+PYSPNG_MODES = {(0, 8): "L", (0, 16): "I;16", (2, 8): "RGB", (6, 8): "RGBA"}
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 class ImageFileError(ValueError):
@@ -138,20 +146,60 @@ def _channel_problems(pixels: np.ndarray) -> list[str]:
     return problems
 
 
+def _is_lossless_grayscale(pixels: np.ndarray) -> bool:
+    """R == G == B (and alpha 255) everywhere, in one comparison per pixel for RGBA."""
+    if pixels.shape[-1] == 4 and pixels.flags.c_contiguous:
+        words = pixels.view("<u4")[..., 0]  # bytes R, G, B, A: R + G<<8 + B<<16 + A<<24
+        grey = (words & np.uint32(0xFF)) * np.uint32(0x010101) | np.uint32(0xFF000000)
+        return bool(np.array_equal(words, grey))
+    return not _channel_problems(pixels)
+
+
 def _grayscale_from_colour(pixels: np.ndarray, mode: str, path: Path) -> np.ndarray:
+    if _is_lossless_grayscale(pixels):
+        return np.ascontiguousarray(pixels[..., 0])
     problems = _channel_problems(pixels)
     if problems:
         raise ImageFileError(path, f"{mode} PNG is not grayscale: {'; '.join(problems)}")
     return np.ascontiguousarray(pixels[..., 0])
 
 
+def _pyspng_decode(content: bytes) -> tuple[np.ndarray, str] | None:
+    """The pixels and Pillow's mode name of a PNG kind in PYSPNG_MODES, else None."""
+    if content[:8] != _PNG_SIGNATURE or content[12:16] != b"IHDR" or len(content) < 26:
+        return None
+    mode = PYSPNG_MODES.get((content[25], content[24]))
+    width, height = int.from_bytes(content[16:20], "big"), int.from_bytes(content[20:24], "big")
+    limit = Image.MAX_IMAGE_PIXELS
+    if mode is None or (limit is not None and width * height > limit):
+        return None  # Pillow refuses a decompression bomb before allocating it
+    try:
+        pixels = pyspng.load(content)
+    except (RuntimeError, ValueError):
+        return None
+    if mode == "I;16" and pixels.ndim == 3:
+        # pyspng gives 16-bit grey as grey + alpha (alpha all opaque): keep the grey.
+        pixels = np.ascontiguousarray(pixels[..., 0])
+    return pixels, mode
+
+
+def _png_bytes(path: SourcePath) -> bytes:
+    source = readable(path)
+    return source.read_bytes() if isinstance(source, Path) else source.getvalue()
+
+
 def _decode_png(path: SourcePath, content: bytes | None) -> tuple[np.ndarray, str]:
     try:
-        source = readable(path, content)
+        data = content if content is not None else _png_bytes(path)
     except FileNotFoundError as error:
         raise ImageFileError(path, "file not found") from error
+    except OSError as error:  # e.g. access denied
+        raise ImageFileError(path, f"cannot read: {error}") from error
+    decoded = _pyspng_decode(data)
+    if decoded is not None:
+        return decoded
     try:
-        with Image.open(source, formats=["PNG"]) as image:
+        with Image.open(FileContent(data, path), formats=["PNG"]) as image:
             return np.array(image), image.mode
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
         raise ImageFileError(path, f"cannot decode PNG: {error}") from error
