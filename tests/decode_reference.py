@@ -106,7 +106,26 @@ def reference_dicom(path: Path) -> np.ndarray:
 
 def reference_letterbox(pixels: np.ndarray, size: int) -> np.ndarray:
     """Full-resolution uint8 pixels letterboxed as `images` did: INTER_AREA, zero padding."""
-    geometry = letterbox_geometry(*pixels.shape, size)
+    return reference_resize(pixels, pixels.shape, size)
+
+
+DCT_MARGIN = 2
+
+
+def reference_jpeg(path: Path, target_size: int) -> np.ndarray:
+    """A JPEG decoded at the reduced DCT scale `images` used, as uint8 (not full size)."""
+    with Image.open(path, formats=["JPEG"]) as image:
+        width, height = image.size
+        shrink = min(1.0, DCT_MARGIN * target_size / max(width, height))
+        image.draft("L", (math.ceil(width * shrink), math.ceil(height * shrink)))
+        image.load()
+        grey = image if image.mode == "L" else image.convert("L")
+        return np.array(grey, dtype=np.uint8)
+
+
+def reference_resize(pixels: np.ndarray, source_shape: tuple[int, int], size: int) -> np.ndarray:
+    """Possibly reduced pixels letterboxed for a source of `source_shape`, as `images` did."""
+    geometry = letterbox_geometry(*source_shape, size)
     content = cv2.resize(
         pixels, (geometry.resized_width, geometry.resized_height), interpolation=cv2.INTER_AREA
     )

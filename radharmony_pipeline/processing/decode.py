@@ -54,7 +54,7 @@ ROBUST_PERCENTILES = (0.5, 99.5)
 # gives np.percentile's exact values without sorting.
 PERCENTILE_SAMPLES = 1_000_000
 
-# A PNG or DICOM much larger than the target is first shrunk by a whole factor dividing both
+# A 16-bit PNG or a DICOM much larger than the target is first shrunk by a whole factor dividing both
 # sides (area mean of stored values, or a JPEG 2000 resolution level), keeping at least this
 # many pixels per target pixel on the short side; the caller's resize then averages the rest.
 # A whole factor is OpenCV's fast area path and leaves few pixels for the window lookup
@@ -229,9 +229,11 @@ def _decode_png(path: SourcePath, source: Path | BinaryIO, target_size: int | No
     except ImageFileError as error:
         raise DecodeError(path, error.reason) from error
     height, width = pixels.shape
-    factor = reduction_factor(height, width, target_size)
     if pixels.dtype == np.uint8:
-        return DecodedImage(reduce_by_area(pixels, factor), height, width, factor)
+        # Not reduced: a mean rounded to 8 bits, then resized and rounded again, strays up
+        # to 2 grey levels from one area resize, and there is no window to save.
+        return DecodedImage(pixels, height, width)
+    factor = reduction_factor(height, width, target_size)
     # The image's own range, not 0-65535: ReXGradient 16-bit PNGs may use only 12 bits and a
     # fixed shift would leave them nearly black. Taken at full size, before any reduction.
     low, high, _, _ = cv2.minMaxLoc(pixels)

@@ -36,7 +36,10 @@ from .supervised import TimeLimit
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
 
 # Bumped when decoding or resizing changes, so every image is redone once.
-IMAGE_CODE_VERSION = "2"  # 2: perceptual hash and pixel digest (issue 11)
+# 2: perceptual hash and pixel digest (issue 11). 3: PNG and DICOM pixels reduced by a whole
+# factor before windowing, JPEG 2000 decoded at a resolution level (issue 23): within one grey
+# level of 2 except where a window clips or a wavelet level replaces the area mean.
+IMAGE_CODE_VERSION = "3"
 # At most this many images per Dask chunk (one shard of ~12 MB at S=224), so that a large
 # partition (ReXGradient train: 238,968 images) is shared by many workers.
 MAX_IMAGES_PER_CHUNK = 256
