@@ -54,11 +54,11 @@ ROBUST_PERCENTILES = (0.5, 99.5)
 # gives np.percentile's exact values without sorting.
 PERCENTILE_SAMPLES = 1_000_000
 
-# A 16-bit PNG or a DICOM much larger than the target is first shrunk by a whole factor dividing both
-# sides (area mean of stored values, or a JPEG 2000 resolution level), keeping at least this
-# many pixels per target pixel on the short side; the caller's resize then averages the rest.
-# A whole factor is OpenCV's fast area path and leaves few pixels for the window lookup
-# table. Measured on 3056x2544 and 2000x1700 radiographs with noise, letterboxed to 224:
+# A 16-bit PNG or a DICOM much larger than the target is first shrunk by a whole factor
+# dividing both sides (area mean of stored values, or a JPEG 2000 resolution level), keeping
+# at least this many pixels per target pixel on the short side; the caller's resize then
+# averages the rest. A whole factor is OpenCV's fast area path and leaves few pixels for the
+# window lookup table. Measured on 3056x2544 and 2000x1700 radiographs with noise, letterboxed to 224:
 # at >= 2 pixels per target pixel the result is within one grey level of one area resize
 # from full size; at 1.5, up to 2; a factor that does not divide the sides shifts the
 # content by a fraction of a pixel and differs by up to 7-15 grey levels at edges, so the
@@ -177,7 +177,7 @@ def reduction_factor(height: int, width: int, target_size: int | None) -> int:
 def through_lookup(stored: np.ndarray, table: np.ndarray) -> np.ndarray:
     """`table[v]` for every stored value v; signed values index by their bit pattern, so the
     table lists the type's values in that order (see lookup_domain)."""
-    return table[stored.view(LOOKUP_DTYPES[stored.dtype])]
+    return np.take(table, stored.view(LOOKUP_DTYPES[stored.dtype]))
 
 
 def lookup_domain(dtype: np.dtype) -> np.ndarray:
@@ -237,9 +237,14 @@ def _decode_png(path: SourcePath, source: Path | BinaryIO, target_size: int | No
     # The image's own range, not 0-65535: ReXGradient 16-bit PNGs may use only 12 bits and a
     # fixed shift would leave them nearly black. Taken at full size, before any reduction.
     low, high, _, _ = cv2.minMaxLoc(pixels)
-    table = stretch_to_uint8(lookup_domain(pixels.dtype), low, high)
-    reduced = through_lookup(reduce_by_area(pixels, factor), table)
-    return DecodedImage(reduced, height, width, factor)
+    reduced = reduce_by_area(pixels, factor)
+    if not high > low:
+        return DecodedImage(np.zeros(reduced.shape, np.uint8), height, width, factor)
+    # A linear stretch that never leaves 0-255: one SIMD pass, several times cheaper than a
+    # lookup table, equal to stretch_to_uint8 but for ties in rounding.
+    scale = GREY_MAX / (high - low)
+    stretched = cv2.convertScaleAbs(reduced, alpha=scale, beta=-low * scale)
+    return DecodedImage(stretched, height, width, factor)
 
 
 # --- DICOM ----------------------------------------------------------------------------------
