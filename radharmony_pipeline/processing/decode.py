@@ -58,7 +58,7 @@ PERCENTILE_SAMPLES = 1_000_000
 # dividing both sides (area mean of stored values, or a JPEG 2000 resolution level), keeping
 # at least this many pixels per target pixel on the short side; the caller's resize then
 # averages the rest. A whole factor is OpenCV's fast area path and leaves few pixels for the
-# window lookup table. Measured on 3056x2544 and 2000x1700 radiographs with noise, letterboxed to 224:
+# window lookup table. Measured on 3056x2544 and 2000x1700 noisy radiographs at 224:
 # at >= 2 pixels per target pixel the result is within one grey level of one area resize
 # from full size; at 1.5, up to 2; a factor that does not divide the sides shifts the
 # content by a fraction of a pixel and differs by up to 7-15 grey levels at edges, so the
