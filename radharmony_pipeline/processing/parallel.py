@@ -47,6 +47,7 @@ def split_into_chunks(items: Sequence[T], chunk_size: int) -> list[list[T]]:
 _PRELOAD = [
     "radharmony_pipeline.processing.image_jobs",
     "radharmony_pipeline.processing.mask_jobs",
+    "radharmony_pipeline.processing.dicom_decode",
 ]
 
 

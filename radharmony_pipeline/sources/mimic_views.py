@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import pandas as pd
-import pydicom
-from pydicom.errors import InvalidDicomError
-from pydicom.tag import Tag
 
 from ..processing import source_store
 from ..processing.image_files import ImageFileError, confined
@@ -13,7 +10,7 @@ from ..processing.source_store import SourcePath
 from .base import read_csv, require_columns
 
 METADATA_NAMES = ("mimic-cxr-2.0.0-metadata.csv.gz", "mimic-cxr-2.0.0-metadata.csv")
-VIEW_POSITION_TAG = Tag(0x0018, 0x5101)
+VIEW_POSITION_TAG = 0x00185101  # (0018,5101) ViewPosition
 
 
 def metadata_csv(mimic_root: SourcePath) -> SourcePath | None:
@@ -51,6 +48,11 @@ def dicom_view_position(path: SourcePath, files_dir: SourcePath) -> str | None:
         confined(path, files_dir)
     except ImageFileError:
         return None
+    # Imported here: pydicom takes ~0.3 s to import, which loading the definitions (CLI,
+    # webserver, every step) would otherwise pay for the few trees that hold DICOMs.
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
     try:
         # A header read: on a store only the first blocks of the object are fetched.
         with source_store.open_source_file(path) as handle:
