@@ -169,8 +169,9 @@ def lossless_jpeg_codestream(stored: np.ndarray, precision: int = 16) -> bytes:
 def jpeg_lossless_source(index: int) -> bytes:
     variant = DicomVariant(ExplicitVRLittleEndian, "MONOCHROME2", 12, True, None)
     ds = pydicom.dcmread(io.BytesIO(dicom_source(variant)(index)))
+    stored = ds.pixel_array
     ds.file_meta.TransferSyntaxUID = JPEGLosslessSV1
-    ds.PixelData = encapsulate([lossless_jpeg_codestream(ds.pixel_array)])
+    ds.PixelData = encapsulate([lossless_jpeg_codestream(stored)])
     ds["PixelData"].VR = "OB"
     ds["PixelData"].is_undefined_length = True
     buffer = io.BytesIO()
