@@ -351,9 +351,18 @@ def _robust_range(values: np.ndarray) -> tuple[float, float]:
 def _robust_range_of(table_values: np.ndarray, stored: np.ndarray) -> tuple[float, float]:
     """ROBUST_PERCENTILES of the image's modality values, where `table_values[i]` is the
     modality value of the stored value with bit pattern i: read off a histogram of the
-    stored values, exactly as np.percentile (linear) would find them on the values."""
-    sample = _percentile_sample(stored).view(LOOKUP_DTYPES[stored.dtype])
-    counts = np.bincount(sample.ravel(), minlength=table_values.size)
+    stored values, exactly as np.percentile (linear) would find them on the values.
+
+    The sample is every k-th whole row (k the square of _percentile_sample's stride, so the
+    same number of pixels): OpenCV counts contiguous rows in place, twice as fast as NumPy
+    counting a strided sample it must first copy and widen."""
+    stride = max(1, math.isqrt(stored.size // PERCENTILE_SAMPLES))
+    sample = stored[:: stride * stride].view(LOOKUP_DTYPES[stored.dtype])
+    if sample.dtype == np.uint16:
+        histogram = cv2.calcHist([sample], [0], None, [table_values.size], [0, table_values.size])
+        counts = histogram.ravel().astype(np.int64)
+    else:
+        counts = np.bincount(sample.ravel(), minlength=table_values.size)
     present = np.flatnonzero(counts)
     order = np.argsort(table_values[present], kind="stable")
     sorted_values = np.asarray(table_values[present][order], dtype=np.float64)
