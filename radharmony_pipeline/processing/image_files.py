@@ -151,7 +151,10 @@ def _is_lossless_grayscale(pixels: np.ndarray) -> bool:
     """R == G == B (and alpha 255) everywhere, in one comparison per pixel for RGBA."""
     if pixels.shape[-1] == 4 and pixels.flags.c_contiguous:
         words = pixels.view("<u4")[..., 0]  # bytes R, G, B, A: R + G<<8 + B<<16 + A<<24
-        grey = (words & np.uint32(0xFF)) * np.uint32(0x010101) | np.uint32(0xFF000000)
+        # The word a grey opaque pixel would have, built in one temporary array.
+        grey = np.bitwise_and(words, np.uint32(0xFF))
+        np.multiply(grey, np.uint32(0x010101), out=grey)
+        np.bitwise_or(grey, np.uint32(0xFF000000), out=grey)
         return bool(np.array_equal(words, grey))
     return not _channel_problems(pixels)
 
