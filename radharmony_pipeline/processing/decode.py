@@ -17,6 +17,7 @@ from pydicom.uid import UID, JPEG2000TransferSyntaxes, JPEGLSTransferSyntaxes
 
 from radharmony_pipeline.processing.image_files import ImageFileError, read_grayscale_png
 from radharmony_pipeline.processing.source_store import (
+    NotARegularFile,
     SourcePath,
     as_source_path,
     readable,
@@ -98,6 +99,8 @@ def decode_grayscale(
         source = readable(path, content)
     except FileNotFoundError as error:
         raise DecodeError(path, "file not found") from error
+    except NotARegularFile as error:  # a FIFO, socket or device: never opened
+        raise DecodeError(path, error.reason) from error
     except OSError as error:  # e.g. access denied to the object
         raise DecodeError(path, f"cannot read: {error}") from error
     try:

@@ -10,6 +10,7 @@ import pydicom
 from PIL import Image
 
 from .source_store import (
+    NotARegularFile,
     SourcePath,
     SourceStoreError,
     as_source_path,
@@ -17,6 +18,7 @@ from .source_store import (
     key_problem,
     open_source_file,
     readable,
+    require_regular_file,
 )
 
 PILLOW_FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
@@ -71,8 +73,12 @@ def confined(path: SourcePath, root: SourcePath | None) -> SourcePath:
 
 def _require_file(path: SourcePath) -> None:
     # Locally only: an object's absence shows when it is opened, without an extra request.
-    if not is_remote(path) and not path.is_file():
-        raise ImageFileError(path, "file not found")
+    try:
+        require_regular_file(path)
+    except FileNotFoundError as error:
+        raise ImageFileError(path, "file not found") from error
+    except NotARegularFile as error:
+        raise ImageFileError(path, error.reason) from error
 
 
 def _pillow_size(path: SourcePath, image_format: str) -> tuple[int, int]:
@@ -150,6 +156,8 @@ def _decode_png(path: SourcePath, content: bytes | None) -> tuple[np.ndarray, st
         source = readable(path, content)
     except FileNotFoundError as error:
         raise ImageFileError(path, "file not found") from error
+    except NotARegularFile as error:
+        raise ImageFileError(path, error.reason) from error
     try:
         with Image.open(source, formats=["PNG"]) as image:
             return np.array(image), image.mode

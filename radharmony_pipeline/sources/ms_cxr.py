@@ -97,7 +97,9 @@ mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICO
         """The CSV's rows of one split, validated, with their line numbers as `csv_row`."""
         self.check_split(split)
         csv_path = self.require(self.csv_path(), "MS-CXR annotation CSV")
-        boxes = read_csv(csv_path, dtype={"dicom_id": "string", "path": "string"})
+        boxes = read_csv(
+            csv_path, dtype={"dicom_id": "string", "path": "string"}, columns=CSV_COLUMNS
+        )
         require_columns(boxes, CSV_COLUMNS, csv_path)
         boxes["csv_row"] = np.arange(len(boxes)) + 2
         boxes["split"] = _normalized_splits(boxes, csv_path)
