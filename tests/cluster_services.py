@@ -16,8 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from radharmony_pipeline.processing.cluster import DAEMON_SETTING
-
 BIN = Path(sys.executable).parent
 PG_USER = "radharmony"
 PG_PASSWORD = "radharmony-test"
@@ -216,8 +214,8 @@ def start_dask(services: Services, logs: Path, workers: int = 2) -> None:
         logs / "dask-scheduler.log",
     )
     wait_until(lambda: port_open(port), "dask scheduler", scheduler)
-    # Non-daemonic worker processes may start the child that bounds each image's time.
-    environment = {**os.environ, **services.environment(), DAEMON_SETTING: "False"}
+    # `dask worker` as it ships (daemonic worker processes): nothing set for the pipeline.
+    environment = {**os.environ, **services.environment()}
     for number in range(workers):
         services.start(
             [BIN / "dask", "worker", services.scheduler, *WORKER_OPTIONS, "--name", f"w{number}"],

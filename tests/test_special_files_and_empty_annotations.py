@@ -224,7 +224,8 @@ def test_an_annotation_file_without_entries_gives_an_empty_typed_partition(tiny_
         assert len(failures) == 1, case
         assert "SchemaMismatchError" not in str(failures[0].to_string()), case
         counts = [
-            c for c in result.get_asset_check_evaluations()
+            c
+            for c in result.get_asset_check_evaluations()
             if c.check_name == "counts_match_documentation"
         ]
         assert len(counts) == 1 and not counts[0].passed, case
