@@ -205,8 +205,11 @@ def s3(services: Services):
     )
 
 
-def start_dask(services: Services, logs: Path, workers: int = 2) -> None:
-    """`dask scheduler` and `workers` single-threaded `dask worker` processes."""
+def start_dask(
+    services: Services, logs: Path, workers: int = 2, extra_environment: dict | None = None
+) -> None:
+    """`dask scheduler` and `workers` single-threaded `dask worker` processes (their nanny
+    PIDs follow the scheduler's in `services.processes`)."""
     port = free_port()
     services.scheduler = f"tcp://127.0.0.1:{port}"
     scheduler = services.start(
@@ -215,7 +218,7 @@ def start_dask(services: Services, logs: Path, workers: int = 2) -> None:
     )
     wait_until(lambda: port_open(port), "dask scheduler", scheduler)
     # `dask worker` as it ships (daemonic worker processes): nothing set for the pipeline.
-    environment = {**os.environ, **services.environment()}
+    environment = {**os.environ, **services.environment(), **(extra_environment or {})}
     for number in range(workers):
         services.start(
             [BIN / "dask", "worker", services.scheduler, *WORKER_OPTIONS, "--name", f"w{number}"],

@@ -81,6 +81,7 @@ def map_on_dask(
     raised here (remaining tasks cancelled). on_progress(done_items, total) as chunks finish;
     `time_limit` bounds each item on the worker (apply_to_chunk)."""
     from distributed import as_completed  # the scale extra; imported only when configured
+    from distributed.client import FutureCancelledError
 
     if not items:
         return []
@@ -100,6 +101,15 @@ def map_on_dask(
                 done += len(chunks[index])
                 if on_progress is not None:
                     on_progress(done, len(items))
+        except FutureCancelledError as error:
+            # Distributed cancels every future once the scheduler is gone (its reason says
+            # so); a lost *worker* only moves its tasks elsewhere and never reaches here.
+            client.cancel(futures)
+            raise RuntimeError(
+                f"lost the Dask scheduler {address!r} ({SCHEDULER_VARIABLE}) with {done} of "
+                f"{len(items)} items done: {error}. Restart the scheduler (`dask scheduler`) "
+                "and its workers, then re-run: outputs already written are re-used"
+            ) from error
         except BaseException:
             client.cancel(futures)
             raise
