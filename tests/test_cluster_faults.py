@@ -9,14 +9,19 @@ Select with `pytest -m cluster`.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
-from cluster_services import Services, start_dask
+from cluster_services import Services, pg_connect, restart_postgres, start_dask, start_postgres
+from fault_support import build as build_stages
 from PIL import Image
 
 from radharmony_pipeline.defs.assets.images import _remove_interrupted_writes
@@ -228,3 +233,141 @@ def test_killing_the_scheduler_fails_the_step_clearly_and_a_rerun_converges(
     np.testing.assert_array_equal(pixels, reference[1])
     assert files == reference[2]
     assert temporaries(output) == []
+
+
+# --- the instance's PostgreSQL restarted during a run --------------------------------------
+
+PARTITION = "chestx_det.test"
+STAGES = "raw_index,labels,masks,bboxes,images"
+REPO = Path(__file__).resolve().parents[1]
+DAGSTER = str(Path(sys.executable).with_name("dagster"))
+
+
+@pytest.fixture
+def postgres(tmp_path):
+    services = Services()
+    try:
+        start_postgres(services, tmp_path)
+        yield services
+    finally:
+        services.stop()
+
+
+def materialize_command() -> list[str]:
+    return [
+        *(DAGSTER, "asset", "materialize", "-m", "radharmony_pipeline.definitions"),
+        *("--select", STAGES, "--partition", PARTITION),
+    ]
+
+
+def run_statuses(services: Services) -> dict[str, str]:
+    connection = pg_connect(services)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT run_id, status FROM runs")
+            return dict(cursor.fetchall())
+    finally:
+        connection.close()
+
+
+def slot_holders(services: Services) -> list[str]:
+    connection = pg_connect(services)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT DISTINCT run_id FROM concurrency_slots WHERE run_id IS NOT NULL")
+            held = [row[0] for row in cursor.fetchall()]
+            cursor.execute("SELECT DISTINCT run_id FROM pending_steps")
+            return held + [row[0] for row in cursor.fetchall()]
+    finally:
+        connection.close()
+
+
+def stage_outputs(output: Path) -> dict[str, object]:
+    """Every file the five stages wrote for the partition, tables as frames."""
+    found = {}
+    for path in sorted(output.rglob("*")):
+        name = path.relative_to(output).as_posix()
+        if not path.is_file() or PARTITION not in name or "previews" in name:
+            continue
+        if path.suffix == ".parquet" and name.split("/")[1] in STAGES.split(","):
+            found[name] = pd.read_parquet(path)
+        elif path.suffix in (".png", ".npy", ".json"):
+            found[name] = path.read_bytes()
+    return found
+
+
+def assert_same_stage_outputs(found: dict, expected: dict) -> None:
+    assert sorted(found) == sorted(expected)
+    for name, value in expected.items():
+        if isinstance(value, pd.DataFrame):
+            pd.testing.assert_frame_equal(found[name], value, obj=name)
+        else:
+            assert found[name] == value, name
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("down_seconds", [1.0, 75.0], ids=["brief", "beyond-retries"])
+def test_a_postgres_restart_during_a_run_leaves_the_instance_consistent(
+    postgres, down_seconds, tiny_root, tmp_path
+):
+    reference = tmp_path / "reference"
+    assert build_stages(tiny_root, reference, PARTITION).success
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(REPO / "deploy" / "dagster.postgres.yaml", home / "dagster.yaml")
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(SLOW)
+    output = tmp_path / "out"
+    environment = {
+        **os.environ,
+        **postgres.environment(),
+        "RADHARMONY_DASK_SCHEDULER": "",
+        "DAGSTER_HOME": str(home),
+        "RADHARMONY_DATA_ROOT": str(tiny_root),
+        "RADHARMONY_OUTPUT_ROOT": str(output),
+        "RADHARMONY_WORKERS": "1",
+        "PYTHONPATH": os.pathsep.join([str(slow), str(REPO)]),
+    }
+    log = tmp_path / "first.log"
+    with open(log, "wb") as handle:
+        first = subprocess.Popen(
+            materialize_command(),
+            env={**environment, "SLOW_IMAGES": "1"},
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not list((output / "images" / PARTITION).glob("*.png")):
+            assert first.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "images never started"
+            time.sleep(0.05)
+        restart_postgres(postgres, tmp_path, down_seconds)
+        first.wait(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    # Finished, or failed with the database named; a worker that could not even record its
+    # failure (the database gone for good) ended, and the next run marks it failed.
+    ((first_run, status),) = run_statuses(postgres).items()
+    assert (first.returncode == 0) == (status == "SUCCESS"), (status, log.read_text()[-3000:])
+    if first.returncode != 0:
+        assert "OperationalError" in log.read_text()
+
+    second = subprocess.run(
+        materialize_command(),
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert second.returncode == 0, (second.stdout + second.stderr)[-4000:]
+    statuses = run_statuses(postgres)
+    assert statuses[first_run] in ("SUCCESS", "FAILURE")
+    assert "STARTED" not in statuses.values()
+    assert list(statuses.values()).count("SUCCESS") >= 1
+    assert slot_holders(postgres) == []
+    assert temporaries(output) == []
+    assert_same_stage_outputs(stage_outputs(output), stage_outputs(reference))
