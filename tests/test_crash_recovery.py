@@ -362,3 +362,53 @@ def test_a_stopped_image_job_removes_only_its_dead_writers_temporaries(tmp_path)
     assert row.status == "error" and "took longer than 1 s" in row.error
     assert not any(path.exists() for path in left_by_stopped)
     assert all(path.exists() for path in kept)
+
+
+def test_only_runs_whose_worker_on_this_host_is_gone_are_freed_and_failed():
+    from radharmony_pipeline.defs.recovery import (
+        HEAVY_POOL,
+        WORKER_TAG,
+        RunWorker,
+        free_slots_of_dead_runs,
+    )
+
+    here = RunWorker.this_process()
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    gone = RunWorker(here.host, here.boot_time, int(ended.stdout), here.started)
+    workers = {
+        "alive-here": here,
+        "dead-here": gone,
+        # The same pid, but a process started long after the run: the id was reused.
+        "pid-reused": RunWorker(here.host, here.boot_time, here.pid, here.started - 3600),
+        "before-reboot": RunWorker(here.host, here.boot_time - 3600, here.pid, here.started),
+        "other-host": RunWorker("elsewhere", here.boot_time, int(ended.stdout), here.started),
+        "untagged": None,
+    }
+    overrides = {"concurrency": {"pools": {"default_limit": len(workers)}}}
+    with dg.instance_for_test(overrides=overrides) as instance:
+        storage = instance.event_log_storage
+        storage.initialize_concurrency_limit_to_default(HEAVY_POOL)
+        for run_id, worker in workers.items():
+            tags = {WORKER_TAG: worker.tag()} if worker else {}
+            instance.add_run(
+                dg.DagsterRun(
+                    job_name="all_stages",
+                    run_id=run_id,
+                    status=dg.DagsterRunStatus.STARTED,
+                    tags=tags,
+                )
+            )
+            assert storage.claim_concurrency_slot(HEAVY_POOL, run_id, "images").is_claimed
+        said = []
+        freed = free_slots_of_dead_runs(instance, said.append)
+        assert sorted(freed) == ["before-reboot", "dead-here", "pid-reused"]
+        assert all("process gone" in line for line in said)
+        held = {slot.run_id for slot in storage.get_concurrency_info(HEAVY_POOL).claimed_slots}
+        assert held == {"alive-here", "other-host", "untagged"}
+        statuses = {run_id: instance.get_run_by_id(run_id).status for run_id in workers}
+        assert {r for r, s in statuses.items() if s == dg.DagsterRunStatus.FAILURE} == set(freed)

@@ -71,14 +71,13 @@ class RunWorker:
             return None
 
     def on_this_host(self) -> bool:
-        """Same host and the same boot: only then does its pid mean anything here."""
-        return (
-            self.host == socket.gethostname()
-            and abs(self.boot_time - psutil.boot_time()) <= _START_TIME_SLACK_SECONDS
-        )
+        return self.host == socket.gethostname()
 
     def alive(self) -> bool:
-        """Whether the pid is still this worker (not ended, not a newer process reusing it)."""
+        """Whether this host still runs the worker: not rebooted since, and its pid not ended
+        nor reused by a newer process. Only meaningful on_this_host()."""
+        if abs(self.boot_time - psutil.boot_time()) > _START_TIME_SLACK_SECONDS:
+            return False
         try:
             process = psutil.Process(self.pid)
             created = process.create_time()
