@@ -158,6 +158,7 @@ def reference(tiny_root, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("stage", ["masks", "images"])
 def test_kill_9_then_same_command_on_same_instance_is_byte_identical(
     stage, tiny_root, tmp_path, reference
@@ -364,6 +365,7 @@ def test_a_stopped_image_job_removes_only_its_dead_writers_temporaries(tmp_path)
     assert all(path.exists() for path in kept)
 
 
+@pytest.mark.timeout(120)
 def test_only_runs_whose_worker_on_this_host_is_gone_are_freed_and_failed():
     from radharmony_pipeline.defs.recovery import (
         HEAVY_POOL,
