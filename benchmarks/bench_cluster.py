@@ -44,17 +44,13 @@ def timed_rate(sources: Sequence[Path], scratch: Path, name: str) -> float:
 
 
 def dask_rate(sources: Sequence[Path], scratch: Path, workers: int, name: str) -> float:
-    import dask
     from distributed import LocalCluster
 
-    # Non-daemonic worker processes, as the README starts them: each may start the child
-    # process that bounds every image's time.
-    with (
-        dask.config.set({"distributed.worker.daemon": False}),
-        LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cluster,
-    ):
+    # Worker processes with Dask's defaults (daemonic, as `dask worker` starts them): each
+    # thread's supervised child that bounds every image's time is then a subprocess.
+    with LocalCluster(
+        n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster:
         os.environ[SCHEDULER_VARIABLE] = cluster.scheduler_address
         try:
             return timed_rate(sources, scratch, name)

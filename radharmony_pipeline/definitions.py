@@ -6,6 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from .defs.recovery import executor_freeing_dead_runs_slots
 from .defs.resources import pipeline_resources
 from .processing.settings import validate_settings
 
@@ -21,7 +22,10 @@ STEPS_IN_RUN_PROCESS = dg.ExecutorDefinition(
         default_value={"in_process": {}},
     ),
     requirements=dg.multi_or_in_process_executor.get_requirements,
-    executor_creation_fn=dg.multi_or_in_process_executor.executor_creation_fn,
+    # Every run, however launched, frees the pool slots of killed runs first (recovery.py).
+    executor_creation_fn=executor_freeing_dead_runs_slots(
+        dg.multi_or_in_process_executor.executor_creation_fn
+    ),
     description="Steps in the run's process by default; `multiprocess` on request.",
 )
 

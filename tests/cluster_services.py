@@ -16,8 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from radharmony_pipeline.processing.cluster import DAEMON_SETTING
-
 BIN = Path(sys.executable).parent
 PG_USER = "radharmony"
 PG_PASSWORD = "radharmony-test"
@@ -79,6 +77,9 @@ class Services:
     processes: list[subprocess.Popen] = field(default_factory=list)
     scratch: list[Path] = field(default_factory=list)
     pg_port: int = 0
+    pg_server: subprocess.Popen | None = None
+    pg_command: list = field(default_factory=list)
+    pg_options: dict = field(default_factory=dict)
     s3_endpoint: str = ""
     scheduler: str = ""
 
@@ -137,24 +138,31 @@ def start_postgres(services: Services, logs: Path) -> None:
         **as_postgres,
     )
     services.pg_port = free_port()
-    server = services.start(
-        [
-            bin_dir / "postgres",
-            "-D",
-            data,
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(services.pg_port),
-            "-k",
-            str(folder),
-            *SERVER_OPTIONS,
-        ],
-        logs / "postgres.log",
-        **as_postgres,
+    services.pg_command = [
+        bin_dir / "postgres",
+        *("-D", data, "-h", "127.0.0.1", "-p", str(services.pg_port), "-k", str(folder)),
+        *SERVER_OPTIONS,
+    ]
+    services.pg_options = as_postgres
+    services.pg_server = services.start(
+        services.pg_command, logs / "postgres.log", **services.pg_options
     )
-    wait_until(lambda: port_open(services.pg_port), "postgres", server)
+    wait_until(lambda: port_open(services.pg_port), "postgres", services.pg_server)
     create_database(services, PG_DATABASE)
+
+
+def restart_postgres(services: Services, logs: Path, down_seconds: float) -> None:
+    """Stop the server (fast shutdown: every connection is closed), keep it down for
+    `down_seconds`, and start it again on the same port and data."""
+    server = services.pg_server
+    server.send_signal(signal.SIGINT)
+    server.wait(timeout=30)
+    time.sleep(down_seconds)
+    services.pg_server = services.start(
+        services.pg_command, logs / "postgres-restarted.log", **services.pg_options
+    )
+    wait_until(lambda: port_open(services.pg_port), "postgres", services.pg_server)
+    _connect_with_retry(services.pg_port, PG_DATABASE).close()
 
 
 def create_database(services: Services, name: str) -> None:
@@ -207,8 +215,11 @@ def s3(services: Services):
     )
 
 
-def start_dask(services: Services, logs: Path, workers: int = 2) -> None:
-    """`dask scheduler` and `workers` single-threaded `dask worker` processes."""
+def start_dask(
+    services: Services, logs: Path, workers: int = 2, extra_environment: dict | None = None
+) -> None:
+    """`dask scheduler` and `workers` single-threaded `dask worker` processes (their nanny
+    PIDs follow the scheduler's in `services.processes`)."""
     port = free_port()
     services.scheduler = f"tcp://127.0.0.1:{port}"
     scheduler = services.start(
@@ -216,8 +227,8 @@ def start_dask(services: Services, logs: Path, workers: int = 2) -> None:
         logs / "dask-scheduler.log",
     )
     wait_until(lambda: port_open(port), "dask scheduler", scheduler)
-    # Non-daemonic worker processes may start the child that bounds each image's time.
-    environment = {**os.environ, **services.environment(), DAEMON_SETTING: "False"}
+    # `dask worker` as it ships (daemonic worker processes): nothing set for the pipeline.
+    environment = {**os.environ, **services.environment(), **(extra_environment or {})}
     for number in range(workers):
         services.start(
             [BIN / "dask", "worker", services.scheduler, *WORKER_OPTIONS, "--name", f"w{number}"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -12,13 +13,20 @@ import pytest
 from PIL import Image
 
 from radharmony_pipeline.processing import cluster
+from radharmony_pipeline.processing.atomic import TEMP_MARKER
 from radharmony_pipeline.processing.cluster import map_on_dask, map_per_image
 from radharmony_pipeline.processing.image_jobs import (
     ImageJob,
     build_packed_images,
     image_job_stopped,
 )
-from radharmony_pipeline.processing.supervised import TimeLimit
+from radharmony_pipeline.processing.parallel import process_context
+from radharmony_pipeline.processing.supervised import (
+    ChildProcessContext,
+    SupervisedPool,
+    TimeLimit,
+    run_supervised,
+)
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 
 LIMIT_SECONDS = 3.0
@@ -118,21 +126,51 @@ def test_each_dask_thread_keeps_one_supervised_process_across_chunks(scheduler):
     assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
-def test_daemonic_dask_workers_are_refused_with_the_fix():
-    import dask
-    from distributed import LocalCluster
+def dies_on_7(value: int) -> int:
+    if value == 7:
+        os._exit(3)  # stands for a decoder crashing the process
+    return value * value
+
+
+@pytest.mark.timeout(120)
+def test_supervised_subprocess_children_bound_items_like_multiprocessing_ones():
+    """ChildProcessContext (what a daemonic Dask worker uses) against the fork server: the
+    same results, the same stopped and dead items, and no child left behind."""
+    items = list(range(16))
+    results = {}
+    for name, context in (
+        ("fork server", process_context()),
+        ("subprocess", ChildProcessContext()),
+    ):
+        limit = TimeLimit(2.0, stopped)
+        with SupervisedPool(square_or_hang, 2, limit, context) as pool:
+            results[name] = pool.map(items)
+            children = [worker.process for worker in pool._active]
+        assert not any(child.is_alive() for child in children)
+        died = run_supervised(dies_on_7, list(range(10)), 2, limit, context)
+        assert died[7].startswith("stopped 7: worker process died (exit code 3)")
+        assert died[:7] + died[8:] == [v * v for v in range(10) if v != 7]
+    assert results["subprocess"] == results["fork server"]
+    assert results["subprocess"][13].startswith("stopped 13: took longer than 2 s")
+
+
+@pytest.mark.timeout(180)
+def test_stock_daemonic_dask_workers_bound_each_item_in_a_subprocess_child():
+    """LocalCluster's worker processes are daemonic, as `dask worker` starts them."""
+    from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as daemonic:
-        with pytest.raises(RuntimeError, match=cluster.DAEMON_SETTING):
-            map_on_dask(square_or_hang, [1, 2], daemonic.scheduler_address, time_limit=LIMIT)
+        with Client(daemonic.scheduler_address) as client:
+            assert all(client.run(lambda: multiprocessing.current_process().daemon).values())
+        start = time.monotonic()
+        result = map_on_dask(
+            square_or_hang, [12, 13, 14], daemonic.scheduler_address, time_limit=LIMIT
+        )
+        assert time.monotonic() - start < 90
+        assert result[0] == 144 and result[2] == 196
+        assert result[1].startswith(f"stopped 13: took longer than {LIMIT_SECONDS:g} s")
         # Without a time limit nothing needs a child process.
         assert map_on_dask(square_or_hang, [2, 3], daemonic.scheduler_address) == [4, 9]
-    with (
-        dask.config.set({"distributed.worker.daemon": False}),
-        LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as allowed,
-    ):
-        result = map_on_dask(square_or_hang, [12, 13], allowed.scheduler_address, time_limit=LIMIT)
-        assert result[0] == 144 and result[1].startswith("stopped 13")
 
 
 def write_sources(folder: Path, count: int) -> list[Path]:
@@ -144,10 +182,12 @@ def write_sources(folder: Path, count: int) -> list[Path]:
         path = folder / f"view{index}.jpg"
         Image.fromarray(pixels).save(path, quality=90)
         sources.append(path)
-    # A FIFO named like an image: opening it waits for a writer that never comes.
-    stuck = folder / "stuck.jpg"
-    os.mkfifo(stuck)
-    return [*sources[:2], stuck, *sources[2:]]
+    # A FIFO named like an image (opening it would wait for a writer) and a corrupt file.
+    fifo = folder / "fifo.jpg"
+    os.mkfifo(fifo)
+    corrupt = folder / "corrupt.jpg"
+    corrupt.write_bytes(sources[0].read_bytes()[:300])
+    return [*sources[:2], fifo, *sources[2:4], corrupt, *sources[4:]]
 
 
 def image_jobs(sources: list[Path], output: Path) -> list[ImageJob]:
@@ -168,26 +208,32 @@ def image_jobs(sources: list[Path], output: Path) -> list[ImageJob]:
     ]
 
 
-def test_a_stuck_image_on_dask_is_an_error_row_like_on_the_local_pool(
+@pytest.mark.timeout(300)
+def test_images_on_dask_equal_the_local_pool_on_daemonic_and_threaded_workers(
     scheduler, tmp_path, monkeypatch
 ):
-    sources = write_sources(tmp_path / "sources", 5)
-    limit = TimeLimit(LIMIT_SECONDS, image_job_stopped)
-    outputs = {}
-    for place in ("local", "dask"):
-        if place == "dask":
-            monkeypatch.setenv(cluster.SCHEDULER_VARIABLE, scheduler)
+    """Rows (error rows included) and packed bytes as on the local pool, on in-process
+    worker threads and on stock daemonic worker processes alike."""
+    from distributed import LocalCluster
+
+    sources = write_sources(tmp_path / "sources", 6)
+    limit = TimeLimit(60.0, image_job_stopped)
+
+    def build(place: str) -> tuple[list, np.ndarray]:
         output = tmp_path / place
         packed = output / "images" / "p.npy"
         rows = build_packed_images(image_jobs(sources, output), packed, 64, 2, time_limit=limit)
-        outputs[place] = rows, np.load(packed)
+        assert not [p for p in output.rglob("*") if TEMP_MARKER in p.name]
+        return [(r.image_id, r.status, r.error, r.source_sha256) for r in rows], np.load(packed)
 
-    (local_rows, local_pixels), (dask_rows, dask_pixels) = outputs["local"], outputs["dask"]
-    stuck = [row for row in dask_rows if row.status == "error"]
-    assert [row.image_id for row in stuck] == ["stuck"]
-    assert f"took longer than {LIMIT_SECONDS:g} s" in stuck[0].error
-    assert [(r.image_id, r.status, r.error, r.source_sha256) for r in dask_rows] == [
-        (r.image_id, r.status, r.error, r.source_sha256) for r in local_rows
-    ]
-    np.testing.assert_array_equal(dask_pixels, local_pixels)
-    assert not dask_pixels[2].any() and dask_pixels[3].any()
+    local_rows, local_pixels = build("local")
+    errors = {image_id: error for image_id, status, error, _ in local_rows if status == "error"}
+    assert set(errors) == {"fifo", "corrupt"}
+    assert "named pipe (FIFO), not a regular file; it was not opened" in errors["fifo"]
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as daemonic:
+        for place, address in (("threads", scheduler), ("daemonic", daemonic.scheduler_address)):
+            monkeypatch.setenv(cluster.SCHEDULER_VARIABLE, address)
+            rows, pixels = build(place)
+            assert rows == local_rows, place
+            np.testing.assert_array_equal(pixels, local_pixels, err_msg=place)
+    assert not local_pixels[2].any() and local_pixels[3].any()

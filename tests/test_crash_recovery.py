@@ -1,5 +1,6 @@
-"""kill -9 / SIGTERM of the `radharmony` CLI during masks and images, then the same command on
-the same DAGSTER_HOME: the dead run's pool slot is freed and the outputs are byte-identical.
+"""kill -9 / SIGTERM of a run during masks and images, started by the `radharmony` CLI or by
+`dagster asset materialize`, then the same command on the same DAGSTER_HOME: the dead run's
+pool slot is freed by the next run itself and the outputs are byte-identical.
 
 The per-image work is slowed down by a `sitecustomize` module on PYTHONPATH (loaded by the CLI
 and by its worker processes alike), so that the kill lands while the stage is writing.
@@ -71,16 +72,30 @@ def command(data_root: Path) -> list[str]:
     return [*CLI, "demo", "--data-root", str(data_root), "--partition", PARTITION]
 
 
-def run_to_end(data_root: Path, environ: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+# The README's real-data command: no `radharmony` code runs before the run itself.
+DAGSTER = str(Path(sys.executable).with_name("dagster"))
+STAGES = "raw_index,labels,masks,bboxes,images"
+
+
+def dagster_command(_data_root: Path) -> list[str]:
+    return [
+        *(DAGSTER, "asset", "materialize", "-m", "radharmony_pipeline.definitions"),
+        *("--select", STAGES, "--partition", PARTITION),
+    ]
+
+
+def run_to_end(
+    data_root: Path, environ: dict, timeout: float = 300, how=command
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        command(data_root), env=environ, capture_output=True, text=True, timeout=timeout
+        how(data_root), env=environ, capture_output=True, text=True, timeout=timeout
     )
 
 
-def start_and_wait_for_stage(data_root: Path, environ: dict, output: Path, stage: str):
-    """Start the CLI and return it once the stage has written its first file."""
+def start_and_wait_for_stage(data_root: Path, environ: dict, output: Path, stage: str, how=command):
+    """Start the command and return it once the stage has written its first file."""
     process = subprocess.Popen(
-        command(data_root),
+        how(data_root),
         env=environ,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -124,6 +139,7 @@ def wait_for_orphans(output: Path, seconds: float = 10) -> None:
 
 
 def runs_holding_the_pool(home: Path) -> list[str]:
+    """Runs the instance lists as holding or waiting for a pool slot."""
     with (
         mock.patch.dict(os.environ, {"DAGSTER_HOME": str(home)}),
         dg.DagsterInstance.get() as instance,
@@ -142,6 +158,7 @@ def reference(tiny_root, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("stage", ["masks", "images"])
 def test_kill_9_then_same_command_on_same_instance_is_byte_identical(
     stage, tiny_root, tmp_path, reference
@@ -168,6 +185,55 @@ def test_kill_9_then_same_command_on_same_instance_is_byte_identical(
     different = [name for name in reference if resumed[name] != reference[name]]
     assert different == []
     assert runs_holding_the_pool(home) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("stage", ["masks", "images"])
+def test_kill_9_of_a_dagster_cli_run_then_the_same_command_frees_the_slot_itself(
+    stage, tiny_root, tmp_path, reference
+):
+    """`dagster asset materialize`, as the README runs real data: nothing of the project's
+    CLI runs, so the re-run's own executor must free the dead run's slot."""
+    home = new_home(tmp_path / "home")
+    output = tmp_path / "out"
+
+    def environ(slow_stage: str | None) -> dict:
+        return {
+            **environment(tmp_path, home, output, slow_stage),
+            "RADHARMONY_DATA_ROOT": str(tiny_root),
+        }
+
+    process = start_and_wait_for_stage(
+        tiny_root, environ(stage), output, stage, how=dagster_command
+    )
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    killed = runs_holding_the_pool(home)
+    assert killed, "the killed run should still hold its pool slot"
+
+    done = run_to_end(tiny_root, environ(None), timeout=300, how=dagster_command)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    assert f"freed the pool slots of run {killed[0][:8]}" in log
+    assert "Step blocked by limit" not in log or "freed the pool slots" in log
+    wait_for_orphans(output)
+    assert temporaries(output) == []
+    resumed = outputs_of(output)
+    # The five stages' files: the same bytes as the uninterrupted `radharmony demo` wrote.
+    assert resumed and all(name in reference for name in resumed), sorted(resumed)
+    assert [name for name in resumed if resumed[name] != reference[name]] == []
+    stage_files = [
+        n for n in reference if n.startswith((f"masks/{PARTITION}", f"images/{PARTITION}"))
+    ]
+    assert stage_files and all(name in resumed for name in stage_files)
+    assert runs_holding_the_pool(home) == []
+    with (
+        mock.patch.dict(os.environ, {"DAGSTER_HOME": str(home)}),
+        dg.DagsterInstance.get() as instance,
+    ):
+        dead = instance.get_run_by_id(killed[0])
+        assert dead.status == dg.DagsterRunStatus.FAILURE  # marked, not left STARTED
 
 
 @pytest.mark.slow
@@ -297,3 +363,54 @@ def test_a_stopped_image_job_removes_only_its_dead_writers_temporaries(tmp_path)
     assert row.status == "error" and "took longer than 1 s" in row.error
     assert not any(path.exists() for path in left_by_stopped)
     assert all(path.exists() for path in kept)
+
+
+@pytest.mark.timeout(120)
+def test_only_runs_whose_worker_on_this_host_is_gone_are_freed_and_failed():
+    from radharmony_pipeline.defs.recovery import (
+        HEAVY_POOL,
+        WORKER_TAG,
+        RunWorker,
+        free_slots_of_dead_runs,
+    )
+
+    here = RunWorker.this_process()
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    gone = RunWorker(here.host, here.boot_time, int(ended.stdout), here.started)
+    workers = {
+        "alive-here": here,
+        "dead-here": gone,
+        # The same pid, but a process started long after the run: the id was reused.
+        "pid-reused": RunWorker(here.host, here.boot_time, here.pid, here.started - 3600),
+        "before-reboot": RunWorker(here.host, here.boot_time - 3600, here.pid, here.started),
+        "other-host": RunWorker("elsewhere", here.boot_time, int(ended.stdout), here.started),
+        "untagged": None,
+    }
+    overrides = {"concurrency": {"pools": {"default_limit": len(workers)}}}
+    with dg.instance_for_test(overrides=overrides) as instance:
+        storage = instance.event_log_storage
+        storage.initialize_concurrency_limit_to_default(HEAVY_POOL)
+        for run_id, worker in workers.items():
+            tags = {WORKER_TAG: worker.tag()} if worker else {}
+            instance.add_run(
+                dg.DagsterRun(
+                    job_name="all_stages",
+                    run_id=run_id,
+                    status=dg.DagsterRunStatus.STARTED,
+                    tags=tags,
+                )
+            )
+            assert storage.claim_concurrency_slot(HEAVY_POOL, run_id, "images").is_claimed
+        said = []
+        freed = free_slots_of_dead_runs(instance, said.append)
+        assert sorted(freed) == ["before-reboot", "dead-here", "pid-reused"]
+        assert all("process gone" in line for line in said)
+        held = {slot.run_id for slot in storage.get_concurrency_info(HEAVY_POOL).claimed_slots}
+        assert held == {"alive-here", "other-host", "untagged"}
+        statuses = {run_id: instance.get_run_by_id(run_id).status for run_id in workers}
+        assert {r for r, s in statuses.items() if s == dg.DagsterRunStatus.FAILURE} == set(freed)

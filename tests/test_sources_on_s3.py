@@ -206,15 +206,13 @@ def test_a_rerun_from_s3_reuses_every_image(both_runs, datasets):
 def test_dask_workers_read_the_sources_from_s3_themselves(both_runs, datasets, tmp_path):
     """Worker processes of a Dask cluster get UPaths (URL + options) and make their own S3
     clients: the images step gives the same rows and packed array as the local run."""
-    import dask
     from distributed import Client, LocalCluster
 
     _store_output, _runs, from_disk, _disk_runs = both_runs
     _local, url = datasets
     partition = "chexlocalize.val"
     with (
-        # Non-daemonic worker processes may start the child that bounds each image's time.
-        dask.config.set({"distributed.worker.daemon": False}),
+        # Daemonic worker processes, as Dask starts them by default.
         LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as cluster,

@@ -7,8 +7,6 @@ which `execute_in_process` runs do not.
 """
 
 import os
-import threading
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,10 +20,7 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster._utils.hosted_user_process import recon_job_from_origin
 
 from .jobs import ALL_STAGES_JOB, MANIFEST_JOB, OBSERVE_JOB
-from .recovery import free_slots_of_dead_runs, waiting_message
-
-# How often a run blocked on a pool says what it waits for (and re-checks for dead holders).
-WAIT_REPORT_SECONDS = 10.0
+from .recovery import free_slots_of_dead_runs
 
 # The code location and repository names `make ui` (workspace.yaml) shows the project under.
 CODE_LOCATION = "radharmony_pipeline"
@@ -102,43 +97,16 @@ def materialize_partitions(
 ) -> list[PartitionOutcome]:
     """One `all_stages` run per partition; one failing partition does not stop the others.
 
-    Slots of runs killed earlier on this instance are freed first, and while a run waits for
-    a pool slot, `say` is told every few seconds which run holds it."""
+    Slots of runs killed earlier on this instance are freed first (and `say` is told); while a
+    run waits for a pool slot, its log says every few seconds which run holds it."""
     outcomes = []
     for key in partition_keys:
-        run_id = str(uuid.uuid4())
-        with reporting_waits(instance, run_id, say):
-            result = run_job(location, instance, ALL_STAGES_JOB, key, run_id=run_id)
+        # Said here too, not only in the run's log (recovery.freeing_dead_runs_slots).
+        free_slots_of_dead_runs(instance, say)
+        result = run_job(location, instance, ALL_STAGES_JOB, key)
         outcomes.append(_outcome(key, result))
         on_done(outcomes[-1])
     return outcomes
-
-
-@contextmanager
-def reporting_waits(
-    instance: dg.DagsterInstance, run_id: str, say: Callable[[str], None]
-) -> Iterator[None]:
-    """While the block runs: free the slots of dead runs, and report what `run_id` waits for."""
-    free_slots_of_dead_runs(instance, say)
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.wait(WAIT_REPORT_SECONDS):
-            try:
-                free_slots_of_dead_runs(instance, say)
-                message = waiting_message(instance, run_id)
-            except Exception as error:  # a report must never break the run it watches
-                message = f"could not read the pool state: {error!r}"
-            if message:
-                say(f"run {run_id[:8]} is {message}")
-
-    watcher = threading.Thread(target=watch, name="pool-wait-reporter", daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        watcher.join()
 
 
 def materialize_manifest(location: CodeLocation, instance: dg.DagsterInstance) -> PartitionOutcome:

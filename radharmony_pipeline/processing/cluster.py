@@ -4,7 +4,8 @@ Setting RADHARMONY_DASK_SCHEDULER to a scheduler address (`tcp://host:8786`) sen
 chunks of the `masks` and `images` steps to that `distributed` cluster; its workers need the
 project installed (`pip install -e '.[scale]'`) and read/write the same output root. With a
 time limit, each Dask worker thread runs its chunks' items in a supervised child process of
-its own (kept between chunks), so a stuck image becomes an error row there too.
+its own (kept between chunks), so a stuck image becomes an error row there too, with the
+workers as `dask worker` starts them (daemonic by default, see worker_context).
 """
 
 from __future__ import annotations
@@ -25,14 +26,13 @@ from .parallel import (
     split_into_chunks,
     worker_count,
 )
-from .supervised import SupervisedPool, TimeLimit
+from .supervised import ChildProcessContext, SupervisedPool, TimeLimit
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 SCHEDULER_VARIABLE = "RADHARMONY_DASK_SCHEDULER"
 CONNECT_TIMEOUT_SECONDS = 30
-DAEMON_SETTING = "DASK_DISTRIBUTED__WORKER__DAEMON"
 
 
 def dask_scheduler(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -81,6 +81,7 @@ def map_on_dask(
     raised here (remaining tasks cancelled). on_progress(done_items, total) as chunks finish;
     `time_limit` bounds each item on the worker (apply_to_chunk)."""
     from distributed import as_completed  # the scale extra; imported only when configured
+    from distributed.client import FutureCancelledError
 
     if not items:
         return []
@@ -100,6 +101,15 @@ def map_on_dask(
                 done += len(chunks[index])
                 if on_progress is not None:
                     on_progress(done, len(items))
+        except FutureCancelledError as error:
+            # Distributed cancels every future once the scheduler is gone (its reason says
+            # so); a lost *worker* only moves its tasks elsewhere and never reaches here.
+            client.cancel(futures)
+            raise RuntimeError(
+                f"lost the Dask scheduler {address!r} ({SCHEDULER_VARIABLE}) with {done} of "
+                f"{len(items)} items done: {error}. Restart the scheduler (`dask scheduler`) "
+                "and its workers, then re-run: outputs already written are re-used"
+            ) from error
         except BaseException:
             client.cancel(futures)
             raise
@@ -127,13 +137,6 @@ _POOLS: dict[int, tuple[bytes, SupervisedPool]] = {}
 def _thread_pool(function: Callable[[T], R], time_limit: TimeLimit[T, R]) -> SupervisedPool:
     """The calling thread's one-process pool for `function`, kept alive for its next chunks
     (starting a process per chunk would cost ~10 ms each); replaced when the task changes."""
-    if multiprocessing.current_process().daemon:
-        raise RuntimeError(
-            "this Dask worker runs as a daemonic process, which may not start the process "
-            "that bounds each image's time (RADHARMONY_JOB_TIMEOUT). Start the workers with "
-            f"{DAEMON_SETTING}=False in their environment (or `distributed.worker.daemon: "
-            "false` in the Dask config), or with `dask worker --no-nanny`"
-        )
     key = pickle.dumps((function, time_limit))
     thread = threading.get_ident()
     cached = _POOLS.get(thread)
@@ -141,9 +144,19 @@ def _thread_pool(function: Callable[[T], R], time_limit: TimeLimit[T, R]) -> Sup
         return cached[1]
     if cached is not None:
         cached[1].close()
-    pool = SupervisedPool(function, 1, time_limit, process_context())
+    pool = SupervisedPool(function, 1, time_limit, worker_context())
     _POOLS[thread] = (key, pool)
     return pool
+
+
+def worker_context() -> multiprocessing.context.BaseContext | ChildProcessContext:
+    """How this Dask worker starts its supervised child: the fork server, except in a
+    daemonic worker process (`dask worker`'s default), which multiprocessing forbids to have
+    children; there a plain subprocess of the same interpreter, started in about a second
+    and kept between chunks."""
+    if multiprocessing.current_process().daemon:
+        return ChildProcessContext()
+    return process_context()
 
 
 def close_thread_pools() -> None:

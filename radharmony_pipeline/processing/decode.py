@@ -15,6 +15,7 @@ from PIL import Image
 from radharmony_pipeline.processing.geometry import reduce_by_area
 from radharmony_pipeline.processing.image_files import ImageFileError, read_grayscale_png
 from radharmony_pipeline.processing.source_store import (
+    NotARegularFile,
     SourcePath,
     as_source_path,
     readable,
@@ -97,6 +98,8 @@ def decode_grayscale(
         source = readable(path, content)
     except FileNotFoundError as error:
         raise DecodeError(path, "file not found") from error
+    except NotARegularFile as error:  # a FIFO, socket or device: never opened
+        raise DecodeError(path, error.reason) from error
     except OSError as error:  # e.g. access denied to the object
         raise DecodeError(path, f"cannot read: {error}") from error
     try:

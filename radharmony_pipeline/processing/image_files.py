@@ -11,6 +11,7 @@ from PIL import Image
 
 from .source_store import (
     FileContent,
+    NotARegularFile,
     SourcePath,
     SourceStoreError,
     as_source_path,
@@ -18,6 +19,7 @@ from .source_store import (
     key_problem,
     open_source_file,
     readable,
+    require_regular_file,
 )
 
 PILLOW_FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
@@ -78,8 +80,12 @@ def confined(path: SourcePath, root: SourcePath | None) -> SourcePath:
 
 def _require_file(path: SourcePath) -> None:
     # Locally only: an object's absence shows when it is opened, without an extra request.
-    if not is_remote(path) and not path.is_file():
-        raise ImageFileError(path, "file not found")
+    try:
+        require_regular_file(path)
+    except FileNotFoundError as error:
+        raise ImageFileError(path, "file not found") from error
+    except NotARegularFile as error:
+        raise ImageFileError(path, error.reason) from error
 
 
 def _pillow_size(path: SourcePath, image_format: str) -> tuple[int, int]:
@@ -197,6 +203,8 @@ def _decode_png(path: SourcePath, content: bytes | None) -> tuple[np.ndarray, st
         data = content if content is not None else _png_bytes(path)
     except FileNotFoundError as error:
         raise ImageFileError(path, "file not found") from error
+    except NotARegularFile as error:
+        raise ImageFileError(path, error.reason) from error
     except OSError as error:  # e.g. access denied
         raise ImageFileError(path, f"cannot read: {error}") from error
     decoded = _pyspng_decode(data)

@@ -30,7 +30,14 @@ from .image_files import confined
 from .masks import mask_input_key, read_mask_png, write_mask_png
 from .parallel import Progress, default_chunk_size, map_in_chunks, split_into_chunks
 from .perceptual_hash import perceptual_hash, pixels_sha256
-from .source_store import FileState, SourcePath, file_state, is_remote, read_source_bytes
+from .source_store import (
+    FileState,
+    NotARegularFile,
+    SourcePath,
+    file_state,
+    is_remote,
+    read_source_bytes,
+)
 from .storage import is_local, local_scratch_file, publish, publish_file
 from .supervised import TimeLimit
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
@@ -208,8 +215,10 @@ def read_source(path: SourcePath) -> bytes:
     the step (SourceStoreError) instead of becoming an error row for every image."""
     try:
         return read_source_bytes(path)
-    except (FileNotFoundError, IsADirectoryError) as error:
+    except FileNotFoundError as error:
         raise DecodeError(path, "file not found") from error
+    except NotARegularFile as error:  # a FIFO, socket or device: never opened
+        raise DecodeError(path, error.reason) from error
     except OSError as error:  # e.g. access denied to the file or object
         raise DecodeError(path, f"cannot read: {error}") from error
 

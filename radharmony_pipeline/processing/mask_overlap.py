@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from .masks import read_mask_png
-from .source_store import open_source_file
+from .source_store import NotARegularFile, open_source_file
 
 # A (image, class) mask smaller than this share of the frame counts as small.
 SMALL_MASK_FRACTION = 0.005
@@ -107,6 +107,9 @@ def alpha_images(files: Iterable[Path]) -> int:
     """Source images stored with an alpha channel (RGBA/LA), from their headers only."""
     count = 0
     for path in files:
-        with open_source_file(path) as handle, Image.open(handle) as image:
-            count += image.mode in ("RGBA", "LA")
+        try:
+            with open_source_file(path) as handle, Image.open(handle) as image:
+                count += image.mode in ("RGBA", "LA")
+        except NotARegularFile:
+            continue  # a FIFO or device named like an image: the images stage reports it
     return count

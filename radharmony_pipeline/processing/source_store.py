@@ -14,6 +14,7 @@ import errno
 import io
 import os
 import posixpath
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -58,6 +59,64 @@ class ObjectNotFound(FileNotFoundError):
             "dataset's location (RADHARMONY_DATA_ROOT or its own variable) at the prefix "
             "that holds it"
         )
+
+
+class NotARegularFile(OSError):
+    """A local path that is a named pipe, socket, device or folder where a file should be.
+
+    Refused from its metadata alone: opening a FIFO waits for a writer that may never come,
+    and opening a device can block or have side effects."""
+
+    def __init__(self, path: SourcePath, kind: str) -> None:
+        self.reason = (
+            f"is a {kind}, not a regular file; it was not opened. Replace it with the file itself"
+        )
+        super().__init__(errno.EINVAL, self.reason, str(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.reason}"
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "named pipe (FIFO)"),
+    (stat.S_ISSOCK, "socket"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISDIR, "folder"),
+)
+
+
+def _require_regular(path: SourcePath, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "special file")
+        raise NotARegularFile(path, kind)
+
+
+def require_regular_file(path: SourcePath) -> None:
+    """Raise FileNotFoundError or NotARegularFile unless the local `path` is a regular file
+    (through symlinks); nothing is opened. An object on a store is always a plain file."""
+    if not is_local(path):
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except (NotADirectoryError, ValueError) as error:  # a path through a file, a NUL byte
+        raise FileNotFoundError(errno.ENOENT, "file not found", str(path)) from error
+    _require_regular(path, mode)
+
+
+def _open_local(path: SourcePath) -> BinaryIO:
+    """A local regular file opened for reading; anything else is refused before opening."""
+    require_regular_file(path)
+    # Non-blocking, so that a file swapped for a FIFO after the check cannot hang the open;
+    # the descriptor's own type is checked again before it is used.
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        _require_regular(path, os.fstat(descriptor).st_mode)
+        os.set_blocking(descriptor, True)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return os.fdopen(descriptor, "rb")
 
 
 def source_path(location: str | os.PathLike) -> SourcePath:
@@ -111,7 +170,7 @@ def open_source_file(path: SourcePath) -> Iterator[BinaryIO]:
     """A binary handle on the file; an object is fetched in HEADER_BLOCK ranges as read, so
     a parser that stops after the header downloads little."""
     if is_local(path):
-        with open(path, "rb") as handle:
+        with _open_local(path) as handle:
             yield handle
         return
     with _store_errors(path):
@@ -123,7 +182,8 @@ def open_source_file(path: SourcePath) -> Iterator[BinaryIO]:
 def read_source_bytes(path: SourcePath) -> bytes:
     """The whole file: one request for an object."""
     if is_local(path):
-        return Path(path).read_bytes()
+        with _open_local(path) as handle:
+            return handle.read()
     with _store_errors(path):
         return path.fs.cat_file(path.path)
 
@@ -142,12 +202,11 @@ class FileContent(io.BytesIO):
 def readable(path: SourcePath, content: bytes | None = None) -> Path | BinaryIO:
     """What a parser (Pillow, pydicom) should open: `content` when the caller already read
     the file, a local file by its path (the fast path), else the object's bytes in memory.
-    A missing file raises FileNotFoundError naming it."""
+    A missing file raises FileNotFoundError naming it, a FIFO or device NotARegularFile."""
     if content is not None:
         return FileContent(content, path)
     if is_local(path):
-        if not Path(path).is_file():
-            raise FileNotFoundError(errno.ENOENT, "file not found", str(path))
+        require_regular_file(path)
         return Path(path)
     return FileContent(read_source_bytes(path), path)
 

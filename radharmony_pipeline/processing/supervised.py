@@ -8,6 +8,10 @@ result. The parent kills a worker whose current item exceeds the limit (or that 
 records `on_timeout(item, reason)` for that item, puts the item queued behind it back in
 line and starts a fresh worker. Handing out single items, not fixed chunks, also keeps every
 worker busy until the last item (no chunk left running on one worker at the end).
+
+Workers are multiprocessing children, or, in a daemonic process (a stock Dask worker), which
+multiprocessing forbids to have children, plain subprocesses of the same interpreter
+(ChildProcessContext) serving the same protocol.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import subprocess
+import sys
 import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection, Pipe, wait
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Generic, TypeVar
 
@@ -275,3 +281,75 @@ def _stop(worker: _Worker) -> None:
         worker.process.kill()
     worker.process.join()
     worker.connection.close()
+
+
+class ChildProcess:
+    """A worker started as `python -c ...` rather than by multiprocessing, with the part of
+    multiprocessing.Process that SupervisedPool uses. A daemonic process may start it."""
+
+    def __init__(self, target: Callable, args: tuple, daemon: bool = True) -> None:
+        if target is not _serve:
+            raise ValueError("a ChildProcess only runs a supervised worker")
+        self.function, self.connection = args
+        self._popen: subprocess.Popen | None = None
+        self.sentinel: int | None = None
+
+    def start(self) -> None:
+        descriptor = self.connection.fileno()
+        # The child imports what this process can: its module search path, as spawn passes it.
+        environ = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self._popen = subprocess.Popen(
+            [sys.executable, "-c", f"{_CHILD_ENTRY}({descriptor})"],
+            stdin=subprocess.PIPE,
+            pass_fds=(descriptor,),
+            env=environ,
+        )
+        # Readable once the child has ended, like a multiprocessing sentinel.
+        self.sentinel = os.pidfd_open(self._popen.pid)
+        try:
+            self._popen.stdin.write(pickle.dumps(self.function))
+            self._popen.stdin.close()
+        except OSError:
+            pass  # it died at once: its end shows in the wait, and the item is recorded
+
+    def is_alive(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        return None if self._popen is None else self._popen.poll()
+
+    def kill(self) -> None:
+        if self.is_alive():
+            self._popen.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._popen is None:
+            return
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return
+        if self.sentinel is not None:
+            os.close(self.sentinel)
+            self.sentinel = None
+
+
+_CHILD_ENTRY = "from radharmony_pipeline.processing.supervised import serve_child; serve_child"
+
+
+def serve_child(descriptor: int) -> None:
+    """The body of a ChildProcess: the function from stdin, then _serve on the inherited
+    connection."""
+    function = pickle.loads(sys.stdin.buffer.read())
+    _serve(function, Connection(descriptor))
+
+
+class ChildProcessContext:
+    """A stand-in for a multiprocessing context whose workers are ChildProcess subprocesses."""
+
+    @staticmethod
+    def Pipe(duplex: bool = True) -> tuple[Connection, Connection]:
+        return Pipe(duplex)
+
+    Process = ChildProcess

@@ -365,6 +365,10 @@ def conform(
 
 def _column_array(series: pd.Series, column: Column, table: str) -> pa.Array:
     declared = column.type
+    if series.empty:
+        # No value to lose: an empty partition (an annotation file without entries) gets the
+        # declared types whatever dtype pandas gave its empty columns.
+        return pa.array([], type=declared)
     try:
         array = pa.array(series, from_pandas=True)
     except (pa.ArrowInvalid, pa.ArrowTypeError):

@@ -336,7 +336,11 @@ def require_columns(frame: pd.DataFrame, required: Iterable[str], path: SourcePa
         )
 
 
-def read_csv(path: SourcePath, dtype: Mapping[str, str] | None = None) -> pd.DataFrame:
+def read_csv(
+    path: SourcePath, dtype: Mapping[str, str] | None = None, columns: Sequence[str] = ()
+) -> pd.DataFrame:
+    """The CSV as a frame; a file of zero bytes is a table of `columns` without rows (an
+    empty split, which its count check reports), not a parse error."""
     try:
         if not source_store.is_remote(path):
             return pd.read_csv(path, dtype=dtype, keep_default_na=True)
@@ -344,6 +348,8 @@ def read_csv(path: SourcePath, dtype: Mapping[str, str] | None = None) -> pd.Dat
         compression = "gzip" if path.name.lower().endswith(".gz") else None
         with source_store.open_source_file(path) as handle:
             return pd.read_csv(handle, dtype=dtype, keep_default_na=True, compression=compression)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame({name: pd.Series(dtype=(dtype or {}).get(name)) for name in columns})
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise MetadataError(
             path, "parsing", f"not a readable CSV ({exc})", "Re-download the file"
@@ -384,14 +390,22 @@ def arrow_system_allocator() -> Iterator[None]:
         pa.set_memory_pool(previous)
 
 
-def read_json(path: SourcePath) -> object:
-    """Parse JSON (bare NaN tokens allowed, as in ReXGradient), naming line and column on error.
+def read_json_entries(path: SourcePath, container: type[list] | type[dict]) -> object:
+    """Parse an annotation file whose top level is a `container` of entries (bare NaN tokens
+    allowed, as in ReXGradient), naming line and column on error.
+
+    A file without entries (zero bytes, blank, `[]` or `{}`) is an empty `container`: an
+    empty split with typed tables, which its count check reports with expected vs found.
+    Anything else is returned as parsed, for the reader to check its shape.
 
     The standard parser is used on purpose: on these string-heavy files it measured faster
     than orjson, and it accepts NaN without a rewriting pass.
     """
     try:
-        return json.loads(_json_text(path))
+        text = _json_text(path)
+        if not text or text.isspace():
+            return container()
+        data = json.loads(text)
     except RecursionError as exc:
         raise MetadataError(
             path,
@@ -411,6 +425,7 @@ def read_json(path: SourcePath) -> object:
         raise MetadataError(
             path, f"byte {exc.start}", "not UTF-8 JSON", "Re-download the file"
         ) from exc
+    return container() if data in ([], {}) else data
 
 
 def _json_text(path: SourcePath) -> str:
@@ -425,7 +440,7 @@ def _json_text(path: SourcePath) -> str:
         return str(data, json.detect_encoding(data[:4]), "surrogatepass")
     with open(path, "rb") as handle:
         if os.fstat(handle.fileno()).st_size == 0:
-            return ""  # an empty file cannot be mapped; json.loads reports it as malformed
+            return ""  # an empty file cannot be mapped (and holds no entries)
         with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
             return str(data, json.detect_encoding(data[:4]), "surrogatepass")
 

@@ -21,7 +21,7 @@ from .base import (
     entry_error,
     index_frame,
     label_frame,
-    read_json,
+    read_json_entries,
 )
 from .counts import ExpectedCounts
 from .errors import MetadataError
@@ -161,7 +161,7 @@ chestx-det/
         self.check_split(split)
         path = self.require(self.annotation_json(split), f"ChestX-Det {split} annotation JSON")
         self.require(self.image_dir(split), f"ChestX-Det {split} image folder")
-        entries = read_json(path)
+        entries = read_json_entries(path, list)
         if not isinstance(entries, list):
             raise MetadataError(
                 path,
@@ -326,8 +326,9 @@ chestx-det/
             "images": len(labels),
             "annotations": int(labels["num_instances"].sum()),
             "negatives": int(labels["is_negative"].sum()),
-            **{f"class_images.{k}": v for k, v in sorted(images_per_class.items())},
-            **{f"class_annotations.{k}": v for k, v in sorted(instances_per_class.items())},
+            # Every class, so a class missing from the split is found 0 (not unknown).
+            **{f"class_images.{k}": images_per_class[k] for k in self.mask_classes},
+            **{f"class_annotations.{k}": instances_per_class[k] for k in self.mask_classes},
         }
 
 

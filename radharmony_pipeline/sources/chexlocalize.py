@@ -22,7 +22,7 @@ from .base import (
     index_frame,
     label_frame,
     read_csv,
-    read_json,
+    read_json_entries,
     require_columns,
     split_named_in,
 )
@@ -161,7 +161,7 @@ chexlocalize/
         self.require(self.image_dir(split), f"CheXpert {split} image folder")
         csv_path = self.require(self.labels_csv(split), f"CheXpert {split} labels CSV")
         self.require(self.segmentation_json(split), "CheXlocalize segmentation JSON")
-        table = read_csv(csv_path)
+        table = read_csv(csv_path, columns=("Path", *CHEXPERT_LABELS))
         require_columns(table, ("Path", *CHEXPERT_LABELS), csv_path)
         errors = RowErrors(len(table))
         parts = _parse_paths(table["Path"], csv_path, errors)
@@ -218,7 +218,7 @@ chexlocalize/
     def read_segmentations(self, split: str) -> dict:
         """`{cxr_id: {pathology: RLE}}` as in gt_segmentations_<split>.json."""
         path = self.require(self.segmentation_json(split), "CheXlocalize segmentation JSON")
-        data = read_json(path)
+        data = read_json_entries(path, dict)
         if not isinstance(data, dict):
             raise MetadataError(
                 path,

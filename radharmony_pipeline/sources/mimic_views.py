@@ -30,7 +30,8 @@ def raw_view_positions(files_dir: SourcePath, dicom_ids: pd.Series, paths: pd.Se
     csv_path = metadata_csv(files_dir.parent)
     listed = pd.Series(False, index=dicom_ids.index)
     if csv_path is not None:
-        table = read_csv(csv_path, dtype={"dicom_id": "string", "ViewPosition": "string"})
+        columns = ("dicom_id", "ViewPosition")
+        table = read_csv(csv_path, dtype=dict.fromkeys(columns, "string"), columns=columns)
         require_columns(table, ("dicom_id", "ViewPosition"), csv_path)
         by_id = table.drop_duplicates("dicom_id").set_index("dicom_id")["ViewPosition"]
         listed = dicom_ids.isin(by_id.index)

@@ -97,7 +97,9 @@ mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICO
         """The CSV's rows of one split, validated, with their line numbers as `csv_row`."""
         self.check_split(split)
         csv_path = self.require(self.csv_path(), "MS-CXR annotation CSV")
-        boxes = read_csv(csv_path, dtype={"dicom_id": "string", "path": "string"})
+        boxes = read_csv(
+            csv_path, dtype={"dicom_id": "string", "path": "string"}, columns=CSV_COLUMNS
+        )
         require_columns(boxes, CSV_COLUMNS, csv_path)
         boxes["csv_row"] = np.arange(len(boxes)) + 2
         boxes["split"] = _normalized_splits(boxes, csv_path)
@@ -178,11 +180,13 @@ mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICO
         """Per file: `.jpg` if present, else `.dcm` if present, else the CSV's `.jpg`.
 
         Trees that mix JPG and DICOM exist, so the extension is never inferred from one row.
+        Present is any kind of entry: a FIFO or folder under the name is what the images
+        stage then reports, rather than a `.jpg` that was never there.
         """
 
         def resolve(stem: str) -> str:
             for suffix in (".jpg", ".dcm"):
-                if source_store.is_file(self._files / (stem + suffix)):
+                if source_store.exists(self._files / (stem + suffix)):
                     return stem + suffix
             return stem + ".jpg"
 

@@ -25,7 +25,7 @@ from .base import (
     garbage_collection_paused,
     index_frame,
     label_frame,
-    read_json,
+    read_json_entries,
     split_named_in,
     text_column,
 )
@@ -146,7 +146,7 @@ rexgradient/
 
     def _read_tables(self, path: SourcePath, split: str) -> SplitTables:
         # The parsed JSON is the largest object of the step; nothing keeps it past this call.
-        studies, images = _study_and_image_tables(read_json(path), path, split)
+        studies, images = _study_and_image_tables(read_json_entries(path, dict), path, split)
         image_path = pd.Series(images["image_path"])
         errors = RowErrors(len(image_path))
         errors.update(images["problems"])

@@ -1,0 +1,373 @@
+"""The services failing under a run: a Dask worker killed while it holds chunks, the Dask
+scheduler killed, and the PostgreSQL server of the Dagster instance restarted mid-run. Each
+ends in outputs equal to a fault-free run's (after a re-run where the fault stops the step),
+no visible temporaries, and a clear message on the failing path, within a bounded time.
+
+Select with `pytest -m cluster`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from cluster_services import Services, pg_connect, restart_postgres, start_dask, start_postgres
+from fault_support import build as build_stages
+from PIL import Image
+
+from radharmony_pipeline.defs.assets.images import _remove_interrupted_writes
+from radharmony_pipeline.processing import cluster
+from radharmony_pipeline.processing.atomic import TEMP_MARKER, writer_is_gone
+from radharmony_pipeline.processing.image_jobs import (
+    ImageJob,
+    build_packed_images,
+    image_job_stopped,
+)
+from radharmony_pipeline.processing.supervised import TimeLimit
+from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
+
+pytestmark = pytest.mark.cluster
+
+SIZE = 64
+IMAGES = 30
+# Loaded by the Dask workers and their children (PYTHONPATH): every image takes 0.3 s more,
+# so that a kill lands while chunks are being processed.
+SLOW = """
+import os, time
+if os.environ.get("SLOW_IMAGES"):
+    from radharmony_pipeline.processing import image_jobs
+
+    def slowed(method):
+        def run(self, *args, **kwargs):
+            time.sleep(0.3)
+            return method(self, *args, **kwargs)
+        return run
+
+    image_jobs.ImageJob._process = slowed(image_jobs.ImageJob._process)
+"""
+
+
+LIMIT = TimeLimit(120.0, image_job_stopped)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> list[Path]:
+    folder = tmp_path_factory.mktemp("sources")
+    paths = []
+    for index in range(IMAGES):
+        rng = np.random.default_rng(index)
+        pixels = to_uint8(render_radiograph(rng, 200 + 7 * index, 180, "frontal").pixels)
+        path = folder / f"view{index}.jpg"
+        Image.fromarray(pixels).save(path, quality=90)
+        paths.append(path)
+    (folder / "broken.jpg").write_bytes(paths[0].read_bytes()[:200])
+    return [*paths[:5], folder / "broken.jpg", *paths[5:]]
+
+
+def jobs_for(sources: list[Path], output: Path) -> list[ImageJob]:
+    return [
+        ImageJob(
+            image_id=source.stem,
+            source_file=source,
+            union_mask_file=None,
+            output_root=output,
+            image_relative=f"images/p/{source.stem}.png",
+            mask_relative=None,
+            size=SIZE,
+            resize="letterbox",
+            row=row,
+            source_root=source.parent,
+        )
+        for row, source in enumerate(sources)
+    ]
+
+
+def build(sources: list[Path], output: Path) -> tuple[list[tuple], np.ndarray, dict]:
+    packed = output / "images" / "p.npy"
+    rows = build_packed_images(jobs_for(sources, output), packed, SIZE, 2, time_limit=LIMIT)
+    files = {
+        p.relative_to(output).as_posix(): p.read_bytes()
+        for p in sorted((output / "images" / "p").glob("*.png"))
+    }
+    return [(r.image_id, r.status, r.error, r.source_sha256) for r in rows], np.load(packed), files
+
+
+@pytest.fixture(scope="module")
+def reference(sources, tmp_path_factory):
+    """The fault-free run on the local pool."""
+    return build(sources, tmp_path_factory.mktemp("reference") / "out")
+
+
+def temporaries(output: Path) -> list[Path]:
+    return [p for p in output.rglob("*") if TEMP_MARKER in p.name or ".partial" in p.name]
+
+
+def wait_without_temporaries(output: Path, seconds: float = 20) -> list[Path]:
+    """A killed worker's child may finish (and rename) its current image after the kill."""
+    deadline = time.monotonic() + seconds
+    while temporaries(output) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return temporaries(output)
+
+
+@pytest.fixture
+def dask_services(tmp_path):
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(SLOW)
+    services = Services()
+    path = os.pathsep.join([str(slow), os.environ.get("PYTHONPATH", "")])
+    try:
+        start_dask(
+            services,
+            tmp_path,
+            workers=2,
+            extra_environment={"PYTHONPATH": path, "SLOW_IMAGES": "1"},
+        )
+        yield services
+    finally:
+        services.stop()
+
+
+def worker_pids(services: Services) -> dict[str, int]:
+    """Worker address -> pid of its worker process (the nanny's child)."""
+    from distributed import Client
+
+    with Client(services.scheduler, timeout=30) as client:
+        return client.run(os.getpid)
+
+
+def run_in_thread(target) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+
+    def body() -> None:
+        try:
+            outcome["result"] = target()
+        except BaseException as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def wait_for_written_images(output: Path, count: int, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if len(list((output / "images" / "p").glob("view*.png"))) >= count:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"fewer than {count} images written after {seconds} s")
+
+
+@pytest.mark.timeout(400)
+def test_a_worker_killed_while_holding_chunks_changes_nothing(
+    dask_services, sources, reference, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(cluster.SCHEDULER_VARIABLE, dask_services.scheduler)
+    output = tmp_path / "out"
+    pids = worker_pids(dask_services)
+    assert len(pids) == 2
+    started = time.monotonic()
+    thread, outcome = run_in_thread(lambda: build(sources, output))
+    wait_for_written_images(output, 4)
+    # Lose the first worker for good: its nanny first (so nothing restarts it), then it.
+    victim_address = sorted(pids)[0]
+    nanny = dask_services.processes[1]
+    os.kill(nanny.pid, signal.SIGKILL)
+    os.kill(pids[victim_address], signal.SIGKILL)
+    thread.join(timeout=300)
+    assert not thread.is_alive(), "the build did not finish after a worker was lost"
+    assert time.monotonic() - started < 300
+    assert "error" not in outcome, outcome.get("error")
+    rows, pixels, files = outcome["result"]
+    reference_rows, reference_pixels, reference_files = reference
+    ids = [row[0] for row in rows]
+    assert len(ids) == len(set(ids)) == len(reference_rows)  # no duplicate, none missing
+    assert rows == reference_rows
+    np.testing.assert_array_equal(pixels, reference_pixels)
+    assert files == reference_files
+    assert wait_without_temporaries(output) == []
+
+
+@pytest.mark.timeout(300)
+def test_killing_the_scheduler_fails_the_step_clearly_and_a_rerun_converges(
+    dask_services, sources, reference, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(cluster.SCHEDULER_VARIABLE, dask_services.scheduler)
+    output = tmp_path / "out"
+    thread, outcome = run_in_thread(lambda: build(sources, output))
+    wait_for_written_images(output, 2)
+    killed_at = time.monotonic()
+    os.kill(dask_services.processes[0].pid, signal.SIGKILL)
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the step hangs after the scheduler was killed"
+    assert time.monotonic() - killed_at < 120
+    error = outcome.get("error")
+    assert isinstance(error, RuntimeError), outcome
+    assert "lost the Dask scheduler" in str(error)
+    assert dask_services.scheduler in str(error) and "re-run" in str(error)
+    assert not (output / "images" / "p.npy").exists()  # nothing published half-built
+
+    # As the message says: the cluster is restarted (here: stopped), then the step re-run.
+    # Workers finish the chunk they held when the scheduler died, so a shard may appear
+    # after the failure; its writer is gone now, and the re-run's clean-up removes it.
+    dask_services.stop()
+    deadline = time.monotonic() + 60  # a worker process exits shortly after its nanny
+    while not all(writer_is_gone(p) for p in temporaries(output)):
+        assert time.monotonic() < deadline, temporaries(output)
+        time.sleep(0.2)
+    monkeypatch.delenv(cluster.SCHEDULER_VARIABLE)
+    _remove_interrupted_writes(output / "images" / "p", output / "images" / "p.npy")
+    rows, pixels, files = build(sources, output)
+    assert rows == reference[0]
+    np.testing.assert_array_equal(pixels, reference[1])
+    assert files == reference[2]
+    assert temporaries(output) == []
+
+
+# --- the instance's PostgreSQL restarted during a run --------------------------------------
+
+PARTITION = "chestx_det.test"
+STAGES = "raw_index,labels,masks,bboxes,images"
+REPO = Path(__file__).resolve().parents[1]
+DAGSTER = str(Path(sys.executable).with_name("dagster"))
+
+
+@pytest.fixture
+def postgres(tmp_path):
+    services = Services()
+    try:
+        start_postgres(services, tmp_path)
+        yield services
+    finally:
+        services.stop()
+
+
+def materialize_command() -> list[str]:
+    return [
+        *(DAGSTER, "asset", "materialize", "-m", "radharmony_pipeline.definitions"),
+        *("--select", STAGES, "--partition", PARTITION),
+    ]
+
+
+def run_statuses(services: Services) -> dict[str, str]:
+    connection = pg_connect(services)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT run_id, status FROM runs")
+            return dict(cursor.fetchall())
+    finally:
+        connection.close()
+
+
+def slot_holders(services: Services) -> list[str]:
+    connection = pg_connect(services)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT DISTINCT run_id FROM concurrency_slots WHERE run_id IS NOT NULL")
+            held = [row[0] for row in cursor.fetchall()]
+            cursor.execute("SELECT DISTINCT run_id FROM pending_steps")
+            return held + [row[0] for row in cursor.fetchall()]
+    finally:
+        connection.close()
+
+
+def stage_outputs(output: Path) -> dict[str, object]:
+    """Every file the five stages wrote for the partition, tables as frames."""
+    found = {}
+    for path in sorted(output.rglob("*")):
+        name = path.relative_to(output).as_posix()
+        if not path.is_file() or PARTITION not in name or "previews" in name:
+            continue
+        if path.suffix == ".parquet" and name.split("/")[1] in STAGES.split(","):
+            found[name] = pd.read_parquet(path)
+        elif path.suffix in (".png", ".npy", ".json"):
+            found[name] = path.read_bytes()
+    return found
+
+
+def assert_same_stage_outputs(found: dict, expected: dict) -> None:
+    assert sorted(found) == sorted(expected)
+    for name, value in expected.items():
+        if isinstance(value, pd.DataFrame):
+            pd.testing.assert_frame_equal(found[name], value, obj=name)
+        else:
+            assert found[name] == value, name
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("down_seconds", [1.0, 75.0], ids=["brief", "beyond-retries"])
+def test_a_postgres_restart_during_a_run_leaves_the_instance_consistent(
+    postgres, down_seconds, tiny_root, tmp_path
+):
+    reference = tmp_path / "reference"
+    assert build_stages(tiny_root, reference, PARTITION).success
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(REPO / "deploy" / "dagster.postgres.yaml", home / "dagster.yaml")
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(SLOW)
+    output = tmp_path / "out"
+    environment = {
+        **os.environ,
+        **postgres.environment(),
+        "RADHARMONY_DASK_SCHEDULER": "",
+        "DAGSTER_HOME": str(home),
+        "RADHARMONY_DATA_ROOT": str(tiny_root),
+        "RADHARMONY_OUTPUT_ROOT": str(output),
+        "RADHARMONY_WORKERS": "1",
+        "PYTHONPATH": os.pathsep.join([str(slow), str(REPO)]),
+    }
+    log = tmp_path / "first.log"
+    with open(log, "wb") as handle:
+        first = subprocess.Popen(
+            materialize_command(),
+            env={**environment, "SLOW_IMAGES": "1"},
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not list((output / "images" / PARTITION).glob("*.png")):
+            assert first.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "images never started"
+            time.sleep(0.05)
+        restart_postgres(postgres, tmp_path, down_seconds)
+        first.wait(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    # Finished, or failed with the database named; a worker that could not even record its
+    # failure (the database gone for good) ended, and the next run marks it failed.
+    ((first_run, status),) = run_statuses(postgres).items()
+    assert (first.returncode == 0) == (status == "SUCCESS"), (status, log.read_text()[-3000:])
+    if first.returncode != 0:
+        assert "OperationalError" in log.read_text()
+
+    second = subprocess.run(
+        materialize_command(),
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert second.returncode == 0, (second.stdout + second.stderr)[-4000:]
+    statuses = run_statuses(postgres)
+    assert statuses[first_run] in ("SUCCESS", "FAILURE")
+    assert "STARTED" not in statuses.values()
+    assert list(statuses.values()).count("SUCCESS") >= 1
+    assert slot_holders(postgres) == []
+    assert temporaries(output) == []
+    assert_same_stage_outputs(stage_outputs(output), stage_outputs(reference))
