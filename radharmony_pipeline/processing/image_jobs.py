@@ -31,7 +31,15 @@ from .masks import mask_input_key, read_mask_png, write_mask_png
 from .parallel import Progress, default_chunk_size, map_in_chunks, split_into_chunks
 from .perceptual_hash import perceptual_hash, pixels_sha256
 from .source_store import FileState, SourcePath, file_state, is_remote, read_source_bytes
-from .storage import is_local, local_scratch_file, publish, publish_file
+from .storage import (
+    exists,
+    is_local,
+    local_scratch_file,
+    open_for_reading,
+    publish,
+    publish_file,
+    remove,
+)
 from .supervised import TimeLimit
 from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
 
@@ -150,7 +158,7 @@ class ImageJob:
         """The row and pixels from the existing outputs when they carry `key`, else None."""
         try:
             with (
-                (self.output_root / self.image_relative).open("rb") as handle,
+                open_for_reading(self.output_root / self.image_relative) as handle,
                 Image.open(handle, formats=["PNG"]) as image,
             ):
                 tags = {k: v for k, v in image.info.items() if isinstance(v, str)}
@@ -291,8 +299,7 @@ def process_image_chunk(chunk: ImageChunk) -> list[ImageRow]:
         if image is not None:
             pixels[position] = image
         rows.append(row)
-    with chunk.shard.open("wb") as handle:
-        np.save(handle, pixels, allow_pickle=False)
+    publish(chunk.shard, lambda handle: np.save(handle, pixels, allow_pickle=False))
     return rows
 
 
@@ -316,7 +323,7 @@ def build_packed_images(
     """
     keys_file = packed.with_name(packed.name + ".keys.json")
     keys = _input_keys(jobs, packed, workers)
-    if packed.exists() and _recorded_keys(keys_file) == keys:
+    if exists(packed) and _recorded_keys(keys_file) == keys:
         rows = _current_rows(jobs, keys, packed, workers)
         if all(row is not None for row in rows):
             return rows
@@ -388,7 +395,7 @@ def _run_on_dask(
         _assemble(chunks, scratch)
     finally:
         for chunk in chunks:
-            _remove_quietly(chunk.shard)
+            remove(chunk.shard)
     return [row for rows in results for row in rows]
 
 
@@ -418,22 +425,12 @@ def _assemble(chunks: Sequence[ImageChunk], scratch: Path) -> None:
     packed = np.load(scratch, mmap_mode="r+")
     start = 0
     for chunk in chunks:
-        with chunk.shard.open("rb") as handle:
+        with open_for_reading(chunk.shard) as handle:
             shard = np.load(handle, allow_pickle=False)
         packed[start : start + len(shard)] = shard
         start += len(shard)
     packed.flush()
     del packed
-
-
-def _remove_quietly(path: Any) -> None:
-    try:
-        if isinstance(path, Path):
-            path.unlink(missing_ok=True)
-        else:
-            path.fs.rm(path.path)
-    except FileNotFoundError:
-        pass
 
 
 def _input_key_or_none(job: ImageJob) -> str | None:
@@ -445,7 +442,7 @@ def _input_key_or_none(job: ImageJob) -> str | None:
 
 def _recorded_keys(path: Any) -> list | None:
     try:
-        with path.open("rb") as handle:
+        with open_for_reading(path) as handle:
             return json.loads(handle.read())
     except (OSError, ValueError):
         return None

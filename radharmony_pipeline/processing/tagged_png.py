@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from .storage import publish
+from .storage import open_for_reading, publish
 
 INPUT_KEY_TAG = "radharmony-input"
 
@@ -44,7 +44,7 @@ def read_png_tags(path: Any) -> dict[str, str]:
     Only the chunks before the image data are parsed; the pixels are not decoded.
     """
     try:
-        with path.open("rb") as handle, Image.open(handle, formats=["PNG"]) as image:
+        with open_for_reading(path) as handle, Image.open(handle, formats=["PNG"]) as image:
             # image.info, not image.text: .text decodes the pixels to look for late chunks.
             return {k: v for k, v in image.info.items() if isinstance(v, str)}
     except (OSError, SyntaxError, ValueError):
