@@ -9,7 +9,14 @@ import pyarrow.parquet as pq
 from upath import UPath
 
 from ..processing.atomic import remove_orphaned_siblings
-from ..processing.storage import exists, make_folder, open_for_reading, publish, remove
+from ..processing.storage import (
+    exists,
+    make_folder,
+    open_for_reading,
+    publish,
+    remove,
+    with_retries,
+)
 from ..processing.table_schemas import PARTITION_COLUMNS, TABLE_SCHEMAS, conform
 from ..sources import parse_partition_key
 from .metadata import table_metadata
@@ -47,6 +54,17 @@ class ParquetTableIOManager(dg.UPathIOManager):
 
     def unlink(self, path: UPath) -> None:
         remove(path)
+
+    def _handle_transition_to_partitioned_asset(self, context: dg.OutputContext, path: UPath):
+        # Dagster's own look-up (a file where the partitions' folder goes) asks the store
+        # directly: under the retry policy too.
+        with_retries(
+            path,
+            "look up the partitions' folder",
+            lambda: super(ParquetTableIOManager, self)._handle_transition_to_partitioned_asset(
+                context, path
+            ),
+        )
 
     def get_metadata(self, context: dg.OutputContext, obj: pd.DataFrame) -> dict:
         return table_metadata(obj, TABLE_SCHEMAS.get(_table_name(context)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -32,16 +33,24 @@ from .parallel import Progress, default_chunk_size, map_in_chunks, split_into_ch
 from .perceptual_hash import perceptual_hash, pixels_sha256
 from .source_store import FileState, SourcePath, file_state, is_remote, read_source_bytes
 from .storage import (
-    exists,
+    allocate_array,
+    file_size,
     is_local,
     local_scratch_file,
     open_for_reading,
     publish,
     publish_file,
+    read_bytes,
     remove,
 )
 from .supervised import TimeLimit
-from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
+from .tagged_png import (
+    INPUT_KEY_TAG,
+    png_problem,
+    read_png_tags,
+    stored_input_key,
+    write_tagged_png,
+)
 
 # Bumped when decoding or resizing changes, so every image is redone once.
 IMAGE_CODE_VERSION = "2"  # 2: perceptual hash and pixel digest (issue 11)
@@ -157,14 +166,16 @@ class ImageJob:
     def _reuse(self, key: str) -> tuple[ImageRow, np.ndarray] | None:
         """The row and pixels from the existing outputs when they carry `key`, else None."""
         try:
-            with (
-                open_for_reading(self.output_root / self.image_relative) as handle,
-                Image.open(handle, formats=["PNG"]) as image,
-            ):
+            content = read_bytes(self.output_root / self.image_relative)
+            if png_problem(content) is not None:  # damaged since it was written
+                return None
+            with Image.open(io.BytesIO(content), formats=["PNG"]) as image:
                 tags = {k: v for k, v in image.info.items() if isinstance(v, str)}
                 if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
                     return None
                 pixels = np.asarray(image)
+            if tags.get("pixels_sha256", pixels_sha256(pixels)) != pixels_sha256(pixels):
+                return None
             return self._row(tags, decoded=False), pixels
         except (OSError, SyntaxError, ValueError):  # unreadable: decoded and written again
             return None
@@ -323,14 +334,12 @@ def build_packed_images(
     """
     keys_file = packed.with_name(packed.name + ".keys.json")
     keys = _input_keys(jobs, packed, workers)
-    if exists(packed) and _recorded_keys(keys_file) == keys:
+    if _has_size(packed, len(jobs), size) and _recorded_keys(keys_file) == keys:
         rows = _current_rows(jobs, keys, packed, workers)
         if all(row is not None for row in rows):
             return rows
     with local_scratch_file(packed, suffix=".npy") as scratch:
-        np.lib.format.open_memmap(
-            scratch, mode="w+", dtype=np.uint8, shape=(len(jobs), size, size)
-        ).flush()
+        allocate_array(scratch, packed, (len(jobs), size, size))
         address = dask_scheduler()
         if address is None:
             rows = map_in_chunks(
@@ -438,6 +447,20 @@ def _input_key_or_none(job: ImageJob) -> str | None:
         return job.input_key()
     except (OSError, ValueError):  # ValueError: a NUL byte in the path
         return None
+
+
+def _has_size(packed: Any, rows: int, size: int) -> bool:
+    """Whether the packed array exists with the size of `rows` S×S images (a truncated or
+    overwritten array is rebuilt, whatever its key record says)."""
+    header = np.lib.format.header_data_from_array_1_0(np.zeros((0, 0, 0), np.uint8))
+    header["shape"] = (rows, size, size)
+    stream = io.BytesIO()
+    np.lib.format.write_array_header_1_0(stream, header)
+    expected = len(stream.getvalue()) + rows * size * size
+    try:
+        return file_size(packed) == expected
+    except FileNotFoundError:
+        return False
 
 
 def _recorded_keys(path: Any) -> list | None:

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import http.client
 import io
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
+import numpy as np
 from upath import UPath
 from upath.implementations.cloud import S3Path
 from upath.registry import register_implementation
@@ -64,7 +67,7 @@ class RetryPolicy:
     (`first_backoff`, doubling, at most `max_backoff` seconds). Throttling, 5xx answers,
     timeouts and cut connections are retried; anything else fails at once."""
 
-    attempts: int = 6
+    attempts: int = 8
     first_backoff: float = 0.25
     max_backoff: float = 8.0
 
@@ -237,19 +240,22 @@ def publish(path: OutputPath, write: Writer) -> None:
     uploaded under a temporary key, copied to the name and the temporary key deleted, each
     request under the retry policy (`write` runs once, into memory).
     """
-    if is_local(path):
-        write_atomically(Path(path), lambda temp: _write_file(temp, write))
-        return
     buffer = io.BytesIO()
     write(buffer)
-    _publish_object(path, buffer.getvalue())
+    content = buffer.getvalue()
+    if is_local(path):
+        with output_write_errors(Path(path), len(content)):
+            write_atomically(Path(path), lambda temp: temp.write_bytes(content))
+        return
+    _publish_object(path, content)
 
 
 def publish_file(path: OutputPath, local_file: Path) -> None:
     """Publish a finished local file at `path` (a rename locally, one upload otherwise)."""
     if is_local(path):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(local_file, path)
+        with output_write_errors(Path(path), 0):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(local_file, path)
         return
     _publish_object(path, local_file)
 
@@ -258,20 +264,24 @@ def _publish_object(path: UPath, content: bytes | Path) -> None:
     temp = temporary_sibling(path)
     fs = path.fs
 
-    def upload_and_copy() -> None:
+    def upload() -> None:
         if isinstance(content, bytes):
             fs.pipe_file(temp.path, content)
         else:
             fs.put_file(str(content), temp.path)
-        fs.copy(temp.path, path.path)
 
     try:
-        with_retries(path, "write the object", upload_and_copy)
-    finally:
-        # Also after a failed attempt: its temporary key may hold part of the bytes. Should
-        # the store stay down, the next run's clean-up removes it (its writer is gone).
-        with contextlib.suppress(FileNotFoundError):
-            with_retries(temp, "remove a temporary object", lambda: fs.rm_file(temp.path))
+        # Each request retried on its own: a fault costs one request again, not the lot.
+        with_retries(path, "write the object", upload)
+        with_retries(path, "write the object", lambda: fs.cp_file(temp.path, path.path))
+    except BaseException:
+        # A failed attempt's temporary key may hold part of the bytes. Should the store stay
+        # down, the next run's clean-up removes it (its writer is gone); the error reported
+        # is the write's.
+        with contextlib.suppress(ObjectStoreError):
+            remove(temp)
+        raise
+    remove(temp)
 
 
 def read_bytes(path: OutputPath) -> bytes:
@@ -291,6 +301,13 @@ def open_for_reading(path: OutputPath) -> Iterator[BinaryIO]:
         return
     with io.BytesIO(read_bytes(path)) as handle:
         yield handle
+
+
+def file_size(path: OutputPath) -> int:
+    """Bytes of a file or object (FileNotFoundError if absent)."""
+    if is_local(path):
+        return os.stat(path).st_size
+    return with_retries(path, "look up the object", lambda: path.fs.size(path.path))
 
 
 def exists(path: OutputPath) -> bool:
@@ -320,7 +337,8 @@ def local_scratch_file(path: OutputPath, suffix: str = "") -> Iterator[Path]:
     """A local file to assemble `path` in: its temporary sibling on a local root (so the
     final rename stays on one filesystem), else a file in the system's temp folder."""
     if is_local(path):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with output_write_errors(Path(path), 0):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
         scratch = temporary_sibling(Path(path))
     else:
         handle, name = tempfile.mkstemp(prefix=TEMP_MARKER, suffix=suffix)
@@ -332,9 +350,59 @@ def local_scratch_file(path: OutputPath, suffix: str = "") -> Iterator[Path]:
         scratch.unlink(missing_ok=True)
 
 
-def _write_file(temp: Path, write: Writer) -> None:
-    with open(temp, "wb") as handle:
-        write(handle)
+def allocate_array(scratch: Path, final: OutputPath, shape: tuple[int, ...]) -> None:
+    """Create `scratch` as a zeroed uint8 .npy of `shape` with all its bytes allocated now,
+    so that a full volume is an error here rather than a crash (SIGBUS) when a memory map
+    writes into a hole later. `final` is what the array will be published as."""
+    target = Path(final) if is_local(final) else scratch
+    size = int(np.prod(shape))
+    with output_write_errors(target, size):
+        np.lib.format.open_memmap(scratch, mode="w+", dtype=np.uint8, shape=shape).flush()
+        with open(scratch, "r+b") as handle:
+            os.posix_fallocate(handle.fileno(), 0, os.fstat(handle.fileno()).st_size)
+
+
+class OutputWriteError(RuntimeError):
+    """The output volume takes no more writes (full, or read-only). Not an OSError, so that
+    it stops the step instead of becoming an error row per image."""
+
+
+_VOLUME_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+
+
+@contextlib.contextmanager
+def output_write_errors(path: Path, needed: int) -> Iterator[None]:
+    """A full or read-only volume under a local write of `needed` bytes at `path` becomes
+    one OutputWriteError naming the volume, the bytes needed and the free space."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in _VOLUME_ERRORS:
+            raise
+        volume = _mount_point(path)
+        free = shutil.disk_usage(volume).free
+        if error.errno == errno.EROFS:
+            problem = f"the output root's volume (mounted at {volume}) is read-only"
+            fix = "Make it writable (or choose another output root)"
+        else:
+            problem = (
+                f"no space left on the output root's volume (mounted at {volume}): "
+                f"{needed:,} bytes needed, {free:,} bytes free"
+            )
+            fix = "Free space there (or choose another output root)"
+        raise OutputWriteError(
+            f"cannot write {path}: {problem}. {fix}, then run the same command again: "
+            "finished outputs are kept and nothing partial was left"
+        ) from error
+
+
+def _mount_point(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not path.exists():
+        path = path.parent
+    while not os.path.ismount(path):
+        path = path.parent
+    return path
 
 
 def listing(folder: OutputPath) -> set[str]:
