@@ -4,7 +4,8 @@
 (after forwarding that half upstream) or the response body, answers 403 AccessDenied for a
 denied key prefix, or — during an outage — closes every connection at once.
 
-The faults come from CONTROL_FILE (JSON, re-read when it changes): `error_rate`, `cut_rate`,
+The faults come from CONTROL_FILE (JSON, re-read when it changes): `error_rate` (of the
+`error_codes` given, default SlowDown and InternalError), `cut_rate`,
 `deny_prefix`, `outage` (true/false) and `outage_after` (requests forwarded before an outage
 starts by itself). Counts of what was done go to CONTROL_FILE + ".stats".
 """
@@ -47,6 +48,10 @@ class Control:
             self.mtime = mtime
             self.forwarded_since_load = 0
         return self.settings
+
+    def error_kinds(self) -> list[tuple[int, str, str, str]]:
+        codes = self.settings.get("error_codes")
+        return [kind for kind in ERRORS if codes is None or kind[2] in codes]
 
     def decide(self, target: str, has_body: bool) -> str:
         with self.lock:
@@ -153,7 +158,7 @@ class Handler(socketserver.StreamRequestHandler):
                 status, reason, code, message = (
                     (403, "Forbidden", "AccessDenied", "Access Denied")
                     if decision == "deny"
-                    else control.random.choice(ERRORS)
+                    else control.random.choice(control.error_kinds())
                 )
                 body = ERROR_BODY.format(code=code, message=message)
                 self._answer(status, reason, body, with_body=method != b"HEAD")

