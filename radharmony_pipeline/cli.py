@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also mark this run failed and free its slots, alive or not (repeatable)",
     )
     free.set_defaults(run=_free_slots)
+    _add_verify(commands)
 
     args = parser.parse_args(argv)
     from .processing.settings import ConfigurationError, validate_settings
@@ -192,6 +193,53 @@ def _free_slots(args: argparse.Namespace) -> int:
         print("no run with a dead process holds a pool slot")
     for holder in remaining:
         print(f"still holding or waiting: {holder.describe()}")
+    return 0
+
+
+def _add_verify(commands: argparse._SubParsersAction) -> None:
+    verify = commands.add_parser(
+        "verify",
+        help="check that every output still holds what was recorded when it was written; "
+        "exit 1 on any mismatch",
+    )
+    verify.add_argument(
+        "--partition", action="append", help="only this `<dataset>.<split>` (repeatable)"
+    )
+    verify.add_argument(
+        "--output-root", default=None, help="default RADHARMONY_OUTPUT_ROOT or data/output"
+    )
+    verify.set_defaults(run=_verify)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    """Table checksums come from the instance at DAGSTER_HOME, when there is one."""
+    import dagster as dg
+
+    from .defs.resources import OUTPUT_ROOT_ENV, OutputsResource
+    from .defs.verify import verify_outputs
+    from .sources import partition_keys
+
+    outputs = OutputsResource(
+        output_root=args.output_root or os.environ.get(OUTPUT_ROOT_ENV) or "data/output"
+    )
+    partitions = args.partition or partition_keys()
+    instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else None
+    try:
+        mismatches = verify_outputs(outputs.root(), partitions, instance)
+    finally:
+        if instance is not None:
+            instance.dispose()
+    for mismatch in mismatches:
+        print(mismatch)
+    checked = ", ".join(partitions)
+    if mismatches:
+        print(
+            f"radharmony verify: {len(mismatches)} damaged output(s) in {checked}; "
+            "materialize those partitions again to repair them",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"radharmony verify: every output of {checked} matches its record")
     return 0
 
 

@@ -175,3 +175,14 @@ def nothing_opened_under(forbidden: Path) -> Iterator[OpenAudit]:
         _AUDITS.remove(audit)
     assert audit.opened == []
     assert audit.read_sentinels() == []
+
+
+def failure_message(result: dg.ExecuteInProcessResult) -> str:
+    """The first failed step's error with its causes (Dagster wraps what the step raised)."""
+    failures = [event for event in result.all_events if event.is_step_failure]
+    assert failures, "the run did not fail"
+    error, messages = failures[0].step_failure_data.error, []
+    while error is not None:
+        messages.append(error.message)
+        error = error.cause
+    return "\n".join(messages)

@@ -1,15 +1,28 @@
 """Parquet tables at `<output>/tables/<asset>/<partition>.parquet`, local or on object storage."""
 
+import hashlib
+
 import dagster as dg
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from upath import UPath
 
-from ..processing.storage import output_path, publish
+from ..processing.atomic import remove_orphaned_siblings
+from ..processing.storage import (
+    exists,
+    make_folder,
+    open_for_reading,
+    publish,
+    remove,
+    with_retries,
+)
 from ..processing.table_schemas import PARTITION_COLUMNS, TABLE_SCHEMAS, conform
 from ..sources import parse_partition_key
 from .metadata import table_metadata
+
+# The materialization metadata key of a table file's SHA-256, which `radharmony verify` checks.
+TABLE_CHECKSUM = "file_sha256"
 
 
 class ParquetTableIOManager(dg.UPathIOManager):
@@ -19,12 +32,39 @@ class ParquetTableIOManager(dg.UPathIOManager):
     extension = ".parquet"
 
     def dump_to_path(self, context: dg.OutputContext, obj: pd.DataFrame, path: UPath) -> None:
-        table = declared_table(context, obj)
-        publish(path, lambda handle: pq.write_table(table, handle))
+        sink = pa.BufferOutputStream()
+        # Page checksums let a reader (and `radharmony verify`) tell a damaged page.
+        pq.write_table(declared_table(context, obj), sink, write_page_checksum=True)
+        content = sink.getvalue().to_pybytes()
+        # What a failed attempt of an earlier run left (its writer is gone).
+        remove_orphaned_siblings(path)
+        publish(path, lambda handle: handle.write(content))
+        context.add_output_metadata({TABLE_CHECKSUM: hashlib.sha256(content).hexdigest()})
 
     def load_from_path(self, context: dg.InputContext, path: UPath) -> pd.DataFrame:
-        with path.open("rb") as handle:
-            return pq.read_table(handle).to_pandas()
+        with open_for_reading(path) as handle:
+            return pq.read_table(handle, page_checksum_verification=True).to_pandas()
+
+    # Through the storage layer, so these requests follow its retry policy too.
+    def path_exists(self, path: UPath) -> bool:
+        return exists(path)
+
+    def make_directory(self, path: UPath) -> None:
+        make_folder(path)
+
+    def unlink(self, path: UPath) -> None:
+        remove(path)
+
+    def _handle_transition_to_partitioned_asset(self, context: dg.OutputContext, path: UPath):
+        # Dagster's own look-up (a file where the partitions' folder goes) asks the store
+        # directly: under the retry policy too.
+        with_retries(
+            path,
+            "look up the partitions' folder",
+            lambda: super(ParquetTableIOManager, self)._handle_transition_to_partitioned_asset(
+                context, path
+            ),
+        )
 
     def get_metadata(self, context: dg.OutputContext, obj: pd.DataFrame) -> dict:
         return table_metadata(obj, TABLE_SCHEMAS.get(_table_name(context)))
@@ -58,5 +98,4 @@ def parquet_io_manager(context: dg.InitResourceContext) -> ParquetTableIOManager
     under the same root whatever the launchpad sets. A resource dependency rather than a nested
     resource: Dagster 1.13 initializes nested resources through a deprecated API.
     """
-    root = output_path(context.resources.outputs.output_root)
-    return ParquetTableIOManager(base_path=UPath(root) / "tables")
+    return ParquetTableIOManager(base_path=UPath(context.resources.outputs.root()) / "tables")

@@ -2,12 +2,13 @@
 
 import os
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 from pydantic import Field, create_model
 
 from ..processing.settings import strict_mode
-from ..processing.storage import OutputPath, output_path
+from ..processing.storage import DEFAULT_RETRY_POLICY, OutputPath, RetryPolicy, output_path
 from ..sources import SOURCE_TYPES, DatasetSource, SourceLocation, open_source
 from ..sources.location import DATA_ROOT_ENV
 
@@ -24,6 +25,34 @@ class SourceLocationConfig(dg.Config):
     mask_json_path: str | None = None
 
 
+class ObjectStoreRetries(dg.Config):
+    """How often a request to an object store (s3://) is tried before the step fails:
+    throttling (503 SlowDown), 5xx answers, timeouts and cut connections are retried with
+    exponential backoff; access denied or a missing bucket fail at once."""
+
+    attempts: int = Field(
+        default=DEFAULT_RETRY_POLICY.attempts, ge=1, description="Tries per request."
+    )
+    first_backoff_seconds: float = Field(
+        default=DEFAULT_RETRY_POLICY.first_backoff,
+        ge=0,
+        description="Wait after the first failure; doubled after each further one.",
+    )
+    max_backoff_seconds: float = Field(
+        default=DEFAULT_RETRY_POLICY.max_backoff, ge=0, description="Longest single wait."
+    )
+
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(self.attempts, self.first_backoff_seconds, self.max_backoff_seconds)
+
+
+def _retries_field(what: str) -> Any:
+    return Field(
+        default_factory=ObjectStoreRetries,
+        description=f"Retries of requests to the object store holding {what} (s3:// only).",
+    )
+
+
 class _DatasetsResourceBase(dg.ConfigurableResource):
     """Opens the reader of each dataset. Unset paths fall back to the RADHARMONY_* variables."""
 
@@ -37,13 +66,16 @@ class _DatasetsResourceBase(dg.ConfigurableResource):
         description="Fail a step on its first error row (a malformed entry, an undecodable "
         "image) instead of keeping it with status `error`; default RADHARMONY_STRICT.",
     )
+    store_retries: ObjectStoreRetries = _retries_field("the datasets")
 
     def source(self, dataset: str) -> DatasetSource:
         environ = dict(os.environ)
         if self.data_root:
             environ[DATA_ROOT_ENV] = self.data_root
         config = getattr(self, dataset, None) or SourceLocationConfig()
-        return open_source(dataset, SourceLocation.from_strings(config.model_dump()), environ)
+        policy = self.store_retries.policy()
+        location = SourceLocation.from_strings(config.model_dump(), policy)
+        return open_source(dataset, location, environ, policy)
 
 
 # One config block per registered dataset, named by its key: a new dataset in
@@ -74,10 +106,11 @@ class OutputsResource(dg.ConfigurableResource):
         description="Folder or object-store URL (s3://bucket/prefix) of all outputs; default "
         "RADHARMONY_OUTPUT_ROOT.",
     )
+    store_retries: ObjectStoreRetries = _retries_field("the outputs")
 
     def root(self) -> OutputPath:
         """The output root: a local Path, or a UPath on object storage (`s3://bucket/prefix`)."""
-        return output_path(self.output_root)
+        return output_path(self.output_root, self.store_retries.policy())
 
 
 def pipeline_resources(

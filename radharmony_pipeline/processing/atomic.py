@@ -44,22 +44,28 @@ def writer_is_gone(temp: Path) -> bool:
 def remove_orphaned_temporaries(folder: Any, pattern: str = "*") -> list[Any]:
     """Delete the temporary files under `folder` (a local path or a UPath on object storage,
     recursively) whose writer is gone."""
+    from .storage import glob as storage_glob  # storage.py builds on this module
+
     folder = Path(folder) if isinstance(folder, str) else folder
-    return _remove_if_writer_gone(folder.rglob(f"{TEMP_MARKER}{pattern}"))
+    return _remove_if_writer_gone(storage_glob(folder, f"**/{TEMP_MARKER}{pattern}"))
 
 
 def remove_orphaned_siblings(path: Any) -> list[Any]:
     """Delete the temporary siblings of `path` (see temporary_sibling) whose writer is gone,
     looking only for that name: what a worker stopped while writing `path` left behind."""
+    from .storage import glob as storage_glob
+
     pattern = f"{TEMP_MARKER}*-{glob.escape(path.name)}"
-    return _remove_if_writer_gone(path.parent.glob(pattern))
+    return _remove_if_writer_gone(storage_glob(path.parent, pattern))
 
 
 def _remove_if_writer_gone(temporaries: Iterable[Any]) -> list[Any]:
+    from .storage import remove
+
     removed = []
     for temp in temporaries:
         if writer_is_gone(temp):
-            temp.unlink(missing_ok=True)
+            remove(temp)
             removed.append(temp)
     return removed
 

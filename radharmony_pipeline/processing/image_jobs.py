@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -38,9 +39,25 @@ from .source_store import (
     is_remote,
     read_source_bytes,
 )
-from .storage import is_local, local_scratch_file, publish, publish_file
+from .storage import (
+    allocate_array,
+    file_size,
+    is_local,
+    local_scratch_file,
+    open_for_reading,
+    publish,
+    publish_file,
+    read_bytes,
+    remove,
+)
 from .supervised import TimeLimit
-from .tagged_png import INPUT_KEY_TAG, read_png_tags, stored_input_key, write_tagged_png
+from .tagged_png import (
+    INPUT_KEY_TAG,
+    png_problem,
+    read_png_tags,
+    stored_input_key,
+    write_tagged_png,
+)
 
 # Bumped when decoding or resizing changes, so every image is redone once.
 # 2: perceptual hash and pixel digest (issue 11). 3: PNG and DICOM pixels reduced by a whole
@@ -159,14 +176,16 @@ class ImageJob:
     def _reuse(self, key: str) -> tuple[ImageRow, np.ndarray] | None:
         """The row and pixels from the existing outputs when they carry `key`, else None."""
         try:
-            with (
-                (self.output_root / self.image_relative).open("rb") as handle,
-                Image.open(handle, formats=["PNG"]) as image,
-            ):
+            content = read_bytes(self.output_root / self.image_relative)
+            if png_problem(content) is not None:  # damaged since it was written
+                return None
+            with Image.open(io.BytesIO(content), formats=["PNG"]) as image:
                 tags = {k: v for k, v in image.info.items() if isinstance(v, str)}
                 if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
                     return None
                 pixels = np.asarray(image)
+            if tags.get("pixels_sha256", pixels_sha256(pixels)) != pixels_sha256(pixels):
+                return None
             return self._row(tags, decoded=False), pixels
         except (OSError, SyntaxError, ValueError):  # unreadable: decoded and written again
             return None
@@ -303,8 +322,7 @@ def process_image_chunk(chunk: ImageChunk) -> list[ImageRow]:
         if image is not None:
             pixels[position] = image
         rows.append(row)
-    with chunk.shard.open("wb") as handle:
-        np.save(handle, pixels, allow_pickle=False)
+    publish(chunk.shard, lambda handle: np.save(handle, pixels, allow_pickle=False))
     return rows
 
 
@@ -328,14 +346,12 @@ def build_packed_images(
     """
     keys_file = packed.with_name(packed.name + ".keys.json")
     keys = _input_keys(jobs, packed, workers)
-    if packed.exists() and _recorded_keys(keys_file) == keys:
+    if _has_size(packed, len(jobs), size) and _recorded_keys(keys_file) == keys:
         rows = _current_rows(jobs, keys, packed, workers)
         if all(row is not None for row in rows):
             return rows
     with local_scratch_file(packed, suffix=".npy") as scratch:
-        np.lib.format.open_memmap(
-            scratch, mode="w+", dtype=np.uint8, shape=(len(jobs), size, size)
-        ).flush()
+        allocate_array(scratch, packed, (len(jobs), size, size))
         address = dask_scheduler()
         if address is None:
             rows = map_in_chunks(
@@ -400,7 +416,7 @@ def _run_on_dask(
         _assemble(chunks, scratch)
     finally:
         for chunk in chunks:
-            _remove_quietly(chunk.shard)
+            remove(chunk.shard)
     return [row for rows in results for row in rows]
 
 
@@ -430,22 +446,12 @@ def _assemble(chunks: Sequence[ImageChunk], scratch: Path) -> None:
     packed = np.load(scratch, mmap_mode="r+")
     start = 0
     for chunk in chunks:
-        with chunk.shard.open("rb") as handle:
+        with open_for_reading(chunk.shard) as handle:
             shard = np.load(handle, allow_pickle=False)
         packed[start : start + len(shard)] = shard
         start += len(shard)
     packed.flush()
     del packed
-
-
-def _remove_quietly(path: Any) -> None:
-    try:
-        if isinstance(path, Path):
-            path.unlink(missing_ok=True)
-        else:
-            path.fs.rm(path.path)
-    except FileNotFoundError:
-        pass
 
 
 def _input_key_or_none(job: ImageJob) -> str | None:
@@ -455,9 +461,23 @@ def _input_key_or_none(job: ImageJob) -> str | None:
         return None
 
 
+def _has_size(packed: Any, rows: int, size: int) -> bool:
+    """Whether the packed array exists with the size of `rows` S×S images (a truncated or
+    overwritten array is rebuilt, whatever its key record says)."""
+    header = np.lib.format.header_data_from_array_1_0(np.zeros((0, 0, 0), np.uint8))
+    header["shape"] = (rows, size, size)
+    stream = io.BytesIO()
+    np.lib.format.write_array_header_1_0(stream, header)
+    expected = len(stream.getvalue()) + rows * size * size
+    try:
+        return file_size(packed) == expected
+    except FileNotFoundError:
+        return False
+
+
 def _recorded_keys(path: Any) -> list | None:
     try:
-        with path.open("rb") as handle:
+        with open_for_reading(path) as handle:
             return json.loads(handle.read())
     except (OSError, ValueError):
         return None

@@ -12,6 +12,7 @@ from PIL import Image
 from pycocotools import mask as coco_mask
 
 from radharmony_pipeline.processing.rle_text import validate_rle
+from radharmony_pipeline.processing.storage import open_for_reading
 from radharmony_pipeline.processing.tagged_png import MASK_FILTER, write_tagged_png
 
 INPUT_KEY_HEX_DIGITS = 16  # 64 bits: collisions are negligible for a per-mask change check
@@ -186,7 +187,7 @@ def write_mask_png(path: Path, mask: np.ndarray, input_key: str) -> bool:
 
 def read_mask_png(path: Path) -> np.ndarray:
     """A mask PNG written by write_mask_png as a uint8 0/1 array."""
-    with path.open("rb") as handle, Image.open(handle, formats=["PNG"]) as image:
+    with open_for_reading(path) as handle, Image.open(handle, formats=["PNG"]) as image:
         if image.mode != "L":
             raise ValueError(f"{path}: a mask PNG is mode L, got {image.mode}")
         pixels = np.asarray(image)

@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 from .fingerprint import combined_version, entries_fingerprint
 from .source_store import FileState, SourcePath, annotation_fingerprint
-from .storage import publish
+from .storage import open_for_reading, publish
 
 ABSENT = "absent"
 SNAPSHOT_FORMAT = 1
@@ -117,7 +117,7 @@ def save_snapshot(snapshot: SourceSnapshot, path: Any) -> None:
 def load_snapshot(path: Any) -> SourceSnapshot | None:
     """The snapshot saved at `path`, or None when there is none (or it is unreadable)."""
     try:
-        with path.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as handle:
+        with open_for_reading(path) as raw, gzip.open(raw, "rt", encoding="utf-8") as handle:
             payload = json.load(handle)
     except (OSError, EOFError, ValueError):
         return None

@@ -22,19 +22,19 @@ from typing import Any, BinaryIO
 from upath import UPath
 
 from .fingerprint import file_sha256
-from .storage import is_local, output_path
+from .storage import (
+    DEFAULT_RETRY_POLICY,
+    ObjectStoreError,
+    RetryPolicy,
+    is_local,
+    output_path,
+    with_retries,
+)
 
 SourcePath = Path | UPath
 # (size, modification time in ns) of a local file; (size, ETag) of an object.
 FileState = tuple[int, int | str]
 
-# A wrong or unreachable endpoint must stop a step within seconds, not after botocore's
-# default 60 s connect timeout times its retries; a slow read may still take a while.
-STORE_CONFIG = {
-    "connect_timeout": 5,
-    "read_timeout": 60,
-    "retries": {"max_attempts": 3, "mode": "standard"},
-}
 # Header reads (image sizes, DICOM tags) fetch this much per request instead of the object.
 HEADER_BLOCK = 64 << 10
 _FIX = (
@@ -44,7 +44,7 @@ _FIX = (
 )
 
 
-class SourceStoreError(RuntimeError):
+class SourceStoreError(ObjectStoreError):
     """The object store holding a dataset cannot be used (endpoint unreachable or timing out,
     no credentials). Not a problem of one file: it stops the step instead of becoming error
     rows, which would mark every image of the partition unreadable."""
@@ -119,14 +119,12 @@ def _open_local(path: SourcePath) -> BinaryIO:
     return os.fdopen(descriptor, "rb")
 
 
-def source_path(location: str | os.PathLike) -> SourcePath:
-    """A dataset location as a local Path, or a UPath for a URL (`s3://bucket/prefix`)."""
-    path = output_path(location)
-    if is_local(path) or path.protocol not in ("s3", "s3a"):
-        return path
-    options = dict(path.storage_options)
-    options["config_kwargs"] = {**STORE_CONFIG, **options.get("config_kwargs", {})}
-    return UPath(str(path), **options)
+def source_path(
+    location: str | os.PathLike, retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY
+) -> SourcePath:
+    """A dataset location as a local Path, or a UPath for a URL (`s3://bucket/prefix`) whose
+    requests follow `retry_policy` (the output root's layer: storage.py)."""
+    return output_path(location, retry_policy)
 
 
 def as_source_path(path: Any) -> SourcePath:
@@ -143,23 +141,23 @@ def is_remote(path: Any) -> bool:
 
 def exists(path: SourcePath) -> bool:
     with _store_errors(path):
-        return path.exists()
+        return with_retries(path, "look up the object", path.exists)
 
 
 def is_file(path: SourcePath) -> bool:
     with _store_errors(path):
-        return path.is_file()
+        return with_retries(path, "look up the object", path.is_file)
 
 
 def is_dir(path: SourcePath) -> bool:
     """A local folder, or a prefix with at least one object below it."""
     with _store_errors(path):
-        return path.is_dir()
+        return with_retries(path, "list the prefix", path.is_dir)
 
 
 def glob(folder: SourcePath, pattern: str) -> list[SourcePath]:
     with _store_errors(folder):
-        return list(folder.glob(pattern))
+        return with_retries(folder, "list the prefix", lambda: list(folder.glob(pattern)))
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -174,9 +172,46 @@ def open_source_file(path: SourcePath) -> Iterator[BinaryIO]:
             yield handle
         return
     with _store_errors(path):
-        handle = path.fs.open(path.path, "rb", block_size=HEADER_BLOCK, cache_type="readahead")
-    with handle, _store_errors(path):
+        size = with_retries(path, "look up the object", lambda: path.fs.size(path.path))
+    with io.BufferedReader(_ObjectRanges(path, size), HEADER_BLOCK) as handle, _store_errors(path):
         yield handle
+
+
+class _ObjectRanges(io.RawIOBase):
+    """An object read by byte ranges, each range one request under the retry policy (so a
+    connection cut mid-header is retried like any other request)."""
+
+    def __init__(self, path: UPath, size: int) -> None:
+        self.path, self.size, self.position = path, size, 0
+        self.name = str(path)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        end = min(self.position + len(buffer), self.size)
+        if end <= self.position:
+            return 0
+        start = self.position
+        data = with_retries(
+            self.path,
+            "read the object",
+            lambda: self.path.fs.cat_file(self.path.path, start=start, end=end),
+        )
+        buffer[: len(data)] = data
+        self.position += len(data)
+        return len(data)
 
 
 def read_source_bytes(path: SourcePath) -> bytes:
@@ -185,7 +220,7 @@ def read_source_bytes(path: SourcePath) -> bytes:
         with _open_local(path) as handle:
             return handle.read()
     with _store_errors(path):
-        return path.fs.cat_file(path.path)
+        return with_retries(path, "read the object", lambda: path.fs.cat_file(path.path))
 
 
 class FileContent(io.BytesIO):
@@ -223,7 +258,9 @@ def file_state(path: SourcePath) -> FileState:
     with _store_errors(path):
         # Not from a listing this process cached earlier: a replaced object must be seen.
         path.fs.invalidate_cache(path.path)
-        return _object_state(path.fs.info(path.path))
+        return _object_state(
+            with_retries(path, "look up the object", lambda: path.fs.info(path.path))
+        )
 
 
 def annotation_fingerprint(path: SourcePath) -> str | None:
@@ -278,7 +315,7 @@ def _listing(folder: UPath) -> dict[str, FileState]:
     with _store_errors(folder):
         # A long-lived process (the next nightly observation) must see today's objects.
         folder.fs.invalidate_cache(base)
-        found = folder.fs.find(base, detail=True)
+        found = with_retries(folder, "list the prefix", lambda: folder.fs.find(base, detail=True))
     return {
         key[len(base) + 1 :]: _object_state(info)
         for key, info in found.items()
@@ -330,6 +367,10 @@ def _store_errors(path: SourcePath) -> Iterator[None]:
         return
     try:
         yield
+    except SourceStoreError:
+        raise
+    except ObjectStoreError as error:  # permanent, or faults past the retry policy
+        raise SourceStoreError(_store_message(path, error)) from error
     except ObjectNotFound:
         raise
     except FileNotFoundError as error:

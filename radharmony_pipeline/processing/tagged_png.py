@@ -7,6 +7,7 @@ after the header, before the image data, where Pillow parses them on open.
 
 from __future__ import annotations
 
+import io
 import re
 import struct
 import zlib
@@ -17,7 +18,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from .storage import publish
+from .storage import publish, read_bytes
 
 INPUT_KEY_TAG = "radharmony-input"
 
@@ -39,16 +40,39 @@ _KEYWORD = re.compile(rf"(?!.*  )(?! )[\x21-\x7e\xa1-\xff ]{{1,{_MAX_KEYWORD}}}(
 
 
 def read_png_tags(path: Any) -> dict[str, str]:
-    """The text tags of a PNG, or {} if the file is missing or unreadable (so it is rewritten).
-
-    Only the chunks before the image data are parsed; the pixels are not decoded.
-    """
+    """The text tags of a PNG, or {} if the file is missing, unreadable or damaged (so it is
+    rewritten): every chunk's checksum is checked, the pixels are not decoded."""
     try:
-        with path.open("rb") as handle, Image.open(handle, formats=["PNG"]) as image:
+        content = read_bytes(path)
+        if png_problem(content) is not None:
+            return {}
+        with Image.open(io.BytesIO(content), formats=["PNG"]) as image:
             # image.info, not image.text: .text decodes the pixels to look for late chunks.
             return {k: v for k, v in image.info.items() if isinstance(v, str)}
     except (OSError, SyntaxError, ValueError):
         return {}
+
+
+def png_problem(content: bytes) -> str | None:
+    """Why `content` is not a whole PNG (bad signature, a chunk whose CRC does not match, no
+    IEND), or None. Chunk CRCs cover every byte but the signature and lengths, so one flipped
+    bit anywhere is found without decoding."""
+    if not content.startswith(_SIGNATURE):
+        return "not a PNG (bad signature)"
+    position = len(_SIGNATURE)
+    while position + 12 <= len(content):
+        (length,) = struct.unpack(">I", content[position : position + 4])
+        kind = content[position + 4 : position + 8]
+        end = position + 12 + length
+        if end > len(content):
+            return f"truncated inside its {kind!r} chunk"
+        (crc,) = struct.unpack(">I", content[end - 4 : end])
+        if zlib.crc32(content[position + 4 : end - 4]) != crc:
+            return f"its {kind!r} chunk does not match its checksum"
+        if kind == b"IEND":
+            return None if end == len(content) else "bytes after its end (IEND)"
+        position = end
+    return "truncated (no IEND chunk)"
 
 
 def stored_input_key(path: Any) -> str | None:

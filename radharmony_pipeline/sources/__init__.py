@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from ..processing.storage import DEFAULT_RETRY_POLICY, RetryPolicy
 from .base import DatasetSource, SplitTables
 from .chestx_det import ChestXDetSource
 from .chexlocalize import CheXlocalizeSource
@@ -36,12 +37,16 @@ def open_source(
     dataset: str,
     location: SourceLocation | None = None,
     environ: Mapping[str, str] | None = None,
+    retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY,
 ) -> DatasetSource:
-    """The reader for `dataset`: explicit location first, then env overrides, then data root."""
+    """The reader for `dataset`: explicit location first, then env overrides, then data root;
+    object-store requests follow `retry_policy`."""
     environ = os.environ if environ is None else environ
     source_type = SOURCE_TYPES[dataset]
-    resolved = (location or SourceLocation()).with_environment(source_type.env_vars, environ)
-    return source_type(resolved, data_root(environ))
+    resolved = (location or SourceLocation()).with_environment(
+        source_type.env_vars, environ, retry_policy
+    )
+    return source_type(resolved, data_root(environ, retry_policy))
 
 
 __all__ = [

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
 from ..processing.source_store import SourcePath, source_path
+from ..processing.storage import DEFAULT_RETRY_POLICY, RetryPolicy
 
 DATA_ROOT_ENV = "RADHARMONY_DATA_ROOT"
 DEFAULT_DATA_ROOT = "data/demo"
@@ -25,21 +26,30 @@ class SourceLocation:
     mask_json_path: SourcePath | None = None
 
     def with_environment(
-        self, env_vars: Mapping[str, str], environ: Mapping[str, str]
+        self,
+        env_vars: Mapping[str, str],
+        environ: Mapping[str, str],
+        retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY,
     ) -> SourceLocation:
         """Fill fields not set explicitly from their environment variables."""
         updates = {
-            name: source_path(environ[var])
+            name: source_path(environ[var], retry_policy)
             for name, var in env_vars.items()
             if getattr(self, name) is None and environ.get(var)
         }
         return replace(self, **updates)
 
     @classmethod
-    def from_strings(cls, values: Mapping[str, str | None]) -> SourceLocation:
+    def from_strings(
+        cls, values: Mapping[str, str | None], retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY
+    ) -> SourceLocation:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: source_path(v) for k, v in values.items() if k in known and v})
+        return cls(
+            **{k: source_path(v, retry_policy) for k, v in values.items() if k in known and v}
+        )
 
 
-def data_root(environ: Mapping[str, str]) -> SourcePath:
-    return source_path(environ.get(DATA_ROOT_ENV) or DEFAULT_DATA_ROOT)
+def data_root(
+    environ: Mapping[str, str], retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY
+) -> SourcePath:
+    return source_path(environ.get(DATA_ROOT_ENV) or DEFAULT_DATA_ROOT, retry_policy)

@@ -21,7 +21,7 @@ from ...processing.progress import ProgressLog
 from ...processing.settings import MAX_IMAGE_SIZE
 from ...processing.settings import image_size as image_size_setting
 from ...processing.source_store import is_remote, named_states
-from ...processing.storage import OutputPath, make_folder
+from ...processing.storage import OutputPath, glob, make_folder, remove
 from ...processing.supervised import TimeLimit, job_timeout
 from ...processing.table_schemas import IMAGES
 from ...sources import parse_partition_key
@@ -152,6 +152,6 @@ def _remove_interrupted_writes(folder: OutputPath, packed: OutputPath) -> None:
     whose writer is gone before resuming. A live writer's (another run of this partition)
     are left alone. Globs list the folder once, on object storage too."""
     remove_orphaned_temporaries(folder)
-    for path in packed.parent.glob(f"{TEMP_MARKER}*{packed.name}*"):
+    for path in glob(packed.parent, f"{TEMP_MARKER}*{packed.name}*"):
         if writer_is_gone(path):
-            path.unlink(missing_ok=True)
+            remove(path)

@@ -11,6 +11,7 @@ from PIL import Image
 from ...processing.duplicates import near_duplicate_members
 from ...processing.perceptual_hash import DEFAULT_RADIUS, HASH_BITS
 from ...processing.previews import PreviewSample, contact_sheet, save_png
+from ...processing.storage import open_for_reading
 from ...processing.table_schemas import NEAR_DUPLICATES
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
@@ -98,7 +99,7 @@ def example_sheet(members: pd.DataFrame, root: Path) -> dict:
     for group_id in chosen.head(SHEET_GROUPS):
         group = members[members["group_id"] == group_id].head(SHEET_MEMBERS)
         for row in group.itertuples(index=False):
-            with (root / row.image_path).open("rb") as handle, Image.open(handle) as image:
+            with open_for_reading(root / row.image_path) as handle, Image.open(handle) as image:
                 pixels = np.asarray(image.convert("L"))
             title = (
                 f"{row.dataset}.{row.split} {_KIND_LABELS[row.kind]} "

@@ -14,6 +14,7 @@ from ...processing.mask_overlap import (
     overlap_of_files,
 )
 from ...processing.parallel import map_in_chunks, worker_count
+from ...processing.storage import open_for_reading
 from ...sources.base import DatasetSource
 from ...sources.counts import CountComparison, compare_counts, is_dataset_metric
 from ..resources import DatasetsResource, OutputsResource
@@ -76,7 +77,7 @@ def measured_figures(
 
 def _read_table(path: Any) -> pd.DataFrame:
     # A handle, so that an object-store root (a UPath) is read like a local one.
-    with path.open("rb") as handle:
+    with open_for_reading(path) as handle:
         return pd.read_parquet(handle)
 
 

@@ -1,0 +1,47 @@
+"""`radharmony verify`: each partition's outputs against what was recorded when they were
+written (the table checksums in the instance's materializations, the PNGs' own keys)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import dagster as dg
+
+from ..processing.integrity import (
+    PARTITION_TABLES,
+    Mismatch,
+    verify_partition,
+    withdraw_packed_keys,
+)
+from ..processing.storage import OutputPath
+from .io_managers import TABLE_CHECKSUM
+
+
+def recorded_table_checksums(instance: dg.DagsterInstance, partition: str) -> dict[str, str | None]:
+    """The SHA-256 of each table file as its latest materialization of `partition` recorded
+    it (None for a table materialized before checksums were recorded, or never)."""
+    checksums: dict[str, str | None] = {}
+    for name in PARTITION_TABLES:
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey(name), asset_partitions=[partition]),
+            limit=1,
+        ).records
+        value = records[0].asset_materialization.metadata.get(TABLE_CHECKSUM) if records else None
+        checksums[name] = getattr(value, "value", None)
+    return checksums
+
+
+def verify_outputs(
+    root: OutputPath, partitions: Sequence[str], instance: dg.DagsterInstance | None
+) -> list[Mismatch]:
+    """Every mismatch under `root` for `partitions`. A partition with a damaged image or
+    packed array has its array's key record withdrawn, so that its next materialize checks
+    every image and repairs exactly what is damaged instead of trusting the headers."""
+    mismatches = []
+    for partition in partitions:
+        checksums = recorded_table_checksums(instance, partition) if instance else {}
+        found = verify_partition(root, partition, checksums)
+        if any(not m.path.endswith(".parquet") for m in found):
+            withdraw_packed_keys(root, partition)
+        mismatches += found
+    return mismatches

@@ -1,0 +1,116 @@
+"""The output volume fills up, or turns read-only, under a run: on a small tmpfs the test
+mounts itself (as root) and unmounts in `finally`. The step fails with one message naming
+the volume, the bytes needed and the free space; nothing partial is left; once the volume
+takes writes again the same command converges to the bytes of a run on an ordinary disk.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fault_support import build, failure_message
+
+from radharmony_pipeline.processing.atomic import TEMP_MARKER
+from radharmony_pipeline.synthetic import generate_datasets
+
+PARTITION = "chestx_det.test"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+
+
+def mount_tmpfs(where: Path, size: str) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
+
+
+def remount(where: Path, options: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{options}", str(where)], check=True)
+
+
+def unmount(where: Path) -> None:
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    base = tmp_path_factory.mktemp("disk")
+    data = base / "data"
+    generate_datasets(data, scale="tiny", seed=7, mimic_format="mixed")
+    result = build(data, base / "reference", PARTITION)
+    assert result.success
+    return data, files(base / "reference")
+
+
+@pytest.mark.timeout(600)
+def test_a_full_volume_fails_with_one_message_and_resumes_to_the_same_bytes(reference, tmp_path):
+    data, expected = reference
+    total = sum(len(content) for content in expected.values())
+    root = tmp_path / "output"
+    mount_tmpfs(root, f"{total // 3 // 4096 * 4096}")
+    try:
+        failed = build(data, root, PARTITION)
+        assert not failed.success
+        message = failure_message(failed)
+        assert "no space left on the output root's volume" in message
+        assert f"mounted at {root}" in message
+        assert "bytes needed" in message and "bytes free" in message
+        assert "run the same command again" in message
+        # Nothing partial: no temporary file, and every file there is complete.
+        left = files(root)
+        assert not [name for name in left if TEMP_MARKER in name]
+        assert all(expected[name] == content for name, content in left.items())
+
+        remount(root, "size=64m")
+        resumed = build(data, root, PARTITION)
+        assert resumed.success
+        assert files(root) == expected
+    finally:
+        unmount(root)
+
+
+@pytest.mark.timeout(600)
+def test_a_volume_turned_read_only_mid_run_fails_clearly_and_resumes(reference, tmp_path):
+    data, expected = reference
+    root = tmp_path / "output"
+    mount_tmpfs(root, "64m")
+    stop = threading.Event()
+
+    def turn_read_only_once_tables_appear() -> None:
+        while not stop.is_set():
+            if (root / "tables" / "labels").exists():
+                remount(root, "ro")
+                return
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=turn_read_only_once_tables_appear)
+    watcher.start()
+    try:
+        failed = build(data, root, PARTITION)
+        stop.set()
+        watcher.join()
+        assert not failed.success
+        message = failure_message(failed)
+        assert f"mounted at {root}) is read-only" in message
+        assert "run the same command again" in message
+        left = files(root)
+        assert all(
+            expected[name] == content for name, content in left.items() if TEMP_MARKER not in name
+        )
+
+        remount(root, "rw")
+        resumed = build(data, root, PARTITION)
+        assert resumed.success
+        assert files(root) == expected
+    finally:
+        stop.set()
+        watcher.join()
+        unmount(root)

@@ -1,0 +1,99 @@
+"""`radharmony verify` finds outputs damaged after they were written (a flipped byte in a
+PNG or a Parquet file, a packed array truncated or flipped with its mtime kept), and the next
+materialize of the partition repairs exactly those, back to the bytes of the clean run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from fault_support import _ASSETS, STAGES
+
+from radharmony_pipeline import cli
+from radharmony_pipeline.defs.resources import pipeline_resources
+from radharmony_pipeline.defs.verify import verify_outputs
+from radharmony_pipeline.synthetic import generate_datasets
+
+PARTITION = "chestx_det.test"
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def damage(path: Path, how: str) -> None:
+    """Flip one byte in the middle, or cut the last 100 bytes; the mtime is kept."""
+    stat = path.stat()
+    content = bytearray(path.read_bytes())
+    if how == "flip":
+        content[len(content) // 2] ^= 0x5A
+    else:
+        del content[-100:]
+    path.write_bytes(bytes(content))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@pytest.fixture
+def built(tmp_path):
+    data = tmp_path / "data"
+    generate_datasets(data, scale="tiny", seed=7, mimic_format="mixed")
+    output = tmp_path / "output"
+    with dg.instance_for_test() as instance:
+
+        def materialize() -> dg.ExecuteInProcessResult:
+            return dg.materialize(
+                _ASSETS,
+                partition_key=PARTITION,
+                resources=pipeline_resources(data, output),
+                selection=STAGES.without_checks(),
+                instance=instance,
+            )
+
+        assert materialize().success
+        yield output, instance, materialize
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("array_damage", ["truncate", "flip"])
+def test_verify_finds_damaged_outputs_and_a_materialize_repairs_exactly_them(
+    built, array_damage, capsys
+):
+    output, instance, materialize = built
+    assert verify_outputs(output, [PARTITION], instance) == []
+    clean = files(output)
+    pngs = sorted(output.glob(f"images/{PARTITION}/*[0-9].png"))
+    masks = sorted(output.glob(f"masks/{PARTITION}/**/*.png"))
+    assert pngs and masks
+    damaged = {
+        pngs[0]: "flip",
+        masks[0]: "flip",
+        output / "images" / f"{PARTITION}.npy": array_damage,
+        output / "tables" / "labels" / f"{PARTITION}.parquet": "flip",
+    }
+    for path, how in damaged.items():
+        damage(path, how)
+    untouched_mtimes = {p: p.stat().st_mtime_ns for p in pngs[1:]}
+
+    found = verify_outputs(output, [PARTITION], instance)
+    assert {Path(m.path) for m in found} == set(damaged), [str(m) for m in found]
+    assert all(m.problem for m in found)
+    # The command: every mismatch printed with its path, exit 1.
+    os.environ["DAGSTER_HOME"] = str(instance.root_directory)
+    try:
+        code = cli.main(["verify", "--partition", PARTITION, "--output-root", str(output)])
+    finally:
+        del os.environ["DAGSTER_HOME"]
+    printed = capsys.readouterr()
+    assert code == 1
+    assert all(str(path) in printed.out for path in damaged)
+    assert "materialize those partitions again" in printed.err
+
+    repaired = materialize()
+    assert repaired.success
+    (images,) = repaired.asset_materializations_for_node("images")
+    assert images.metadata["decoded"].value == 1  # only the damaged PNG is decoded again
+    assert files(output) == clean
+    assert {p: p.stat().st_mtime_ns for p in pngs[1:]} == untouched_mtimes
+    assert verify_outputs(output, [PARTITION], instance) == []
