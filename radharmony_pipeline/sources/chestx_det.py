@@ -25,6 +25,7 @@ from .base import (
 )
 from .counts import ExpectedCounts
 from .errors import MetadataError
+from .layouts import chestx_det_image_dir
 from .location import SourceLocation
 from .views import normalize_view_positions
 
@@ -141,6 +142,8 @@ chestx-det/
 
     def __init__(self, location: SourceLocation, data_root: SourcePath):
         self._root = location.root or data_root / "chestx-det"
+        self._image_dirs = {split: chestx_det_image_dir(self._root, split) for split in self.splits}
+        self._layout_notes = [f.note for f in self._image_dirs.values() if f.note]
 
     @property
     def root(self) -> SourcePath:
@@ -151,7 +154,7 @@ chestx-det/
 
     def image_dir(self, split: str) -> SourcePath:
         self.check_split(split)
-        return self._root / split
+        return self._image_dirs[split].path
 
     def annotation_files(self, split: str) -> list[SourcePath]:
         return [self.annotation_json(split)]

@@ -28,6 +28,7 @@ from .base import (
 )
 from .counts import ExpectedCounts
 from .errors import MetadataError
+from .layouts import chexlocalize_folders, chexlocalize_image_dir
 from .location import SourceLocation
 from .views import normalize_view_positions
 
@@ -125,8 +126,18 @@ chexlocalize/
         base = location.base_image_dir
         self._explicit_split = split_named_in(base, self.splits) if base else None
         chexpert = base.parent if self._explicit_split else base
-        self._root = location.root or (chexpert.parent if chexpert else data_root / "chexlocalize")
+        notes = []
+        if location.root is not None and chexpert is None:
+            self._root, chexpert, note = chexlocalize_folders(location.root)
+            notes.append(note)
+        else:
+            self._root = location.root or (
+                chexpert.parent if chexpert else data_root / "chexlocalize"
+            )
         self._chexpert = chexpert or self._root / "CheXpert"
+        self._image_dirs = {s: chexlocalize_image_dir(self._chexpert, s) for s in self.splits}
+        notes.extend(found.note for found in self._image_dirs.values())
+        self._layout_notes = [note for note in notes if note]
         self._csv_override = location.csv_path
         self._mask_json_override = location.mask_json_path
 
@@ -136,7 +147,7 @@ chexlocalize/
 
     def image_dir(self, split: str) -> SourcePath:
         self.check_split(split)
-        return self._chexpert / split
+        return self._image_dirs[split].path
 
     def labels_csv(self, split: str) -> SourcePath:
         return (

@@ -20,6 +20,7 @@ from .base import (
 )
 from .counts import ExpectedCounts
 from .errors import DatasetLayoutError, MetadataError
+from .layouts import mimic_files_dir, ms_cxr_csv_folder, nearby
 from .location import SourceLocation
 from .mimic_views import metadata_csv, raw_view_positions
 from .views import normalize_view_positions
@@ -73,9 +74,16 @@ mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICO
     }
 
     def __init__(self, location: SourceLocation, data_root: SourcePath):
-        self._csv_given = location.csv_path
-        self._csv_folder = location.root or data_root / "ms-cxr"
-        self._files = location.base_image_dir or data_root / "mimic-cxr" / "files"
+        csv, folder = location.csv_path, location.root
+        if csv is not None and source_store.is_dir(csv):
+            # The CSV variable naming the folder that holds the CSV (any release).
+            csv, folder = None, csv
+        self._csv_given = csv
+        found_folder = ms_cxr_csv_folder(folder, data_root)
+        self._csv_folder = found_folder.path
+        found_files = mimic_files_dir(location.base_image_dir, data_root)
+        self._files = found_files.path
+        self._layout_notes = [f.note for f in (found_folder, found_files) if f.note]
 
     @property
     def root(self) -> SourcePath:
@@ -127,6 +135,7 @@ mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICO
                 self.env_vars["base_image_dir"],
                 self.layout,
                 "MIMIC-CXR files/ folder not found",
+                nearby(self._files),
             )
         csv_path = self.csv_path()
         boxes = self._split_rows(split)

@@ -31,6 +31,7 @@ from .base import (
 )
 from .counts import ExpectedCounts
 from .errors import DatasetLayoutError, MetadataError
+from .layouts import nearby, rexgradient_folders, rexgradient_metadata_folders
 from .location import SourceLocation
 from .views import normalize_view_positions
 
@@ -73,11 +74,10 @@ rexgradient/
     }
 
     def __init__(self, location: SourceLocation, data_root: SourcePath):
-        self._images = location.base_image_dir
-        self._root = location.root or (
-            self._images.parent if self._images else data_root / "rexgradient"
+        self._root, self._images, note = rexgradient_folders(
+            location.root, location.base_image_dir, data_root
         )
-        self._images = self._images or self._root / "deid_png"
+        self._layout_notes = [note] if note else []
         self._json_given = location.csv_path
 
     @property
@@ -96,12 +96,7 @@ rexgradient/
             return given
         candidates = [
             folder / metadata_json_name(split)
-            for folder in (
-                self._root / "download" / "metadata",
-                self._root / "metadata",
-                self._images.parent / "download" / "metadata",
-                self._images.parent / "metadata",
-            )
+            for folder in rexgradient_metadata_folders(self._root, self._images)
         ]
         return next((path for path in candidates if source_store.exists(path)), candidates[0])
 
@@ -136,6 +131,7 @@ rexgradient/
                 self.env_vars["root"],
                 self.layout,
                 f"{detail} {path.name} not found",
+                nearby(path),
             )
         self.require(self._images, "deid_png image folder")
         # Collections paused: millions of objects, none of them garbage (the parsed JSON, then
