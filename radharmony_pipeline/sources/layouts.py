@@ -68,20 +68,25 @@ def mimic_files_dir(given: SourcePath | None, data_root: SourcePath) -> Found:
 
 
 def _mimic_files_in(folder: SourcePath) -> Found | None:
-    if _holds_patient_groups(folder):
+    if _is_files_folder(folder):
         return Found(folder)
-    if source_store.is_dir(folder / "files"):
-        return Found(folder / "files", _note(folder / "files", "the folder that holds files/"))
     release = physionet_release(folder, MIMIC_PROJECTS)
     if release is not None and source_store.is_dir(release / "files"):
         return Found(release / "files", _note(release / "files", "a PhysioNet wget tree"))
+    if _is_files_folder(folder / "files"):
+        return Found(folder / "files", _note(folder / "files", "the folder that holds files/"))
     return None
 
 
-def _holds_patient_groups(folder: SourcePath) -> bool:
-    """MIMIC's files/ holds p10 ... p19; some copies keep only a few of them."""
-    return (folder.name == "files" and source_store.is_dir(folder)) or any(
-        source_store.is_dir(folder / f"p{group}") for group in range(10, 20)
+def _is_files_folder(folder: SourcePath) -> bool:
+    """MIMIC's files/ holds p10 ... p19 (some copies only a few); a folder named `files`
+    counts too, unless it is PhysioNet's own `physionet.org/files/`."""
+    if any(source_store.is_dir(folder / f"p{group}") for group in range(10, 20)):
+        return True
+    return (
+        folder.name == "files"
+        and folder.parent.name != PHYSIONET_HOST
+        and source_store.is_dir(folder)
     )
 
 
