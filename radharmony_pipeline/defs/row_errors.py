@@ -9,7 +9,7 @@ that row's message.
 import dagster as dg
 import pandas as pd
 
-from ..processing.reasons import error_reasons
+from ..processing.reasons import error_causes
 from .metadata import status_counts
 
 EXAMPLES = 20
@@ -38,7 +38,7 @@ def fail_if_mostly_unreadable(table: pd.DataFrame, limit: float, stage: str, fix
     if "status" not in table or table.empty:
         return
     errors = table.loc[table["status"] == "error", "error"].astype(str)
-    reasons = error_reasons(errors)
+    reasons = error_causes(errors)
     if not reasons:
         return
     reason, count = max(reasons.items(), key=lambda item: item[1])
