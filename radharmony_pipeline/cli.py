@@ -25,7 +25,8 @@ class UserError(Exception):
     """A problem the user fixes (a missing path, a wrong option value); printed in one line."""
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command's parser, and each subcommand's by name."""
     parser = _Parser(prog="radharmony", description=__doc__)
     parser.add_argument("--version", action="version", version=f"radharmony {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -106,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     free.set_defaults(run=_free_slots)
     subcommands["free-slots"] = free
+    return parser, subcommands
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser, subcommands = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:
         # Reported by the subcommand, with its own usage, not the top-level one.
