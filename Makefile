@@ -52,8 +52,9 @@ chromium:
 	fi
 
 ## Generate the demo datasets if missing, materialize every asset of every partition, summarize.
+## Always on the demo's own instance, whatever DAGSTER_HOME a shell set up for real data.
 demo: install
-	$(BIN)/radharmony demo
+	DAGSTER_HOME=$(CURDIR)/dagster_home $(BIN)/radharmony demo
 
 ## The whole test suite, after installing what it needs (Python packages, chromium), in two
 ## processes: tests/conftest.py keeps each module, and every user of a costly session fixture,

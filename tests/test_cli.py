@@ -171,3 +171,27 @@ def test_a_partial_demo_claims_no_manifest(tiny_root, tmp_path):
     assert "No manifest was joined" in completed.stdout
     assert not list((tmp_path / "output").rglob("unified_manifest*"))
     assert (tmp_path / "output" / "tables" / "raw_index" / "chestx_det.test.parquet").exists()
+
+
+def test_make_ui_honours_host_port_and_dagster_home(tmp_path):
+    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    environment = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+    planned = subprocess.run(
+        ["make", "-n", "ui", "PORT=3917"],
+        cwd=repository,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "dg dev --host 127.0.0.1 --port 3917" in planned
+    planned = subprocess.run(
+        ["make", "-n", "-p", "ui", "HOST=0.0.0.0"],
+        cwd=repository,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "dg dev --host 0.0.0.0 --port 3000" in planned
+    assert f"DAGSTER_HOME = {tmp_path}" in planned or f"DAGSTER_HOME := {tmp_path}" in planned
