@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import cached_property
 from itertools import chain, repeat
 from operator import itemgetter
 
@@ -74,11 +75,29 @@ rexgradient/
     }
 
     def __init__(self, location: SourceLocation, data_root: SourcePath):
-        self._root, self._images, note = rexgradient_folders(
-            location.root, location.base_image_dir, data_root
-        )
-        self._layout_notes = [note] if note else []
+        self._location = location
+        self._data_root = data_root
         self._json_given = location.csv_path
+
+    @cached_property
+    def _folders(self) -> tuple[SourcePath, SourcePath, str | None]:
+        """(dataset root, deid_png/ folder, layout note)."""
+        # Resolved on first use: opening a reader does no I/O (a store may be unreachable).
+        return rexgradient_folders(
+            self._location.root, self._location.base_image_dir, self._data_root
+        )
+
+    @property
+    def _root(self) -> SourcePath:
+        return self._folders[0]
+
+    @property
+    def _images(self) -> SourcePath:
+        return self._folders[1]
+
+    @cached_property
+    def _layout_notes(self) -> list[str]:
+        return [self._folders[2]] if self._folders[2] else []
 
     @property
     def root(self) -> SourcePath:
