@@ -207,7 +207,12 @@ def missing_images_problem(
         fix = _setting_for_image_folder(source, split, presence.found_elsewhere)
     elif blocking:
         around = nearby(base)
-        fix = f"point {' or '.join(source.env_vars.values())} at the download that holds them" + (
+        variables = [
+            variable
+            for field_name, variable in source.env_vars.items()
+            if field_name in _IMAGE_FOLDER_SETTING
+        ] or list(source.env_vars.values())
+        fix = f"point {' or '.join(variables)} at the download that holds them" + (
             f" ({around})" if around else ""
         )
     else:
