@@ -2,7 +2,12 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-export DAGSTER_HOME := $(CURDIR)/dagster_home
+# The demo's instance unless DAGSTER_HOME is set (a run on your downloads has its own).
+DAGSTER_HOME ?= $(CURDIR)/dagster_home
+export DAGSTER_HOME
+# Where `make ui` listens: loopback unless HOST says otherwise.
+HOST ?= 127.0.0.1
+PORT ?= 3000
 # tests/test_e2e_ui.py drives Debian's chromium through Playwright (no browser download).
 CHROMIUM ?= /usr/bin/chromium
 APT_GET ?= apt-get
@@ -47,8 +52,9 @@ chromium:
 	fi
 
 ## Generate the demo datasets if missing, materialize every asset of every partition, summarize.
+## Always on the demo's own instance, whatever DAGSTER_HOME a shell set up for real data.
 demo: install
-	$(BIN)/radharmony demo
+	DAGSTER_HOME=$(CURDIR)/dagster_home $(BIN)/radharmony demo
 
 ## The whole test suite, after installing what it needs (Python packages, chromium), in two
 ## processes: tests/conftest.py keeps each module, and every user of a costly session fixture,
@@ -57,9 +63,11 @@ PYTEST_ARGS ?= -n 2 --dist loadfile
 test: install-dev chromium
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-## The Dagster UI on the demo's instance: http://127.0.0.1:3000
+## The Dagster UI on $(DAGSTER_HOME) (the demo's by default): http://$(HOST):$(PORT)
+## `dg dev`, which supersedes `dagster dev`, loads the project from pyproject.toml's [tool.dg];
+## VIRTUAL_ENV tells it the project's .venv is the one in use.
 ui: install
-	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/dg dev --host $(HOST) --port $(PORT)
 
 lint: install-dev
 	$(BIN)/ruff check .

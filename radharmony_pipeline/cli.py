@@ -1,4 +1,4 @@
-"""The `radharmony` command: generate synthetic datasets, run the demo, print a summary."""
+"""The `radharmony` command: check the downloads, generate synthetic datasets, run the demo."""
 
 from __future__ import annotations
 
@@ -7,19 +7,57 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 DEMO_DATA_ROOT = Path("data/demo")
+# A user error (bad option, unknown dataset, missing path): one line, this exit status.
+USAGE_ERROR = 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="radharmony", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+class _Parser(argparse.ArgumentParser):
+    """Errors in one line naming the (sub)command, and where its help is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+class UserError(Exception):
+    """A problem the user fixes (a missing path, a wrong option value); printed in one line."""
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command's parser, and each subcommand's by name."""
+    parser = _Parser(prog="radharmony", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"radharmony {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subcommands = {}
+
+    check = commands.add_parser(
+        "check-data",
+        help="check the downloads before a run: files, images, headers, counts, fixes",
+        description="Resolve every dataset as the pipeline will and report, per partition, "
+        "what was found and what to fix. Exit status 1 when a configured dataset is unusable.",
+    )
+    _add_check_data_arguments(check)
+    subcommands["check-data"] = check
 
     synth = commands.add_parser("synth", help="write faithful miniature datasets")
     synth.add_argument("--out", type=Path, required=True, help="folder to write the datasets in")
-    synth.add_argument("--scale", choices=("tiny", "small"), default="tiny")
-    synth.add_argument("--seed", type=int, default=0)
-    synth.add_argument("--dataset", action="append", help="only this dataset (repeatable)")
+    synth.add_argument(
+        "--scale",
+        choices=("tiny", "small"),
+        default="tiny",
+        help="tiny (tests, seconds) or small (the demo); default tiny",
+    )
+    synth.add_argument(
+        "--seed", type=int, default=0, help="random seed; the same seed gives the same files"
+    )
+    synth.add_argument(
+        "--dataset",
+        action="append",
+        choices=_dataset_keys(),
+        help="only this dataset (repeatable)",
+    )
     synth.add_argument(
         "--mimic-format",
         choices=("jpg", "dcm", "mixed"),
@@ -37,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         help="with --rexgradient-metadata-only: the real study/image counts",
     )
     synth.set_defaults(run=_synth)
+    subcommands["synth"] = synth
 
     demo = commands.add_parser(
         "demo", help="generate the demo datasets if missing, materialize everything, summarize"
@@ -44,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--data-root",
         default=None,
-        help=f"datasets folder or s3:// URL (default RADHARMONY_DATA_ROOT or {DEMO_DATA_ROOT})",
+        help=f"datasets folder or s3:// URL (default RADHARMONY_DATA_ROOT or {DEMO_DATA_ROOT}); "
+        f"must exist unless it is {DEMO_DATA_ROOT}, where the demo datasets are generated",
     )
     demo.add_argument(
         "--partition",
@@ -53,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         "only when every partition is run",
     )
     demo.set_defaults(run=_demo)
+    subcommands["demo"] = demo
 
     free = commands.add_parser(
         "free-slots",
@@ -65,24 +106,106 @@ def main(argv: list[str] | None = None) -> int:
         help="also mark this run failed and free its slots, alive or not (repeatable)",
     )
     free.set_defaults(run=_free_slots)
-    _add_verify(commands)
+    subcommands["free-slots"] = free
+    subcommands["verify"] = _add_verify(commands)
+    return parser, subcommands
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    parser, subcommands = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # Reported by the subcommand, with its own usage, not the top-level one.
+        subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     from .processing.settings import ConfigurationError, validate_settings
+    from .sources import SourceError
 
     try:
         validate_settings()
     except ConfigurationError as error:
         print(f"radharmony: {error}", file=sys.stderr)
-        return 2
+        return USAGE_ERROR
     # Stop on SIGTERM as on Ctrl-C: Dagster marks the run failed, worker processes are killed,
     # temporary files are removed; a later run resumes.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.run(args)
+    except (UserError, SourceError, ConfigurationError) as error:
+        print(f"radharmony {args.command}: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
     except KeyboardInterrupt:
         print("radharmony: interrupted", file=sys.stderr)
         return 130
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("radharmony-pipeline")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _dataset_keys() -> list[str]:
+    from .sources import SOURCE_TYPES
+
+    return list(SOURCE_TYPES)
+
+
+def _add_check_data_arguments(check: argparse.ArgumentParser) -> None:
+    check.add_argument(
+        "--data-root",
+        default=None,
+        help="datasets folder or s3:// URL (default RADHARMONY_DATA_ROOT); the per-dataset "
+        "variables (RADHARMONY_CHESTX_DET_ROOT, ...) still apply",
+    )
+    check.add_argument(
+        "--partition",
+        action="append",
+        help="only this `<dataset>.<split>` partition (repeatable); default all",
+    )
+    check.set_defaults(run=_check_data)
+
+
+def _check_data(args: argparse.Namespace) -> int:
+    from .processing.source_store import exists, is_remote, source_path
+    from .sources import partition_keys
+    from .sources.location import DATA_ROOT_ENV, expand_path
+
+    if args.data_root:
+        os.environ[DATA_ROOT_ENV] = args.data_root
+    given = os.environ.get(DATA_ROOT_ENV)
+    if given:
+        root = source_path(expand_path(given, os.environ))
+        if not is_remote(root) and not exists(root):
+            raise UserError(
+                f"data root {root} does not exist; set {DATA_ROOT_ENV} (or --data-root) to "
+                "the folder that holds the downloads"
+            )
+    unknown = sorted(set(args.partition or ()) - set(partition_keys()))
+    if unknown:
+        raise UserError(f"unknown partition(s) {', '.join(unknown)}; known: {partition_keys()}")
+    from .defs.data_check import any_unusable, check_partitions
+    from .defs.resources import DatasetsResource
+    from .sources.location import data_root
+
+    print(f"data root: {data_root(os.environ)}")
+    reports = check_partitions(DatasetsResource(), args.partition)
+    for report in reports:
+        print("\n".join(report.lines()), flush=True)
+    if all(report.status == "not configured" for report in reports):
+        print(
+            "no dataset found: set RADHARMONY_DATA_ROOT to the folder that holds the downloads, "
+            "or a dataset's own variable",
+            file=sys.stderr,
+        )
+        return 1
+    if any_unusable(reports):
+        print("some configured partitions are unusable; see the fixes above", file=sys.stderr)
+        return 1
+    print("every configured partition is usable")
+    return 0
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -113,14 +236,27 @@ def _synth(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from .processing.source_store import is_remote, source_path
+    from .sources import partition_keys
+    from .sources.location import expand_path
 
-    data_root = source_path(
-        args.data_root or os.environ.get("RADHARMONY_DATA_ROOT") or DEMO_DATA_ROOT
-    )
+    given = args.data_root or os.environ.get("RADHARMONY_DATA_ROOT") or str(DEMO_DATA_ROOT)
+    data_root = source_path(expand_path(given, os.environ))
+    is_default = not is_remote(data_root) and data_root.resolve() == DEMO_DATA_ROOT.resolve()
+    # The demo datasets are generated in their own folder only: a mistyped path must not
+    # become a synthetic corpus where the user meant their download.
+    if not is_remote(data_root) and not data_root.exists() and not is_default:
+        raise UserError(
+            f"data root {data_root} does not exist; point --data-root (or "
+            "RADHARMONY_DATA_ROOT) at your datasets, or make synthetic ones there with "
+            f"`radharmony synth --out {data_root}`"
+        )
+    unknown = sorted(set(args.partition or ()) - set(partition_keys()))
+    if unknown:
+        raise UserError(f"unknown partition(s) {', '.join(unknown)}; known: {partition_keys()}")
     os.environ["RADHARMONY_DATA_ROOT"] = str(data_root)
     os.environ.setdefault("DAGSTER_HOME", str(Path("dagster_home").resolve()))
     # Demo data is generated on disk only; datasets on a store are uploaded by the user.
-    if not is_remote(data_root) and not data_root.exists():
+    if is_default and not data_root.exists():
         from .synthetic import generate_datasets
         from .synthetic.duplicates import DEMO_DUPLICATES
 
@@ -129,6 +265,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     import dagster as dg
 
+    from .defs.resources import default_output_root
     from .defs.runner import (
         format_summary,
         materialize_manifest,
@@ -136,14 +273,9 @@ def _demo(args: argparse.Namespace) -> int:
         observe_sources,
         project_location,
     )
-    from .sources import partition_keys
 
     every_partition = partition_keys()
     chosen = args.partition or every_partition
-    unknown = sorted(set(chosen) - set(every_partition))
-    if unknown:
-        print(f"unknown partition(s) {unknown}; known: {every_partition}", file=sys.stderr)
-        return 2
     with dg.DagsterInstance.get() as instance, project_location(instance) as location:
         print("observing source files ...", flush=True)
         observe_sources(location, instance)
@@ -163,12 +295,17 @@ def _demo(args: argparse.Namespace) -> int:
     print()
     print(format_summary(outcomes))
     print()
-    output = os.environ.get("RADHARMONY_OUTPUT_ROOT") or "data/output"
-    print(
-        f"Manifest: {output}/tables/unified_manifest.parquet (load it with "
-        "radharmony_pipeline.loader.ManifestDataset)"
-    )
-    print(f"Tables: {output}/tables/   Images: {output}/images/   Previews: {output}/previews/")
+    output = default_output_root()
+    manifest = next((o for o in outcomes if o.partition == "unified_manifest"), None)
+    if manifest is not None and manifest.success:
+        print(
+            f"Manifest: {output}/tables/unified_manifest.parquet (load it with "
+            "radharmony_pipeline.loader.ManifestDataset)"
+        )
+    else:
+        print("No manifest was joined (it needs every partition, each run successfully).")
+    if any(o.success for o in outcomes):
+        print(f"Tables: {output}/tables/   Images: {output}/images/   Previews: {output}/previews/")
     print("Open the UI with `make ui`, then http://127.0.0.1:3000 (same DAGSTER_HOME).")
     return 0 if all(o.success for o in outcomes) else 1
 
@@ -196,7 +333,7 @@ def _free_slots(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_verify(commands: argparse._SubParsersAction) -> None:
+def _add_verify(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     verify = commands.add_parser(
         "verify",
         help="check that every output still holds what was recorded when it was written; "
@@ -206,22 +343,23 @@ def _add_verify(commands: argparse._SubParsersAction) -> None:
         "--partition", action="append", help="only this `<dataset>.<split>` (repeatable)"
     )
     verify.add_argument(
-        "--output-root", default=None, help="default RADHARMONY_OUTPUT_ROOT or data/output"
+        "--output-root",
+        default=None,
+        help="folder or s3:// URL of the outputs (default: the pipeline's output root)",
     )
     verify.set_defaults(run=_verify)
+    return verify
 
 
 def _verify(args: argparse.Namespace) -> int:
     """Table checksums come from the instance at DAGSTER_HOME, when there is one."""
     import dagster as dg
 
-    from .defs.resources import OUTPUT_ROOT_ENV, OutputsResource
+    from .defs.resources import OutputsResource
     from .defs.verify import verify_outputs
     from .sources import partition_keys
 
-    outputs = OutputsResource(
-        output_root=args.output_root or os.environ.get(OUTPUT_ROOT_ENV) or "data/output"
-    )
+    outputs = OutputsResource(output_root=args.output_root) if args.output_root else OutputsResource()
     partitions = args.partition or partition_keys()
     instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else None
     try:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
-from radharmony_pipeline.cli import main
+from radharmony_pipeline.cli import build_parser, main
 
 
 def test_synth_writes_the_chosen_datasets(tmp_path, capsys):
@@ -61,3 +65,133 @@ def test_demo_materializes_every_partition_and_prints_the_summary(tiny_demo):
     assert {
         run.remote_job_origin.repository_origin.code_location_origin.location_name for run in runs
     } == {"radharmony_pipeline"}
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["synth", "--out", "x", "--dataset", "chexpert"], ["radharmony synth", "chestx_det"]),
+        (["demo", "--partitions", "x"], ["radharmony demo:", "--partitions", "demo --help"]),
+        (["demo", "--partition", "chexpert.val"], ["radharmony demo", "chexpert.val"]),
+        (["check-data", "--partition", "x.y"], ["radharmony check-data", "x.y"]),
+        (["synth"], ["radharmony synth", "--out"]),
+        (["nonsense"], ["radharmony:", "check-data"]),
+    ],
+)
+def test_user_errors_are_one_line_with_exit_2(argv, names, capsys, monkeypatch):
+    monkeypatch.delenv("RADHARMONY_DATA_ROOT", raising=False)
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code == 2
+    err = one_line_error(capsys)
+    for name in names:
+        assert name in err
+
+
+def test_a_mistyped_demo_root_is_refused_and_nothing_is_written(tmp_path, capsys):
+    typo = tmp_path / "typo-cxr"
+    assert main(["demo", "--data-root", str(typo)]) == 2
+    err = one_line_error(capsys)
+    assert "does not exist" in err and "radharmony synth" in err
+    assert not typo.exists()
+
+
+def test_the_demo_root_variable_is_checked_too(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RADHARMONY_DATA_ROOT", "~/typo-cxr")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["demo"]) == 2
+    assert f"{tmp_path}/typo-cxr does not exist" in one_line_error(capsys)
+    assert not (tmp_path / "typo-cxr").exists()
+
+
+def test_version_and_help_for_every_option(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith("radharmony 0.")
+    _, subcommands = build_parser()
+    assert {"check-data", "synth", "demo", "free-slots"} <= set(subcommands)
+    for name, parser in subcommands.items():
+        for action in parser._actions:
+            assert action.help, f"radharmony {name} {action.option_strings} has no help"
+
+
+def test_real_and_demo_outputs_have_different_default_roots(tmp_path):
+    from radharmony_pipeline.defs.resources import (
+        DEMO_OUTPUT_ROOT,
+        REAL_OUTPUT_ROOT,
+        default_output_root,
+    )
+
+    assert default_output_root({}) == DEMO_OUTPUT_ROOT
+    assert default_output_root({"RADHARMONY_DATA_ROOT": str(tmp_path)}) == REAL_OUTPUT_ROOT
+    assert default_output_root({"RADHARMONY_CHESTX_DET_ROOT": str(tmp_path)}) == REAL_OUTPUT_ROOT
+    assert DEMO_OUTPUT_ROOT != REAL_OUTPUT_ROOT
+    assert default_output_root({"RADHARMONY_OUTPUT_ROOT": "~/out", "HOME": "/h"}) == "/h/out"
+
+
+def test_a_partial_demo_claims_no_manifest(tiny_root, tmp_path):
+    """Only the partitions asked for are run: no manifest is joined, none is announced."""
+    from e2e_support import write_instance
+
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith(("RADHARMONY_", "DAGSTER_"))
+    }
+    environment.update(
+        DAGSTER_HOME=str(write_instance(tmp_path / "dagster_home")),
+        RADHARMONY_OUTPUT_ROOT=str(tmp_path / "output"),
+        RADHARMONY_WORKERS="1",
+    )
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "radharmony_pipeline.cli",
+            "demo",
+            "--data-root",
+            str(tiny_root),
+            "--partition",
+            "chestx_det.test",
+        ],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert "Manifest:" not in completed.stdout
+    assert "No manifest was joined" in completed.stdout
+    assert not list((tmp_path / "output").rglob("unified_manifest*"))
+    assert (tmp_path / "output" / "tables" / "raw_index" / "chestx_det.test.parquet").exists()
+
+
+def test_make_ui_honours_host_port_and_dagster_home(tmp_path):
+    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    environment = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+    planned = subprocess.run(
+        ["make", "-n", "ui", "PORT=3917"],
+        cwd=repository,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "dg dev --host 127.0.0.1 --port 3917" in planned
+    planned = subprocess.run(
+        ["make", "-n", "-p", "ui", "HOST=0.0.0.0"],
+        cwd=repository,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "dg dev --host 0.0.0.0 --port 3000" in planned
+    assert f"DAGSTER_HOME = {tmp_path}" in planned or f"DAGSTER_HOME := {tmp_path}" in planned

@@ -1,6 +1,7 @@
 """Resources: where each dataset lives, chosen from config, the environment or the data root."""
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -8,11 +9,32 @@ import dagster as dg
 from pydantic import Field, create_model
 
 from ..processing.settings import strict_mode
+from ..processing.source_store import is_remote
 from ..processing.storage import DEFAULT_RETRY_POLICY, OutputPath, RetryPolicy, output_path
 from ..sources import SOURCE_TYPES, DatasetSource, SourceLocation, open_source
-from ..sources.location import DATA_ROOT_ENV
+from ..sources.location import DATA_ROOT_ENV, DEFAULT_DATA_ROOT, data_root, expand_path
 
 OUTPUT_ROOT_ENV = "RADHARMONY_OUTPUT_ROOT"
+# Outputs of the demo's synthetic datasets, and of any other data: a run on real downloads
+# never overwrites or joins the demo's tables.
+DEMO_OUTPUT_ROOT = "data/output"
+REAL_OUTPUT_ROOT = "data/output-real"
+
+
+def uses_demo_data(environ: Mapping[str, str] = os.environ) -> bool:
+    """No dataset variable set, and the data root is the demo's default folder."""
+    variables = [var for source in SOURCE_TYPES.values() for var in source.env_vars.values()]
+    if any(environ.get(var) for var in variables):
+        return False
+    root = data_root(environ)
+    return not is_remote(root) and Path(root).resolve() == Path(DEFAULT_DATA_ROOT).resolve()
+
+
+def default_output_root(environ: Mapping[str, str] = os.environ) -> str:
+    """RADHARMONY_OUTPUT_ROOT, else the demo's or the real data's default output root."""
+    if environ.get(OUTPUT_ROOT_ENV):
+        return expand_path(environ[OUTPUT_ROOT_ENV], environ)
+    return DEMO_OUTPUT_ROOT if uses_demo_data(environ) else REAL_OUTPUT_ROOT
 
 
 class SourceLocationConfig(dg.Config):
@@ -74,7 +96,7 @@ class _DatasetsResourceBase(dg.ConfigurableResource):
             environ[DATA_ROOT_ENV] = self.data_root
         config = getattr(self, dataset, None) or SourceLocationConfig()
         policy = self.store_retries.policy()
-        location = SourceLocation.from_strings(config.model_dump(), policy)
+        location = SourceLocation.from_strings(config.model_dump(), environ, policy)
         return open_source(dataset, location, environ, policy)
 
 
@@ -102,15 +124,16 @@ class OutputsResource(dg.ConfigurableResource):
     """Where everything the pipeline writes goes: tables, masks, images, previews."""
 
     output_root: str = Field(
-        default_factory=lambda: os.environ.get(OUTPUT_ROOT_ENV) or "data/output",
+        default_factory=default_output_root,
         description="Folder or object-store URL (s3://bucket/prefix) of all outputs; default "
-        "RADHARMONY_OUTPUT_ROOT.",
+        f"RADHARMONY_OUTPUT_ROOT, else {DEMO_OUTPUT_ROOT} for the demo datasets and "
+        f"{REAL_OUTPUT_ROOT} for any other data.",
     )
     store_retries: ObjectStoreRetries = _retries_field("the outputs")
 
     def root(self) -> OutputPath:
         """The output root: a local Path, or a UPath on object storage (`s3://bucket/prefix`)."""
-        return output_path(self.output_root, self.store_retries.policy())
+        return output_path(expand_path(self.output_root, os.environ), self.store_retries.policy())
 
 
 def pipeline_resources(
@@ -124,7 +147,9 @@ def pipeline_resources(
     from .io_managers import parquet_io_manager
 
     datasets = DatasetsResource(data_root=_setting(data_root, DATA_ROOT_ENV))
-    outputs = OutputsResource(output_root=_setting(output_root, OUTPUT_ROOT_ENV) or "data/output")
+    outputs = OutputsResource(
+        output_root=_setting(output_root, OUTPUT_ROOT_ENV) or default_output_root()
+    )
     return {"datasets": datasets, "outputs": outputs, "io_manager": parquet_io_manager}
 
 

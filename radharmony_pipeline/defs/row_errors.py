@@ -9,6 +9,7 @@ that row's message.
 import dagster as dg
 import pandas as pd
 
+from ..processing.reasons import error_causes
 from .metadata import status_counts
 
 EXAMPLES = 20
@@ -28,6 +29,24 @@ def fail_if_strict(table: pd.DataFrame, strict: bool, stage: str) -> None:
                 "strict": "RADHARMONY_STRICT / resource `datasets.strict` is on; turn it off "
                 "to keep error rows and build the rest",
             },
+        )
+
+
+def fail_if_mostly_unreadable(table: pd.DataFrame, limit: float, stage: str, fix: str) -> None:
+    """Fail the step when more than `limit` of the rows are errors for one reason (a wrong
+    root, a missing decoder): that is a broken partition, not a few bad files."""
+    if "status" not in table or table.empty:
+        return
+    errors = table.loc[table["status"] == "error", "error"].astype(str)
+    reasons = error_causes(errors)
+    if not reasons:
+        return
+    reason, count = max(reasons.items(), key=lambda item: item[1])
+    if count / len(table) > limit:
+        raise dg.Failure(
+            description=f"{stage}: {count} of {len(table)} images failed for one reason: "
+            f"{reason} (e.g. {errors.iloc[0]}). {fix}",
+            metadata={"stage": stage, "error_rows": len(errors), "limit": limit},
         )
 
 

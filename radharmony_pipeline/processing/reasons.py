@@ -11,3 +11,13 @@ def error_reasons(messages: pd.Series) -> dict[str, int]:
     reasons = messages.astype(str).str.split(": ", n=1).str[-1]
     reasons = reasons.str.replace(r"\d+", "N", regex=True)
     return {str(k): int(v) for k, v in reasons.value_counts().items()}
+
+
+def error_causes(messages: pd.Series) -> dict[str, int]:
+    """Count messages by cause: like error_reasons, with quoted text and paths masked too,
+    so one decoder error that names each file counts as one cause."""
+    reasons = messages.astype(str).str.split(": ", n=1).str[-1]
+    reasons = reasons.str.replace(r"'[^']*'|\"[^\"]*\"", "'…'", regex=True)
+    reasons = reasons.str.replace(r"\S*/\S*", "…", regex=True)
+    reasons = reasons.str.replace(r"\d+", "N", regex=True)
+    return {str(k): int(v) for k, v in reasons.value_counts().items()}

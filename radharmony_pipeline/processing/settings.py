@@ -14,6 +14,9 @@ from .supervised import TIMEOUT_VARIABLE, job_timeout
 
 IMAGE_SIZE_VARIABLE = "RADHARMONY_IMAGE_SIZE"
 STRICT_VARIABLE = "RADHARMONY_STRICT"
+UNREADABLE_LIMIT_VARIABLE = "RADHARMONY_UNREADABLE_LIMIT"
+# Above this share of a partition's images unreadable for one reason, its step fails.
+DEFAULT_UNREADABLE_LIMIT = 0.5
 DEFAULT_IMAGE_SIZE = 224
 # Larger outputs than the largest radiographs make no sense and would allocate N x S x S bytes.
 MAX_IMAGE_SIZE = 8192
@@ -52,11 +55,30 @@ def strict_mode(environ: Mapping[str, str] = os.environ) -> bool:
     raise ConfigurationError(f"{STRICT_VARIABLE} must be 1 or 0 (true or false), got {raw!r}")
 
 
+def unreadable_limit(environ: Mapping[str, str] = os.environ) -> float:
+    """RADHARMONY_UNREADABLE_LIMIT: the share (0 to 1) of a partition's images that may be
+    missing or unreadable for one reason before its step fails (default 0.5; 1 never fails).
+    Below it, each bad image is an error row and the rest is built."""
+    raw = (environ.get(UNREADABLE_LIMIT_VARIABLE) or "").strip()
+    if not raw:
+        return DEFAULT_UNREADABLE_LIMIT
+    try:
+        limit = float(raw)
+    except ValueError:
+        limit = -1.0
+    if not 0.0 <= limit <= 1.0:
+        raise ConfigurationError(
+            f"{UNREADABLE_LIMIT_VARIABLE} must be a share from 0 to 1 (e.g. 0.5), got {raw!r}"
+        )
+    return limit
+
+
 _VALIDATORS: dict[str, Callable[[Mapping[str, str]], object]] = {
     IMAGE_SIZE_VARIABLE: image_size,
     WORKERS_VARIABLE: worker_count,
     TIMEOUT_VARIABLE: job_timeout,
     STRICT_VARIABLE: strict_mode,
+    UNREADABLE_LIMIT_VARIABLE: unreadable_limit,
 }
 
 

@@ -310,6 +310,28 @@ def named_states(folder: SourcePath, names: Iterable[str]) -> dict[str, FileStat
     return states
 
 
+def existing_names(folder: SourcePath, names: Iterable[str]) -> set[str]:
+    """The files among `names` (relative to `folder`) that exist, without a request per name:
+    one listing of each local folder that holds a named file, one listing of a store prefix."""
+    if is_remote(folder):
+        listed = _listing(folder)
+        return {name for name in names if name in listed}
+    by_folder: dict[str, list[str]] = {}
+    for name in names:
+        parent, _, base = name.rpartition("/")
+        by_folder.setdefault(parent, []).append(base)
+    found = set()
+    for parent, bases in by_folder.items():
+        try:
+            with os.scandir(os.path.join(folder, parent)) as entries:
+                files = {entry.name for entry in entries if not entry.is_dir()}
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        prefix = parent + "/" if parent else ""
+        found.update(prefix + base for base in bases if base in files)
+    return found
+
+
 def _listing(folder: UPath) -> dict[str, FileState]:
     base = folder.path.rstrip("/")
     with _store_errors(folder):

@@ -24,6 +24,7 @@ from ..processing.source_store import FileState, SourcePath
 from ..processing.vocabulary import INDEX_COLUMNS, LABEL_COLUMNS
 from .counts import ExpectedCounts, load_expected_counts
 from .errors import DatasetLayoutError, MetadataError
+from .layouts import nearby
 
 IMAGE_FORMATS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".dcm": "dcm"}
 _UNSAFE_KEY_CHARACTER = r"[^A-Za-z0-9._-]"
@@ -176,6 +177,11 @@ class DatasetSource(ABC):
     def expected_counts(self) -> ExpectedCounts:
         return load_expected_counts(self.root, self.documented_counts)
 
+    def layout_notes(self) -> list[str]:
+        """Which folders were used where the download's layout differs from the canonical
+        one (the readers accept the layouts real downloads unpack to; see layouts.py)."""
+        return list(getattr(self, "_layout_notes", ()))
+
     def check_split(self, split: str) -> None:
         if split not in self.splits:
             raise ValueError(f"{self.key} has splits {self.splits}, not {split!r}")
@@ -184,7 +190,9 @@ class DatasetSource(ABC):
         """Return `path`, or raise the layout error that tells the user how to fix it."""
         if not source_store.exists(path):
             env_var = next(iter(self.env_vars.values()))
-            raise DatasetLayoutError(self.key, path, env_var, self.layout, f"{what} not found")
+            raise DatasetLayoutError(
+                self.key, path, env_var, self.layout, f"{what} not found", nearby(path)
+            )
         return path
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
@@ -25,6 +26,7 @@ from .base import (
 )
 from .counts import ExpectedCounts
 from .errors import MetadataError
+from .layouts import Found, chestx_det_image_dir
 from .location import SourceLocation
 from .views import normalize_view_positions
 
@@ -142,6 +144,15 @@ chestx-det/
     def __init__(self, location: SourceLocation, data_root: SourcePath):
         self._root = location.root or data_root / "chestx-det"
 
+    @cached_property
+    def _image_dirs(self) -> dict[str, Found]:
+        # Resolved on first use: opening a reader does no I/O (a store may be unreachable).
+        return {split: chestx_det_image_dir(self._root, split) for split in self.splits}
+
+    @cached_property
+    def _layout_notes(self) -> list[str]:
+        return [found.note for found in self._image_dirs.values() if found.note]
+
     @property
     def root(self) -> SourcePath:
         return self._root
@@ -151,7 +162,7 @@ chestx-det/
 
     def image_dir(self, split: str) -> SourcePath:
         self.check_split(split)
-        return self._root / split
+        return self._image_dirs[split].path
 
     def annotation_files(self, split: str) -> list[SourcePath]:
         return [self.annotation_json(split)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from .base import (
 )
 from .counts import ExpectedCounts
 from .errors import MetadataError
+from .layouts import Found, chexlocalize_folders, chexlocalize_image_dir
 from .location import SourceLocation
 from .views import normalize_view_positions
 
@@ -124,11 +126,40 @@ chexlocalize/
     def __init__(self, location: SourceLocation, data_root: SourcePath):
         base = location.base_image_dir
         self._explicit_split = split_named_in(base, self.splits) if base else None
-        chexpert = base.parent if self._explicit_split else base
-        self._root = location.root or (chexpert.parent if chexpert else data_root / "chexlocalize")
-        self._chexpert = chexpert or self._root / "CheXpert"
+        self._location = location
+        self._data_root = data_root
         self._csv_override = location.csv_path
         self._mask_json_override = location.mask_json_path
+
+    @cached_property
+    def _folders(self) -> tuple[SourcePath, SourcePath, str | None]:
+        """(dataset root, CheXpert/ folder, layout note)."""
+        # Resolved on first use: opening a reader does no I/O (a store may be unreachable).
+        base = self._location.base_image_dir
+        chexpert = base.parent if self._explicit_split else base
+        if self._location.root is not None and chexpert is None:
+            return chexlocalize_folders(self._location.root)
+        root = self._location.root or (
+            chexpert.parent if chexpert else self._data_root / "chexlocalize"
+        )
+        return root, chexpert or root / "CheXpert", None
+
+    @property
+    def _root(self) -> SourcePath:
+        return self._folders[0]
+
+    @property
+    def _chexpert(self) -> SourcePath:
+        return self._folders[1]
+
+    @cached_property
+    def _image_dirs(self) -> dict[str, Found]:
+        return {split: chexlocalize_image_dir(self._chexpert, split) for split in self.splits}
+
+    @cached_property
+    def _layout_notes(self) -> list[str]:
+        notes = [self._folders[2], *(found.note for found in self._image_dirs.values())]
+        return [note for note in notes if note]
 
     @property
     def root(self) -> SourcePath:
@@ -136,7 +167,7 @@ chexlocalize/
 
     def image_dir(self, split: str) -> SourcePath:
         self.check_split(split)
-        return self._chexpert / split
+        return self._image_dirs[split].path
 
     def labels_csv(self, split: str) -> SourcePath:
         return (

@@ -12,13 +12,24 @@ class SourceError(ValueError):
 class DatasetLayoutError(SourceError):
     """A dataset root or a required file is missing."""
 
-    def __init__(self, dataset: str, missing: Path, env_var: str, layout: str, detail: str = ""):
+    def __init__(
+        self,
+        dataset: str,
+        missing: Path,
+        env_var: str,
+        layout: str,
+        detail: str = "",
+        nearby: str = "",
+    ):
         self.dataset = dataset
         self.missing = missing
         self.env_var = env_var
+        self.detail = detail or "required path not found"
+        self.nearby = nearby
         message = (
-            f"{dataset}: {detail or 'required path not found'}: {missing}\n"
-            f"Set {env_var} (or RADHARMONY_DATA_ROOT) to the folder that holds the download.\n"
+            f"{dataset}: {self.detail}: {missing}\n"
+            + (f"Found instead: {nearby}\n" if nearby else "")
+            + f"Set {env_var} (or RADHARMONY_DATA_ROOT) to the folder that holds the download.\n"
             f"Expected layout:\n{layout.rstrip()}"
         )
         super().__init__(message)

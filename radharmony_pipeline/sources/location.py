@@ -6,8 +6,10 @@ see processing/source_store.py.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 from ..processing.source_store import SourcePath, source_path
 from ..processing.storage import DEFAULT_RETRY_POLICY, RetryPolicy
@@ -33,7 +35,7 @@ class SourceLocation:
     ) -> SourceLocation:
         """Fill fields not set explicitly from their environment variables."""
         updates = {
-            name: source_path(environ[var], retry_policy)
+            name: source_path(expand_path(environ[var], environ), retry_policy)
             for name, var in env_vars.items()
             if getattr(self, name) is None and environ.get(var)
         }
@@ -41,15 +43,40 @@ class SourceLocation:
 
     @classmethod
     def from_strings(
-        cls, values: Mapping[str, str | None], retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY
+        cls,
+        values: Mapping[str, str | None],
+        environ: Mapping[str, str] | None = None,
+        retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY,
     ) -> SourceLocation:
+        """Paths from text (resource config), with `~` and `$VARS` of `environ` expanded."""
         known = {f.name for f in fields(cls)}
         return cls(
-            **{k: source_path(v, retry_policy) for k, v in values.items() if k in known and v}
+            **{
+                k: source_path(expand_path(v, environ or {}), retry_policy)
+                for k, v in values.items()
+                if k in known and v
+            }
         )
 
 
 def data_root(
     environ: Mapping[str, str], retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY
 ) -> SourcePath:
-    return source_path(environ.get(DATA_ROOT_ENV) or DEFAULT_DATA_ROOT, retry_policy)
+    return source_path(
+        expand_path(environ.get(DATA_ROOT_ENV) or DEFAULT_DATA_ROOT, environ), retry_policy
+    )
+
+
+_VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+def expand_path(text: str, environ: Mapping[str, str]) -> str:
+    """`~` (the HOME of `environ`, else the user's) and `$VAR`/`${VAR}` of `environ` expanded,
+    as a shell would; an unknown variable is left as written, so the error shows it."""
+    expanded = _VARIABLE.sub(
+        lambda match: environ.get(match.group(1) or match.group(2), match.group(0)), text
+    )
+    if expanded == "~" or expanded.startswith("~/"):
+        home = environ.get("HOME") or str(Path.home())
+        expanded = home + expanded[1:]
+    return expanded

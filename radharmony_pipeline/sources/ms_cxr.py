@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 import pandas as pd
 
@@ -20,6 +22,7 @@ from .base import (
 )
 from .counts import ExpectedCounts
 from .errors import DatasetLayoutError, MetadataError
+from .layouts import Found, mimic_files_dir, ms_cxr_csv_folder, nearby
 from .location import SourceLocation
 from .mimic_views import metadata_csv, raw_view_positions
 from .views import normalize_view_positions
@@ -73,9 +76,38 @@ mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICO
     }
 
     def __init__(self, location: SourceLocation, data_root: SourcePath):
-        self._csv_given = location.csv_path
-        self._csv_folder = location.root or data_root / "ms-cxr"
-        self._files = location.base_image_dir or data_root / "mimic-cxr" / "files"
+        self._location = location
+        self._data_root = data_root
+
+    @cached_property
+    def _layout(self) -> tuple[SourcePath | None, Found, Found]:
+        """(the CSV file given, the folder to find it in, MIMIC-CXR's files/)."""
+        # Resolved on first use: opening a reader does no I/O (a store may be unreachable).
+        csv, folder = self._location.csv_path, self._location.root
+        if csv is not None and source_store.is_dir(csv):
+            # The CSV variable naming the folder that holds the CSV (any release).
+            csv, folder = None, csv
+        return (
+            csv,
+            ms_cxr_csv_folder(folder, self._data_root),
+            mimic_files_dir(self._location.base_image_dir, self._data_root),
+        )
+
+    @property
+    def _csv_given(self) -> SourcePath | None:
+        return self._layout[0]
+
+    @property
+    def _csv_folder(self) -> SourcePath:
+        return self._layout[1].path
+
+    @property
+    def _files(self) -> SourcePath:
+        return self._layout[2].path
+
+    @cached_property
+    def _layout_notes(self) -> list[str]:
+        return [found.note for found in self._layout[1:] if found.note]
 
     @property
     def root(self) -> SourcePath:
@@ -129,6 +161,7 @@ mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICO
                 self.env_vars["base_image_dir"],
                 self.layout,
                 "MIMIC-CXR files/ folder not found",
+                nearby(self._files),
             )
         csv_path = self.csv_path()
         boxes = self._split_rows(split)

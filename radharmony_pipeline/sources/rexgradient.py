@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import cached_property
 from itertools import chain, repeat
 from operator import itemgetter
 
@@ -31,6 +32,7 @@ from .base import (
 )
 from .counts import ExpectedCounts
 from .errors import DatasetLayoutError, MetadataError
+from .layouts import nearby, rexgradient_folders, rexgradient_metadata_folders
 from .location import SourceLocation
 from .views import normalize_view_positions
 
@@ -73,12 +75,29 @@ rexgradient/
     }
 
     def __init__(self, location: SourceLocation, data_root: SourcePath):
-        self._images = location.base_image_dir
-        self._root = location.root or (
-            self._images.parent if self._images else data_root / "rexgradient"
-        )
-        self._images = self._images or self._root / "deid_png"
+        self._location = location
+        self._data_root = data_root
         self._json_given = location.csv_path
+
+    @cached_property
+    def _folders(self) -> tuple[SourcePath, SourcePath, str | None]:
+        """(dataset root, deid_png/ folder, layout note)."""
+        # Resolved on first use: opening a reader does no I/O (a store may be unreachable).
+        return rexgradient_folders(
+            self._location.root, self._location.base_image_dir, self._data_root
+        )
+
+    @property
+    def _root(self) -> SourcePath:
+        return self._folders[0]
+
+    @property
+    def _images(self) -> SourcePath:
+        return self._folders[1]
+
+    @cached_property
+    def _layout_notes(self) -> list[str]:
+        return [self._folders[2]] if self._folders[2] else []
 
     @property
     def root(self) -> SourcePath:
@@ -96,12 +115,7 @@ rexgradient/
             return given
         candidates = [
             folder / metadata_json_name(split)
-            for folder in (
-                self._root / "download" / "metadata",
-                self._root / "metadata",
-                self._images.parent / "download" / "metadata",
-                self._images.parent / "metadata",
-            )
+            for folder in rexgradient_metadata_folders(self._root, self._images)
         ]
         return next((path for path in candidates if source_store.exists(path)), candidates[0])
 
@@ -136,6 +150,7 @@ rexgradient/
                 self.env_vars["root"],
                 self.layout,
                 f"{detail} {path.name} not found",
+                nearby(path),
             )
         self.require(self._images, "deid_png image folder")
         # Collections paused: millions of objects, none of them garbage (the parsed JSON, then

@@ -18,7 +18,7 @@ from ...processing.image_jobs import (
     image_table,
 )
 from ...processing.progress import ProgressLog
-from ...processing.settings import MAX_IMAGE_SIZE
+from ...processing.settings import MAX_IMAGE_SIZE, UNREADABLE_LIMIT_VARIABLE, unreadable_limit
 from ...processing.settings import image_size as image_size_setting
 from ...processing.source_store import is_remote, named_states
 from ...processing.storage import OutputPath, glob, make_folder, remove
@@ -28,7 +28,7 @@ from ...sources import parse_partition_key
 from ..checks.images import CHECK_SPECS, check_results
 from ..metadata import status_counts
 from ..resources import DatasetsResource, OutputsResource
-from ..row_errors import fail_if_strict
+from ..row_errors import fail_if_mostly_unreadable, fail_if_strict
 from ..stages import checked_stage
 
 
@@ -121,6 +121,13 @@ def images(
     _remove_interrupted_writes(folder, packed)
     table = image_table(rows)
     fail_if_strict(table, datasets.strict, "images")
+    fail_if_mostly_unreadable(
+        table,
+        unreadable_limit(),
+        "images",
+        f"Run `radharmony check-data` for the likely cause and the setting to change "
+        f"({UNREADABLE_LIMIT_VARIABLE} sets the share of unreadable images that is tolerated).",
+    )
     output = dg.Output(
         table.drop(columns="decoded"),
         output_name="images",

@@ -7,10 +7,12 @@ The checks on both tables run in the same step, on the tables in memory (check_s
 
 import dagster as dg
 
+from ...processing.settings import UNREADABLE_LIMIT_VARIABLE, unreadable_limit
 from ...processing.table_schemas import LABELS, RAW_INDEX
 from ...processing.vocabulary import LABEL_COLUMNS
 from ...sources import DatasetSource, SourceError, SplitTables, parse_partition_key
 from ...sources.base import arrow_system_allocator
+from ...sources.preflight import ImagePresence, image_presence, missing_images_problem
 from ..automation import REBUILD_WHEN_CHANGED
 from ..checks.index_and_labels import CHECK_SPECS, check_results
 from ..metadata import definition_metadata, status_counts, table_code_version
@@ -78,8 +80,12 @@ def raw_index_and_labels(context: dg.AssetExecutionContext, datasets: DatasetsRe
                 description=str(exc), metadata={"partition": context.partition_key}
             ) from exc
         fail_if_strict(tables.index, datasets.strict, "raw_index")
+        for note in source.layout_notes():
+            context.log.info(f"{context.partition_key}: {note}")
+        presence = _fail_if_images_mostly_missing(context.partition_key, source, split, tables)
         metrics = source.count_metrics(tables)
         outputs = _outputs(source, split, tables, metrics)
+        outputs["raw_index"][1]["images_present"] = dg.MetadataValue.int(presence.present)
     context.log.info(f"{context.partition_key}: {len(tables.index)} images, {metrics}")
     for name in _OUTPUT_ORDER:
         if dg.AssetKey(name) in context.selected_asset_keys:
@@ -88,6 +94,28 @@ def raw_index_and_labels(context: dg.AssetExecutionContext, datasets: DatasetsRe
     yield from check_results(
         context.selected_asset_check_keys, source, split, tables, metrics, datasets.strict
     )
+
+
+def _fail_if_images_mostly_missing(
+    partition: str, source: DatasetSource, split: str, tables: SplitTables
+) -> ImagePresence:
+    """One listing of the image folder: when most named images are not there (a wrong root),
+    the partition fails here rather than as an error row per image in `images`."""
+    presence = image_presence(source, split, tables)
+    limit = unreadable_limit()
+    if presence.missing_share > limit:
+        problem = missing_images_problem(source, split, presence, limit)
+        raise dg.Failure(
+            description=f"{partition}: {problem.what}. Fix: {problem.fix}",
+            metadata={
+                "missing_images": presence.missing,
+                "named_images": presence.named,
+                "limit": dg.MetadataValue.text(
+                    f"{UNREADABLE_LIMIT_VARIABLE}={limit} (the share that may be missing)"
+                ),
+            },
+        )
+    return presence
 
 
 def _outputs(

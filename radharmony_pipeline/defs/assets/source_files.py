@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from ...processing.settings import unreadable_limit
 from ...processing.source_snapshot import (
     ABSENT,
     SourceSnapshot,
@@ -14,6 +15,8 @@ from ...processing.source_snapshot import (
 from ...processing.source_store import is_dir
 from ...sources import SourceError, parse_partition_key
 from ...sources.base import DatasetSource
+from ...sources.preflight import PartitionReport, check_partition
+from ..data_check import dataset_configured
 from ..partitions import dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
 
@@ -35,6 +38,17 @@ def observe_partition(source: DatasetSource, split: str) -> SourceSnapshot:
         return SourceSnapshot(annotations, source.image_states(split))
     except SourceError as exc:
         return SourceSnapshot(annotations, {}, f"unreadable: {exc}")
+
+
+def check_metadata(report: PartitionReport) -> dict[str, dg.MetadataValue]:
+    """The preflight's verdict first (`check_data`), then its full report and problems."""
+    return {
+        "check_data": dg.MetadataValue.text(report.summary()),
+        "check_data_report": dg.MetadataValue.md("```\n" + "\n".join(report.lines()) + "\n```"),
+        "check_data_problems": dg.MetadataValue.json(
+            [problem.describe() for problem in report.problems]
+        ),
+    }
 
 
 def observation_metadata(
@@ -86,7 +100,8 @@ SOURCE_KINDS = ("jpeg", "png", "dicom", "json", "csv")
         "files' content and fingerprints its image tree (names, sizes, modification times), "
         "so a re-download or a replaced image marks exactly that partition as changed. Each "
         "observation lists the annotation files with their hashes, the image count, and what "
-        "was added, removed or modified since the previous observation (`changes`)."
+        "was added, removed or modified since the previous observation (`changes`), and what "
+        "`radharmony check-data` finds (`check_data`: images present, problems and fixes)."
     ),
     # Observable sources take kinds as tags (the `kinds=` argument is not kept for them).
     tags={"stage": "sources", **{f"dagster/kind/{kind}": "" for kind in SOURCE_KINDS}},
@@ -96,10 +111,16 @@ def source_files(
 ) -> dg.DataVersionsByPartition:
     snapshots = outputs.root() / SNAPSHOT_FOLDER
     changed = []
+    limit = unreadable_limit()
+    configured: dict[str, bool] = {}
     for partition_key in dataset_split_partitions.get_partition_keys():
         dataset, split = parse_partition_key(partition_key)
         source = datasets.source(dataset)
         current = observe_partition(source, split)
+        if dataset not in configured:
+            configured[dataset] = dataset_configured(datasets, dataset)
+        # What `radharmony check-data` says about the partition, where the user looks first.
+        check = check_partition(source, split, configured[dataset], limit)
         path = snapshots / f"{partition_key}.json.gz"
         previous = load_snapshot(path)
         version = current.data_version()
@@ -110,7 +131,7 @@ def source_files(
                 asset_key=context.asset_key,
                 partition=partition_key,
                 tags={DATA_VERSION_TAG: version},
-                metadata=observation_metadata(current, previous),
+                metadata={**check_metadata(check), **observation_metadata(current, previous)},
             )
         )
         save_snapshot(current, path)
