@@ -7,9 +7,12 @@ import dagster as dg
 from pydantic import Field, create_model
 
 from ..processing.settings import strict_mode
+from ..processing.source_store import source_path
 from ..processing.storage import OutputPath, output_path
 from ..sources import SOURCE_TYPES, DatasetSource, SourceLocation, open_source
-from ..sources.location import DATA_ROOT_ENV
+from ..sources.location import DATA_ROOT_ENV, data_root
+from ..sources.nih_chestxray14 import ENV_VAR as NIH_ROOT_ENV
+from ..sources.nih_chestxray14 import NihChestXray14
 
 OUTPUT_ROOT_ENV = "RADHARMONY_OUTPUT_ROOT"
 
@@ -37,6 +40,18 @@ class _DatasetsResourceBase(dg.ConfigurableResource):
         description="Fail a step on its first error row (a malformed entry, an undecodable "
         "image) instead of keeping it with status `error`; default RADHARMONY_STRICT.",
     )
+
+    nih_root: str | None = Field(
+        default=None,
+        description="NIH ChestX-ray14 download (ChestX-Det's parent); default "
+        f"{NIH_ROOT_ENV}, else <data root>/nih-chestxray14 when present.",
+    )
+
+    def nih(self) -> NihChestXray14 | None:
+        """The NIH ChestX-ray14 download, or None when the user has none."""
+        given = self.nih_root or os.environ.get(NIH_ROOT_ENV)
+        root = data_root({DATA_ROOT_ENV: self.data_root or os.environ.get(DATA_ROOT_ENV, "")})
+        return NihChestXray14.located(source_path(given) if given else None, root)
 
     def source(self, dataset: str) -> DatasetSource:
         environ = dict(os.environ)

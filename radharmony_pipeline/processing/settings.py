@@ -14,6 +14,8 @@ from .supervised import TIMEOUT_VARIABLE, job_timeout
 
 IMAGE_SIZE_VARIABLE = "RADHARMONY_IMAGE_SIZE"
 STRICT_VARIABLE = "RADHARMONY_STRICT"
+PARENT_LEAKS_VARIABLE = "RADHARMONY_PARENT_LEAKS"
+PARENT_LEAK_MODES = ("warn", "block")
 DEFAULT_IMAGE_SIZE = 224
 # Larger outputs than the largest radiographs make no sense and would allocate N x S x S bytes.
 MAX_IMAGE_SIZE = 8192
@@ -52,11 +54,21 @@ def strict_mode(environ: Mapping[str, str] = os.environ) -> bool:
     raise ConfigurationError(f"{STRICT_VARIABLE} must be 1 or 0 (true or false), got {raw!r}")
 
 
+def parent_leaks_block(environ: Mapping[str, str] = os.environ) -> bool:
+    """RADHARMONY_PARENT_LEAKS: `block` makes leaks against the parents' splits fail their
+    checks as errors (the manifest waits); `warn` (the default) only warns."""
+    raw = (environ.get(PARENT_LEAKS_VARIABLE) or "warn").strip().lower()
+    if raw not in PARENT_LEAK_MODES:
+        raise ConfigurationError(f"{PARENT_LEAKS_VARIABLE} must be warn or block, got {raw!r}")
+    return raw == "block"
+
+
 _VALIDATORS: dict[str, Callable[[Mapping[str, str]], object]] = {
     IMAGE_SIZE_VARIABLE: image_size,
     WORKERS_VARIABLE: worker_count,
     TIMEOUT_VARIABLE: job_timeout,
     STRICT_VARIABLE: strict_mode,
+    PARENT_LEAKS_VARIABLE: parent_leaks_block,
 }
 
 

@@ -6,6 +6,7 @@ The checks on both tables run in the same step, on the tables in memory (check_s
 """
 
 import dagster as dg
+import pandas as pd
 
 from ...processing.table_schemas import LABELS, RAW_INDEX
 from ...processing.vocabulary import LABEL_COLUMNS
@@ -19,7 +20,7 @@ from ..resources import DatasetsResource
 from ..row_errors import fail_if_strict
 from .source_files import source_files
 
-CODE_VERSION = "2"  # 2: status and error columns (issue 9)
+CODE_VERSION = "3"  # 2: status and error columns (issue 9); 3: parent identity (issue 21)
 
 _OUTPUT_ORDER = ("raw_index", "labels")
 
@@ -77,6 +78,7 @@ def raw_index_and_labels(context: dg.AssetExecutionContext, datasets: DatasetsRe
             raise dg.Failure(
                 description=str(exc), metadata={"partition": context.partition_key}
             ) from exc
+        tables = _with_parent_identity(source, split, tables)
         fail_if_strict(tables.index, datasets.strict, "raw_index")
         metrics = source.count_metrics(tables)
         outputs = _outputs(source, split, tables, metrics)
@@ -88,6 +90,18 @@ def raw_index_and_labels(context: dg.AssetExecutionContext, datasets: DatasetsRe
     yield from check_results(
         context.selected_asset_check_keys, source, split, tables, metrics, datasets.strict
     )
+
+
+def _with_parent_identity(source: DatasetSource, split: str, tables: SplitTables) -> SplitTables:
+    """The index with the parent columns (before status and error, as declared)."""
+    try:
+        identity = source.parent_identity(split, tables.index)
+    except SourceError as exc:
+        raise dg.Failure(description=str(exc)) from exc
+    index = tables.index.drop(columns=["status", "error"])
+    index = pd.concat([index, identity.set_axis(index.index)], axis=1)
+    index[["status", "error"]] = tables.index[["status", "error"]]
+    return SplitTables(index=index, labels=tables.labels)
 
 
 def _outputs(
