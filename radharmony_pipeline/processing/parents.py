@@ -127,7 +127,7 @@ def match_to_parents(
         ("identical_file", "source_sha256"),
         ("identical_pixels", "pixels_sha256"),
     ):
-        owners = _parents_by_value(parents, column)
+        owners = _parents_by_value(parents, column, children[column])
         for position, value in enumerate(children[column]):
             if kind[position] != "unmatched" or pd.isna(value) or value not in owners:
                 continue
@@ -139,8 +139,8 @@ def match_to_parents(
     remaining = np.flatnonzero((kind == "unmatched") & children["perceptual_hash"].notna())
     hashed = parents.dropna(subset=["perceptual_hash"]).reset_index(drop=True)
     if len(remaining) and len(hashed):
-        child_words = hashes_to_words(children["perceptual_hash"].iloc[remaining])
-        parent_words = hashes_to_words(hashed["perceptual_hash"])
+        child_words = hashes_to_words(children["perceptual_hash"].iloc[remaining].tolist())
+        parent_words = hashes_to_words(hashed["perceptual_hash"].tolist())
         child, other, bits = pairs_within_radius(child_words, parent_words, radius)
         ids = hashed["parent_image_id"].to_numpy(dtype=object)
         order = np.lexsort((bits, child))
@@ -171,10 +171,14 @@ def match_to_parents(
     return links
 
 
-def _parents_by_value(parents: pd.DataFrame, column: str) -> dict[str, list[str]]:
-    known = parents.dropna(subset=[column])
-    grouped = known.groupby(column)["parent_image_id"]
-    return {str(value): sorted(map(str, ids)) for value, ids in grouped}
+def _parents_by_value(parents: pd.DataFrame, column: str, wanted: pd.Series) -> dict:
+    """The parents holding each of the `wanted` values of `column` (only those are grouped:
+    the parent table is a hundred thousand rows, the children a few thousand)."""
+    hits = parents.loc[parents[column].isin(wanted.dropna()).to_numpy(dtype=bool)]
+    owners: dict[str, list[str]] = {}
+    for value, parent in zip(hits[column].tolist(), hits["parent_image_id"].tolist(), strict=True):
+        owners.setdefault(str(value), []).append(str(parent))
+    return {value: sorted(found) for value, found in owners.items()}
 
 
 def pairs_within_radius(
@@ -419,3 +423,30 @@ def with_parent_columns(manifest: pd.DataFrame, provenance: pd.DataFrame) -> pd.
     return manifest.drop(columns=list(PARENT_IDENTITY), errors="ignore").join(
         identity, on="image_id"
     )
+
+
+# --- acting on it (the loader's options) -----------------------------------------------------
+
+
+def without_parent_train_leaks(manifest: pd.DataFrame) -> pd.DataFrame:
+    """Rows except evaluation images in their parent's training split."""
+    leaking = _evaluation(manifest) & _parent_split_in(manifest, "train_splits")
+    return manifest[~leaking]
+
+
+def without_parent_patient_leaks(manifest: pd.DataFrame) -> pd.DataFrame:
+    """Rows except evaluation images whose parent patient has images in the parent's
+    training split."""
+    leaking = _evaluation(manifest) & _patient_in(manifest, "train_splits")
+    return manifest[~leaking]
+
+
+def patient_disjoint_by_parent(manifest: pd.DataFrame) -> pd.DataFrame:
+    """Rows except non-train images of a dataset whose parent patient also has a train image
+    in that dataset (the train side is kept); rows without a parent patient are kept."""
+    patients = manifest["dataset"].astype(str) + "\0" + manifest["parent_patient_id"].astype(str)
+    known = manifest["parent_patient_id"].notna().to_numpy(dtype=bool)
+    train = (manifest["split"] == "train").to_numpy(dtype=bool)
+    trained = set(patients[known & train])
+    shared = known & ~train & patients.isin(trained).to_numpy(dtype=bool)
+    return manifest[~shared]
