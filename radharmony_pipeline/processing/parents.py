@@ -411,9 +411,11 @@ def with_links(provenance: pd.DataFrame, links: pd.DataFrame) -> pd.DataFrame:
     provenance = provenance.copy()
     for column in ("parent_image_id", "parent_patient_id", "parent_split"):
         provenance.loc[linked, column] = ids.map(found[column]).to_numpy()
-    splits = provenance["parent_patient_splits"].astype(object).to_numpy()
-    splits[linked] = ids.map(found["parent_patient_splits"]).to_numpy()
-    provenance["parent_patient_splits"] = list(splits)
+    splits = provenance["parent_patient_splits"].astype(object).tolist()
+    patient_splits = found["parent_patient_splits"]
+    for position, image_id in zip(np.flatnonzero(linked).tolist(), ids, strict=True):
+        splits[position] = patient_splits[image_id]
+    provenance["parent_patient_splits"] = splits
     return provenance
 
 
