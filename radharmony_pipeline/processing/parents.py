@@ -158,7 +158,7 @@ def match_to_parents(
             "parent_image_id": pd.Series(parent, dtype="string"),
             "match": pd.Series(kind, dtype="string"),
             "distance": pd.array(np.where(distance >= 0, distance, None), dtype="Int64"),
-            "candidates": candidates,
+            "candidates": pd.Series(candidates, dtype=object),
         }
     )
     claimed = links["parent_image_id"].dropna()
@@ -397,7 +397,9 @@ def parent_links(
     )
     links["parent_split"] = links["parent_image_id"].map(by_image["split"]).astype("string")
     by_patient = splits_by_patient(entries["patient_id"], entries["split"])
-    links["parent_patient_splits"] = patient_splits_of(links["parent_patient_id"], by_patient)
+    links["parent_patient_splits"] = pd.Series(
+        patient_splits_of(links["parent_patient_id"], by_patient), index=links.index, dtype=object
+    )
     return links
 
 
