@@ -124,7 +124,9 @@ def _demo(args: argparse.Namespace) -> int:
         from .synthetic.duplicates import DEMO_DUPLICATES
 
         print(f"generating the demo datasets in {data_root} ...")
-        generate_datasets(data_root, scale="small", seed=0, duplicates=DEMO_DUPLICATES)
+        generate_datasets(
+            data_root, scale="small", seed=0, duplicates=DEMO_DUPLICATES, parents=True
+        )
 
     import dagster as dg
 
