@@ -26,7 +26,8 @@ from ...processing.settings import MAX_IMAGE_SIZE
 from ...processing.settings import image_size as image_size_setting
 from ...processing.source_store import annotation_fingerprint
 from ...processing.table_schemas import NIH_FINGERPRINTS, NIH_PARENT_LINKS, PARENT_PROVENANCE
-from ...sources import SOURCE_TYPES
+from ...sources import SOURCE_TYPES, SourceError
+from ...sources.nih_chestxray14 import LAYOUT
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, every_partition_of
@@ -72,16 +73,35 @@ def nih_fingerprints(
     nih = datasets.nih()
     if nih is None:
         return dg.Output(fingerprint_table([]), metadata={"parent": NOT_CONFIGURED})
+    try:
+        listed = set(nih.read_entries()["image_index"])
+    except SourceError as exc:
+        raise dg.Failure(description=str(exc)) from exc
     jobs = parent_image_jobs(nih.root, nih.image_states(), config.size, config.resize)
+    if not jobs:
+        raise dg.Failure(
+            description=f"no PNG under {nih.root}/images/ or {nih.root}/images_NNN/images/; "
+            f"unpack the NIH image archives there (expected layout:\n{LAYOUT})"
+        )
     progress = ProgressLog(context.log, "NIH images to fingerprint", len(jobs))
     table, decoded = fingerprint_parent_images(
         jobs, _previous_table(outputs, "nih_fingerprints"), worker_slots(), progress.update
     )
+    errors = table[table["status"] == "error"]
+    if len(errors) * 2 > len(table):
+        raise dg.Failure(
+            description=f"{len(errors)} of {len(table)} NIH images could not be fingerprinted, "
+            f"e.g. {errors['error'].iloc[0]}"
+        )
+    on_disk = set(table["parent_image_id"])
     return dg.Output(
         table,
         metadata={
             "parent": str(nih.root),
             "images": len(table),
+            "listed_in_data_entry": len(listed),
+            "listed_but_not_on_disk": len(listed - on_disk),
+            "on_disk_but_not_listed": len(on_disk - listed),
             "decoded": decoded,
             "reused": len(table) - decoded,
             "status": dg.MetadataValue.json(status_counts(table)),
