@@ -10,6 +10,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
+import dagster as dg
 import pytest
 from corpus import check_evaluations
 from PIL import Image, ImageDraw
@@ -74,7 +75,11 @@ def test_every_partition_and_the_manifest_materialize(tiny_corpus):
         assert result.success, key
     assert manifest.success
     for name, evaluation in check_evaluations(manifest).items():
-        assert evaluation.passed, (name, evaluation.description)
+        # The tiny corpus has no parent files: those checks say so as warnings, never pass.
+        unconfigured = "parent not configured" in (evaluation.description or "")
+        if unconfigured:
+            assert evaluation.severity == dg.AssetCheckSeverity.WARN, name
+        assert evaluation.passed or unconfigured, (name, evaluation.description)
 
 
 @pytest.mark.parametrize("table", PARTITIONED)

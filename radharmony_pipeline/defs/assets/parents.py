@@ -156,7 +156,11 @@ def nih_parent_links(
         empty = parent_links(children.iloc[:0], nih_fingerprints.iloc[:0], _no_entries())
         return dg.Output(empty, metadata={"parent": NOT_CONFIGURED})
     _check_same_settings(children, nih_fingerprints)
-    links = parent_links(children, nih_fingerprints, nih.read_entries())
+    try:
+        entries = nih.read_entries()
+    except SourceError as exc:
+        raise dg.Failure(description=str(exc)) from exc
+    links = parent_links(children, nih_fingerprints, entries)
     counts = match_counts(links)
     context.log.info(f"ChestX-Det → NIH: {counts}")
     return dg.Output(
