@@ -3,6 +3,7 @@ annotation availability, parallel annotation lists, contact sheets."""
 
 from __future__ import annotations
 
+import dagster as dg
 import duckdb
 import numpy as np
 import pandas as pd
@@ -10,7 +11,6 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
-import dagster as dg
 import pytest
 from corpus import check_evaluations
 from PIL import Image, ImageDraw
