@@ -17,6 +17,7 @@ from PIL import Image, ImageDraw
 
 from radharmony_pipeline.loader import ManifestDataset
 from radharmony_pipeline.processing.manifest import MANIFEST_COLUMNS
+from radharmony_pipeline.processing.parents import PARENT_IDENTITY
 from radharmony_pipeline.processing.previews import TITLE_LINES, _font, title_lines
 from radharmony_pipeline.processing.table_schemas import (
     RAW_INDEX,
@@ -146,8 +147,13 @@ def test_declarations_agree_with_the_vocabulary_and_the_index_contract():
     assert tuple(RAW_INDEX.names[: len(INDEX_COLUMNS)]) == INDEX_COLUMNS
     for table in ("labels", "unified_manifest"):
         assert set(LABEL_COLUMNS) <= set(TABLE_SCHEMAS[table].names)
-    # duplicate_group is joined from near_duplicates after the partitions are assembled.
-    assert tuple(TABLE_SCHEMAS["unified_manifest"].names) == (*MANIFEST_COLUMNS, "duplicate_group")
+    # duplicate_group and the parent identity are joined from near_duplicates and
+    # parent_provenance after the partitions are assembled.
+    assert tuple(TABLE_SCHEMAS["unified_manifest"].names) == (
+        *MANIFEST_COLUMNS,
+        "duplicate_group",
+        *PARENT_IDENTITY,
+    )
 
 
 def test_a_frame_that_does_not_fit_names_the_column_and_both_types():
