@@ -261,7 +261,9 @@ def _demo(args: argparse.Namespace) -> int:
         from .synthetic.duplicates import DEMO_DUPLICATES
 
         print(f"generating the demo datasets in {data_root} ...")
-        generate_datasets(data_root, scale="small", seed=0, duplicates=DEMO_DUPLICATES)
+        generate_datasets(
+            data_root, scale="small", seed=0, duplicates=DEMO_DUPLICATES, parents=True
+        )
 
     import dagster as dg
 
@@ -359,7 +361,9 @@ def _verify(args: argparse.Namespace) -> int:
     from .defs.verify import verify_outputs
     from .sources import partition_keys
 
-    outputs = OutputsResource(output_root=args.output_root) if args.output_root else OutputsResource()
+    outputs = (
+        OutputsResource(output_root=args.output_root) if args.output_root else OutputsResource()
+    )
     partitions = args.partition or partition_keys()
     instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else None
     try:

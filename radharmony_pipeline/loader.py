@@ -59,6 +59,12 @@ from radharmony_pipeline.processing.duplicates import (
     one_per_duplicate_group,
     without_cross_split_groups,
 )
+from radharmony_pipeline.processing.parents import (
+    PARENT_IDENTITY,
+    patient_disjoint_by_parent,
+    without_parent_patient_leaks,
+    without_parent_train_leaks,
+)
 from radharmony_pipeline.processing.storage import OutputPath, is_local, output_path
 from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
 
@@ -103,6 +109,13 @@ class ManifestDataset(_DatasetBase):
     (`duplicate_group`) has a member in another split, of any dataset (decided on the whole
     manifest, before the filters). `one_per_duplicate_group`: of the rows kept, keep only the
     smallest `image_id` of each group.
+    `drop_parent_train_leaks`: leave out evaluation images (val/test) that are in their parent
+    dataset's official training split (MIMIC-CXR train, NIH ChestX-ray14 train_val; the
+    `eval_images_in_parent_train_split` check counts them). `drop_parent_patient_leaks`: leave
+    out evaluation images whose parent patient has images in that training split.
+    `patient_disjoint_parents`: leave out the val/test images of a dataset whose parent patient
+    also has a train image in it (ChestX-Det's patients, recovered through NIH). These three
+    are decided on the whole manifest, before the filters; rows whose parent is unknown stay.
     """
 
     def __init__(
@@ -115,12 +128,28 @@ class ManifestDataset(_DatasetBase):
         use_packed: bool = True,
         drop_cross_split_duplicates: bool = False,
         one_per_duplicate_group: bool = False,
+        drop_parent_train_leaks: bool = False,
+        drop_parent_patient_leaks: bool = False,
+        patient_disjoint_parents: bool = False,
     ) -> None:
         self.output_root = _output_root(manifest, output_root)
         deduplicating = drop_cross_split_duplicates or one_per_duplicate_group
-        table = _read_manifest(manifest, DUPLICATE_COLUMNS if deduplicating else ())
+        by_parent = drop_parent_train_leaks or drop_parent_patient_leaks or patient_disjoint_parents
+        table = _read_manifest(
+            manifest,
+            (
+                *(DUPLICATE_COLUMNS if deduplicating else ()),
+                *(PARENT_IDENTITY if by_parent else ()),
+            ),
+        )
         if drop_cross_split_duplicates:
             table = without_cross_split_groups(table)
+        if drop_parent_train_leaks:
+            table = without_parent_train_leaks(table)
+        if drop_parent_patient_leaks:
+            table = without_parent_patient_leaks(table)
+        if patient_disjoint_parents:
+            table = patient_disjoint_by_parent(table)
         filters = {"dataset": datasets, "split": splits, "view_position": view_positions}
         self.table = _filtered(table, filters)
         if one_per_duplicate_group:

@@ -3,6 +3,7 @@ annotation availability, parallel annotation lists, contact sheets."""
 
 from __future__ import annotations
 
+import dagster as dg
 import duckdb
 import numpy as np
 import pandas as pd
@@ -16,6 +17,7 @@ from PIL import Image, ImageDraw
 
 from radharmony_pipeline.loader import ManifestDataset
 from radharmony_pipeline.processing.manifest import MANIFEST_COLUMNS
+from radharmony_pipeline.processing.parents import PARENT_IDENTITY
 from radharmony_pipeline.processing.previews import TITLE_LINES, _font, title_lines
 from radharmony_pipeline.processing.table_schemas import (
     RAW_INDEX,
@@ -74,7 +76,11 @@ def test_every_partition_and_the_manifest_materialize(tiny_corpus):
         assert result.success, key
     assert manifest.success
     for name, evaluation in check_evaluations(manifest).items():
-        assert evaluation.passed, (name, evaluation.description)
+        # The tiny corpus has no parent files: those checks say so as warnings, never pass.
+        unconfigured = "parent not configured" in (evaluation.description or "")
+        if unconfigured:
+            assert evaluation.severity == dg.AssetCheckSeverity.WARN, name
+        assert evaluation.passed or unconfigured, (name, evaluation.description)
 
 
 @pytest.mark.parametrize("table", PARTITIONED)
@@ -141,8 +147,13 @@ def test_declarations_agree_with_the_vocabulary_and_the_index_contract():
     assert tuple(RAW_INDEX.names[: len(INDEX_COLUMNS)]) == INDEX_COLUMNS
     for table in ("labels", "unified_manifest"):
         assert set(LABEL_COLUMNS) <= set(TABLE_SCHEMAS[table].names)
-    # duplicate_group is joined from near_duplicates after the partitions are assembled.
-    assert tuple(TABLE_SCHEMAS["unified_manifest"].names) == (*MANIFEST_COLUMNS, "duplicate_group")
+    # duplicate_group and the parent identity are joined from near_duplicates and
+    # parent_provenance after the partitions are assembled.
+    assert tuple(TABLE_SCHEMAS["unified_manifest"].names) == (
+        *MANIFEST_COLUMNS,
+        "duplicate_group",
+        *PARENT_IDENTITY,
+    )
 
 
 def test_a_frame_that_does_not_fit_names_the_column_and_both_types():

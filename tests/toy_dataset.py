@@ -219,6 +219,12 @@ def _outcome(result) -> dict:
             for e in result.get_asset_materialization_events()
         ),
         "checks": {e.check_name: e.passed for e in result.get_asset_check_evaluations()},
+        # Checks against parent datasets the toy data has none of: warnings, not passes.
+        "parent_not_configured": sorted(
+            e.check_name
+            for e in result.get_asset_check_evaluations()
+            if "parent not configured" in (e.description or "")
+        ),
     }
 
 

@@ -9,10 +9,12 @@ import dagster as dg
 from pydantic import Field, create_model
 
 from ..processing.settings import strict_mode
-from ..processing.source_store import is_remote
+from ..processing.source_store import is_remote, source_path
 from ..processing.storage import DEFAULT_RETRY_POLICY, OutputPath, RetryPolicy, output_path
 from ..sources import SOURCE_TYPES, DatasetSource, SourceLocation, open_source
 from ..sources.location import DATA_ROOT_ENV, DEFAULT_DATA_ROOT, data_root, expand_path
+from ..sources.nih_chestxray14 import ENV_VAR as NIH_ROOT_ENV
+from ..sources.nih_chestxray14 import NihChestXray14
 
 OUTPUT_ROOT_ENV = "RADHARMONY_OUTPUT_ROOT"
 # Outputs of the demo's synthetic datasets, and of any other data: a run on real downloads
@@ -89,6 +91,22 @@ class _DatasetsResourceBase(dg.ConfigurableResource):
         "image) instead of keeping it with status `error`; default RADHARMONY_STRICT.",
     )
     store_retries: ObjectStoreRetries = _retries_field("the datasets")
+
+    nih_root: str | None = Field(
+        default=None,
+        description="NIH ChestX-ray14 download (ChestX-Det's parent); default "
+        f"{NIH_ROOT_ENV}, else <data root>/nih-chestxray14 when present.",
+    )
+
+    def nih(self) -> NihChestXray14 | None:
+        """The NIH ChestX-ray14 download, or None when the user has none."""
+        given = self.nih_root or os.environ.get(NIH_ROOT_ENV)
+        environ = dict(os.environ)
+        if self.data_root:
+            environ[DATA_ROOT_ENV] = self.data_root
+        policy = self.store_retries.policy()
+        located = source_path(expand_path(given, environ), policy) if given else None
+        return NihChestXray14.located(located, data_root(environ, policy))
 
     def source(self, dataset: str) -> DatasetSource:
         environ = dict(os.environ)

@@ -85,7 +85,7 @@ def group_fingerprints(words: np.ndarray, radius: int = DEFAULT_RADIUS) -> Group
         return Grouping(np.empty(0, dtype=np.int64), 0, 0)
     unique, inverse = np.unique(words, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
-    blocks = _block_values(unique)
+    blocks = block_values(unique)
     sources, targets, candidates = [], [], 0
     for block in range(BLOCKS):
         for left, right in _shared_block_pairs(blocks[:, block]):
@@ -103,7 +103,7 @@ def group_fingerprints(words: np.ndarray, radius: int = DEFAULT_RADIUS) -> Group
     return Grouping(group.astype(np.int64), candidates, int(sum(len(s) for s in sources)))
 
 
-def _block_values(words: np.ndarray) -> np.ndarray:
+def block_values(words: np.ndarray) -> np.ndarray:
     """(u, BLOCKS) uint16: each 64-bit word is four 16-bit blocks."""
     shifts = np.arange(0, 64, BLOCK_BITS, dtype=np.uint64)
     parts = (words[:, :, None] >> shifts[None, None, :]) & np.uint64(0xFFFF)

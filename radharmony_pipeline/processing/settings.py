@@ -17,6 +17,8 @@ STRICT_VARIABLE = "RADHARMONY_STRICT"
 UNREADABLE_LIMIT_VARIABLE = "RADHARMONY_UNREADABLE_LIMIT"
 # Above this share of a partition's images unreadable for one reason, its step fails.
 DEFAULT_UNREADABLE_LIMIT = 0.5
+PARENT_LEAKS_VARIABLE = "RADHARMONY_PARENT_LEAKS"
+PARENT_LEAK_MODES = ("warn", "block")
 DEFAULT_IMAGE_SIZE = 224
 # Larger outputs than the largest radiographs make no sense and would allocate N x S x S bytes.
 MAX_IMAGE_SIZE = 8192
@@ -73,12 +75,22 @@ def unreadable_limit(environ: Mapping[str, str] = os.environ) -> float:
     return limit
 
 
+def parent_leaks_block(environ: Mapping[str, str] = os.environ) -> bool:
+    """RADHARMONY_PARENT_LEAKS: `block` makes leaks against the parents' splits fail their
+    checks as errors (the manifest waits); `warn` (the default) only warns."""
+    raw = (environ.get(PARENT_LEAKS_VARIABLE) or "warn").strip().lower()
+    if raw not in PARENT_LEAK_MODES:
+        raise ConfigurationError(f"{PARENT_LEAKS_VARIABLE} must be warn or block, got {raw!r}")
+    return raw == "block"
+
+
 _VALIDATORS: dict[str, Callable[[Mapping[str, str]], object]] = {
     IMAGE_SIZE_VARIABLE: image_size,
     WORKERS_VARIABLE: worker_count,
     TIMEOUT_VARIABLE: job_timeout,
     STRICT_VARIABLE: strict_mode,
     UNREADABLE_LIMIT_VARIABLE: unreadable_limit,
+    PARENT_LEAKS_VARIABLE: parent_leaks_block,
 }
 
 

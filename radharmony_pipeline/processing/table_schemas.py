@@ -17,7 +17,7 @@ import pyarrow as pa
 from .vocabulary import UNIFIED_LABELS
 
 # Written into each file's key-value metadata; bumped whenever a declaration changes.
-SCHEMA_VERSION = "5"
+SCHEMA_VERSION = "6"  # 6: parent identity columns (issue 21)
 SCHEMA_VERSION_KEY = b"radharmony.schema_version"
 TABLE_NAME_KEY = b"radharmony.table"
 
@@ -74,6 +74,30 @@ _ERROR = col("error", STRING, "Why the row is an error (file, cause); null when 
 _PARTITION = (_IMAGE_ID, _DATASET, _SPLIT)
 
 
+# Where the image came from in the larger dataset it was carved out of (see processing/parents.py
+# for the parents and their split names); null where unknown, never guessed.
+PARENT_COLUMNS = (
+    extra(
+        "parent_dataset",
+        STRING,
+        "Parent dataset: chexpert, mimic_cxr, nih_chestxray14, rexgradient",
+    ),
+    extra(
+        "parent_image_id",
+        STRING,
+        "The image's id in the parent (CheXpert path, MIMIC dicom_id, NIH Image Index)",
+    ),
+    extra("parent_patient_id", STRING, "The parent's patient id; null when unknown"),
+    extra("parent_study_id", STRING, "The parent's study id; null when unknown"),
+    extra(
+        "parent_split", STRING, "The image's official split in the parent, as the parent names it"
+    ),
+    extra(
+        "parent_patient_splits", STRINGS, "Parent splits holding any image of the parent patient"
+    ),
+)
+
+
 def _label_columns() -> tuple[Column, ...]:
     return tuple(
         col(
@@ -109,6 +133,7 @@ RAW_INDEX = TableSchema(
         extra("patient_age", STRING, "Age as the source writes it, e.g. `014Y` (ReXGradient)"),
         extra("patient_age_years", FLOAT64, "Age in years (CheXlocalize, ReXGradient)"),
         extra("study_date", TIMESTAMP, "Study date (ReXGradient)"),
+        *PARENT_COLUMNS,
         _STATUS,
         _ERROR,
     ),
@@ -263,6 +288,7 @@ UNIFIED_MANIFEST = TableSchema(
             "The image's group in near_duplicates (same or nearly the same pixels as another "
             "image); null when it has none",
         ),
+        *PARENT_COLUMNS,
     ),
 )
 
@@ -305,6 +331,47 @@ PARTITION_PROFILE = TableSchema("partition_profile", (_DATASET, _SPLIT, *_PREVAL
 
 CORPUS_PROFILE = TableSchema("corpus_profile", (_DATASET, *_PREVALENCE))
 
+_PARENT_IMAGE = col("parent_image_id", STRING, "The parent's image id (NIH: the Image Index)")
+
+NIH_FINGERPRINTS = TableSchema(
+    "nih_fingerprints",
+    (
+        _PARENT_IMAGE,
+        col("image_path", STRING, "The PNG, relative to the NIH ChestX-ray14 root"),
+        col("input_key", STRING, "File state, decoder and settings the fingerprint is valid for"),
+        col("size", INT64, "Side S the image was resized to (as in `images`)"),
+        col("resize", STRING, "letterbox or squash (as in `images`)"),
+        col("source_sha256", STRING, "SHA-256 of the file"),
+        col("pixels_sha256", STRING, "SHA-256 of the resized S×S pixels"),
+        col("perceptual_hash", STRING, "256-bit dHash of the resized content (as in `images`)"),
+        _STATUS,
+        _ERROR,
+    ),
+)
+
+NIH_PARENT_LINKS = TableSchema(
+    "nih_parent_links",
+    (
+        _IMAGE_ID,
+        _SPLIT,
+        col("parent_image_id", STRING, "The NIH Image Index found; null unless one was found"),
+        col(
+            "match",
+            STRING,
+            "identical_file, identical_pixels, near (perceptual hashes within the radius), "
+            "ambiguous (several NIH images at the best tier) or unmatched",
+        ),
+        col("distance", INT64, "Bits between the perceptual hashes (0 for identical tiers)"),
+        col("candidates", STRINGS, "The NIH images at the best tier (several when ambiguous)"),
+        col("shared_parent", BOOL, "Another ChestX-Det image matched the same NIH image"),
+        col("parent_patient_id", STRING, "NIH Patient ID of the image found"),
+        col("parent_split", STRING, "train_val or test (NIH's official lists)"),
+        col("parent_patient_splits", STRINGS, "NIH lists holding any image of the patient"),
+    ),
+)
+
+PARENT_PROVENANCE = TableSchema("parent_provenance", (_IMAGE_ID, _DATASET, _SPLIT, *PARENT_COLUMNS))
+
 TABLE_SCHEMAS: dict[str, TableSchema] = {
     schema.name: schema
     for schema in (
@@ -315,6 +382,9 @@ TABLE_SCHEMAS: dict[str, TableSchema] = {
         IMAGES,
         UNIFIED_MANIFEST,
         NEAR_DUPLICATES,
+        NIH_FINGERPRINTS,
+        NIH_PARENT_LINKS,
+        PARENT_PROVENANCE,
         PARTITION_PROFILE,
         CORPUS_PROFILE,
     )

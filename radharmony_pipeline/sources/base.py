@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from ..processing import source_store
 from ..processing.mask_jobs import MaskJob, MaskTarget
+from ..processing.parents import parent_identity
 from ..processing.source_store import FileState, SourcePath
 from ..processing.vocabulary import INDEX_COLUMNS, LABEL_COLUMNS
 from .counts import ExpectedCounts, load_expected_counts
@@ -142,6 +143,18 @@ class DatasetSource(ABC):
     # Images the dataset's documentation says have a positive localizable label but no mask,
     # by native id (the part of `image_id` after `<dataset>/`): expected, not a defect.
     documented_unmasked_positives: ClassVar[frozenset[str]] = frozenset()
+
+    # The larger dataset this one was carved out of (a key of processing.parents.PARENTS).
+    parent_dataset: ClassVar[str | None] = None
+
+    def parent_identity(self, split: str, index: pd.DataFrame) -> pd.DataFrame:
+        """Per index row, the image's identity in the parent (PARENT_IDENTITY columns, in
+        index order): what the dataset's own metadata says; null where it says nothing."""
+        return parent_identity(len(index), self.parent_dataset)
+
+    def parent_files(self) -> list[SourcePath]:
+        """The parent's files the identity is read from (named in the checks' metadata)."""
+        return []
 
     def mask_jobs(
         self, split: str, index: pd.DataFrame, target_for: Callable[[str], MaskTarget]

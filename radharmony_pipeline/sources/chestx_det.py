@@ -141,6 +141,9 @@ chestx-det/
         "mode L) or replaced; this does not change pixels the pipeline reads",
     }
 
+    # Deepwise renamed the NIH files: the parent image is only found by content, downstream.
+    parent_dataset = "nih_chestxray14"
+
     def __init__(self, location: SourceLocation, data_root: SourcePath):
         self._root = location.root or data_root / "chestx-det"
 

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..processing.mask_jobs import MaskTarget, RleMaskJob
+from ..processing.parents import parent_identity
 from ..processing.rle_text import RleTextError, validate_rle
 from ..processing.source_store import SourcePath
 from ..processing.vocabulary import snake_case, unified_class
@@ -66,6 +67,7 @@ CHEXPERT_LABELS: tuple[str, ...] = (
 # Everything up to and including the split folder is dropped: `CheXpert-v1.0/valid/` and
 # `test/` prefixes both occur, and image paths are stored relative to the split folder.
 _SPLIT_PREFIX = r"^(?:.*/)?(?:train|valid|val|test)/"
+_CHEXPERT_SPLITS = {"val": "valid", "test": "test"}
 _IMAGE_PATH = r"^(patient\d+)/(study\d+)/(view\d+)_(frontal|lateral)\.jpg$"
 
 
@@ -245,6 +247,22 @@ chexlocalize/
             },
         )
         return SplitTables(index=index, labels=labels).with_row_errors(errors)
+
+    parent_dataset = "chexpert"
+
+    def parent_identity(self, split: str, index: pd.DataFrame) -> pd.DataFrame:
+        # CheXlocalize's val and test are CheXpert's valid and test images, under the same
+        # paths below the split folder.
+        parent_split = _CHEXPERT_SPLITS[split]
+        paths = index["image_path"].astype("string")
+        return parent_identity(
+            len(index),
+            self.parent_dataset,
+            image_ids=(parent_split + "/" + paths).to_numpy(),
+            patient_ids=index["patient_id"].to_numpy(),
+            study_ids=index["study_id"].to_numpy(),
+            splits=np.where(paths.notna().to_numpy(), parent_split, None),
+        )
 
     def read_segmentations(self, split: str) -> dict:
         """`{cxr_id: {pathology: RLE}}` as in gt_segmentations_<split>.json."""

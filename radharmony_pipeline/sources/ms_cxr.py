@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ..processing import source_store
+from ..processing.parents import parent_identity, patient_splits_of, splits_by_patient
 from ..processing.source_store import FileState, SourcePath
 from ..processing.vocabulary import snake_case, unified_class
 from .base import (
@@ -24,6 +25,7 @@ from .counts import ExpectedCounts
 from .errors import DatasetLayoutError, MetadataError
 from .layouts import Found, mimic_files_dir, ms_cxr_csv_folder, nearby
 from .location import SourceLocation
+from .mimic_splits import read_official_splits, split_csv
 from .mimic_views import metadata_csv, raw_view_positions
 from .views import normalize_view_positions
 
@@ -62,7 +64,8 @@ class MsCxrSource(DatasetSource):
     layout = f"""\
 ms-cxr/{CSV_NAME}              (RADHARMONY_MS_CXR_CSV)
 mimic-cxr/files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg or .dcm   (RADHARMONY_MIMIC_FILES_DIR)
-mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICOM headers)"""
+mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICOM headers)
+mimic-cxr/mimic-cxr-2.0.0-split.csv.gz      (optional, MIMIC-CXR's official split)"""
     documented_counts = ExpectedCounts(
         origin="MS-CXR dataset page",
         total={"images": 1047, "annotations": 1448},
@@ -144,7 +147,33 @@ mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICO
 
     def annotation_files(self, split: str) -> list[SourcePath]:
         views = metadata_csv(self._files.parent)
-        return [self.csv_path(), *([views] if views is not None else [])]
+        return [self.csv_path(), *([views] if views is not None else []), *self.parent_files()]
+
+    parent_dataset = "mimic_cxr"
+
+    def parent_files(self) -> list[SourcePath]:
+        official = split_csv(self._files.parent)
+        return [official] if official is not None else []
+
+    def parent_identity(self, split: str, index: pd.DataFrame) -> pd.DataFrame:
+        """MIMIC's dicom_id, subject and study; the official split and the subject's splits
+        only when the split file is there."""
+        dicom_ids = index["image_id"].str.removeprefix(f"{self.key}/")
+        official_split = patient_splits = None
+        for path in self.parent_files():
+            official = read_official_splits(path)
+            official_split = dicom_ids.map(official.set_index("dicom_id")["split"]).to_numpy()
+            by_subject = splits_by_patient(official["subject_id"], official["split"])
+            patient_splits = patient_splits_of(index["patient_id"], by_subject)
+        return parent_identity(
+            len(index),
+            self.parent_dataset,
+            image_ids=dicom_ids.to_numpy(),
+            patient_ids=index["patient_id"].to_numpy(),
+            study_ids=index["study_id"].to_numpy(),
+            splits=official_split,
+            patient_splits=patient_splits,
+        )
 
     def image_states(self, split: str) -> dict[str, FileState]:
         # The files/ tree is all of MIMIC-CXR; only the images the CSV names belong to the split.

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..processing import source_store
+from ..processing.parents import parent_identity
 from ..processing.source_store import FileState, SourcePath
 from .base import (
     DatasetSource,
@@ -211,6 +212,19 @@ rexgradient/
             },
         )
         return SplitTables(index=index, labels=labels).with_row_errors(errors)
+
+    parent_dataset = "rexgradient"
+
+    def parent_identity(self, split: str, index: pd.DataFrame) -> pd.DataFrame:
+        # Not carved out of a larger public set: its own ids and split are the parent's.
+        return parent_identity(
+            len(index),
+            self.parent_dataset,
+            image_ids=index["image_id"].str.removeprefix(f"{self.key}/").to_numpy(),
+            patient_ids=index["patient_id"].to_numpy(),
+            study_ids=index["study_id"].to_numpy(),
+            splits=split,
+        )
 
     def count_metrics(self, tables: SplitTables) -> dict[str, int]:
         index = tables.index

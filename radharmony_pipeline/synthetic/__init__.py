@@ -16,6 +16,7 @@ from radharmony_pipeline.sources import SOURCE_TYPES
 from radharmony_pipeline.synthetic import ms_cxr, rexgradient
 from radharmony_pipeline.synthetic.duplicates import PlantedDuplicate, plant_duplicates
 from radharmony_pipeline.synthetic.files import staged_roots
+from radharmony_pipeline.synthetic.parents import write_parents
 
 # Every registered dataset has its generator here, in the module named like its key.
 DATASET_NAMES = tuple(SOURCE_TYPES)
@@ -38,6 +39,7 @@ def generate_datasets(
     datasets: Sequence[str] | None = None,
     mimic_format: str = "mixed",
     duplicates: Sequence[PlantedDuplicate] = (),
+    parents: bool = False,
 ) -> dict[str, Path]:
     """Write the chosen datasets (default all) under `out`; return {dataset_key: dataset_root}.
 
@@ -45,9 +47,13 @@ def generate_datasets(
     picks jpg, dcm or mixed (per-file) for the MIMIC-CXR images under MS-CXR. The same seed
     gives byte-identical files. Each dataset is built in a hidden staging folder and swapped
     into place whole, so a crash never leaves half a dataset. `duplicates` are planted once
-    every dataset is written, and listed in `out/duplicates_truth.json`.
+    every dataset is written, and listed in `out/duplicates_truth.json`. `parents` writes a
+    miniature NIH ChestX-ray14 holding ChestX-Det's images and MIMIC-CXR's split file, their
+    plants listed in `out/parents_truth.json` (needs chestx_det and ms_cxr).
     """
     chosen = _validated(scale, seed, datasets, mimic_format)
+    if parents and not {"chestx_det", "ms_cxr"} <= set(chosen):
+        raise ValueError("parents=True needs the chestx_det and ms_cxr datasets")
     out = Path(out)
     options = {"mimic_format": mimic_format}
     roots = {}
@@ -62,6 +68,8 @@ def generate_datasets(
         roots[name] = out / staged_root.relative_to(stage)
     if duplicates:
         plant_duplicates(out, duplicates)
+    if parents:
+        write_parents(out, scale, seed)
     return roots
 
 

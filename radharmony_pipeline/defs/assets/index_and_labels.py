@@ -6,6 +6,7 @@ The checks on both tables run in the same step, on the tables in memory (check_s
 """
 
 import dagster as dg
+import pandas as pd
 
 from ...processing.settings import UNREADABLE_LIMIT_VARIABLE, unreadable_limit
 from ...processing.table_schemas import LABELS, RAW_INDEX
@@ -21,7 +22,7 @@ from ..resources import DatasetsResource
 from ..row_errors import fail_if_strict
 from .source_files import source_files
 
-CODE_VERSION = "2"  # 2: status and error columns (issue 9)
+CODE_VERSION = "3"  # 2: status and error columns (issue 9); 3: parent identity (issue 21)
 
 _OUTPUT_ORDER = ("raw_index", "labels")
 
@@ -79,6 +80,7 @@ def raw_index_and_labels(context: dg.AssetExecutionContext, datasets: DatasetsRe
             raise dg.Failure(
                 description=str(exc), metadata={"partition": context.partition_key}
             ) from exc
+        tables = _with_parent_identity(source, split, tables)
         fail_if_strict(tables.index, datasets.strict, "raw_index")
         for note in source.layout_notes():
             context.log.info(f"{context.partition_key}: {note}")
@@ -116,6 +118,18 @@ def _fail_if_images_mostly_missing(
             },
         )
     return presence
+
+
+def _with_parent_identity(source: DatasetSource, split: str, tables: SplitTables) -> SplitTables:
+    """The index with the parent columns (before status and error, as declared)."""
+    try:
+        identity = source.parent_identity(split, tables.index)
+    except SourceError as exc:
+        raise dg.Failure(description=str(exc)) from exc
+    index = tables.index.drop(columns=["status", "error"])
+    index = pd.concat([index, identity.set_axis(index.index)], axis=1)
+    index[["status", "error"]] = tables.index[["status", "error"]]
+    return SplitTables(index=index, labels=tables.labels)
 
 
 def _outputs(

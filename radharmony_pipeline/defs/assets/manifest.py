@@ -5,13 +5,14 @@ import pandas as pd
 
 from ...processing.duplicates import with_duplicate_groups
 from ...processing.manifest import combine, partition_manifest
+from ...processing.parents import PARENT_IDENTITY, with_parent_columns
 from ...processing.table_schemas import UNIFIED_MANIFEST
 from ...processing.vocabulary import LABEL_COLUMNS
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS, every_partition_of
 
-CODE_VERSION = "2"  # 2: duplicate_group from near_duplicates
+CODE_VERSION = "3"  # 2: duplicate_group from near_duplicates; 3: parent identity
 UPSTREAM = ("raw_index", "labels", "masks", "bboxes", "images")
 
 _BOX_EDGES = ("y_min", "y_max", "x_min", "x_max")
@@ -46,6 +47,7 @@ _COLUMN_SOURCES: dict[str, tuple[tuple[str, str], ...]] = {
         *(("images", column) for column in ("orig_height", "orig_width", "size", "resize")),
     ),
     "duplicate_group": (("near_duplicates", "group_id"),),
+    **{column: (("parent_provenance", column),) for column in PARENT_IDENTITY},
 }
 
 
@@ -80,13 +82,18 @@ def column_lineage_markdown() -> str:
 @dg.asset(
     group_name="manifest",
     owners=OWNERS,
-    ins=every_partition_of(*UPSTREAM) | {"near_duplicates": dg.AssetIn("near_duplicates")},
+    ins=every_partition_of(*UPSTREAM)
+    | {
+        "near_duplicates": dg.AssetIn("near_duplicates"),
+        "parent_provenance": dg.AssetIn("parent_provenance"),
+    },
     description=(
         "One row per usable image of every materialized partition: ids, split, view, source "
         "and resized paths, packed-array row, masks, boxes in the source frame (`bboxes`) and "
         "in the resized frame (`bboxes_resized`, letterbox padding included), phrases, report "
         "and the 21 unified label columns, and `duplicate_group` (the image's group in "
-        "`near_duplicates`, else null). Images whose stage errored are left out and "
+        "`near_duplicates`, else null), and the parent identity columns (`parent_*`, from "
+        "`parent_provenance`). Images whose stage errored are left out and "
         "counted by reason."
     ),
     automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
@@ -102,6 +109,7 @@ def unified_manifest(
     bboxes: dict[str, pd.DataFrame],
     images: dict[str, pd.DataFrame],
     near_duplicates: pd.DataFrame,
+    parent_provenance: pd.DataFrame,
 ) -> dg.Output[pd.DataFrame]:
     complete = sorted(set(raw_index) & set(labels) & set(masks) & set(bboxes) & set(images))
     parts, excluded = {}, {}
@@ -115,6 +123,7 @@ def unified_manifest(
             images[partition],
         )
     manifest = with_duplicate_groups(combine(parts), near_duplicates)
+    manifest = with_parent_columns(manifest, parent_provenance)
     context.log.info(f"{len(manifest)} images from {len(complete)} partitions")
     return dg.Output(
         manifest,

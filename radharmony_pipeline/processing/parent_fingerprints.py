@@ -1,0 +1,140 @@
+"""Fingerprints of a parent dataset's images, computed exactly as the `images` stage computes
+its own (same decode, resize and hashes), each re-used while its file and settings hold."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .decode import DecodeError, decode_grayscale
+from .geometry import GEOMETRIES, resize_image
+from .image_jobs import IMAGE_CODE_VERSION, content_fingerprints, read_source
+from .parallel import Progress, map_in_chunks
+from .source_store import FileState, SourcePath
+
+# Bumped when what is fingerprinted changes, so every parent image is redone once.
+PARENT_FINGERPRINT_VERSION = "1"
+FINGERPRINT_COLUMNS = (
+    "parent_image_id",
+    "image_path",
+    "input_key",
+    "size",
+    "resize",
+    "source_sha256",
+    "pixels_sha256",
+    "perceptual_hash",
+    "status",
+    "error",
+)
+
+
+@dataclass(frozen=True)
+class ParentImageJob:
+    parent_image_id: str
+    image_path: str  # relative to the parent's root
+    source_file: SourcePath
+    state: FileState
+    size: int
+    resize: str
+
+    def input_key(self) -> str:
+        """What the fingerprint depends on: the file's state, the decoder and the settings."""
+        size, version = self.state
+        return (
+            f"{PARENT_FINGERPRINT_VERSION}:{IMAGE_CODE_VERSION}:{size}:{version}:"
+            f"{self.size}:{self.resize}"
+        )
+
+    def row(self, **values: object) -> dict[str, object]:
+        return {
+            "parent_image_id": self.parent_image_id,
+            "image_path": self.image_path,
+            "input_key": self.input_key(),
+            "size": self.size,
+            "resize": self.resize,
+            "source_sha256": None,
+            "pixels_sha256": None,
+            "perceptual_hash": None,
+            "status": "ok",
+            "error": None,
+            **values,
+        }
+
+
+def fingerprint_parent_image(job: ParentImageJob) -> dict[str, object]:
+    """Top-level (picklable): the row of one image, or its error row."""
+    try:
+        content = read_source(job.source_file)
+        decoded = decode_grayscale(job.source_file, target_size=job.size, content=content)
+        geometry = GEOMETRIES[job.resize](decoded.source_height, decoded.source_width, job.size)
+        pixels = resize_image(decoded.pixels, geometry)
+        return job.row(
+            source_sha256=hashlib.sha256(content).hexdigest(),
+            **content_fingerprints(pixels, geometry),
+        )
+    except (DecodeError, OSError, ValueError) as exc:
+        return job.row(status="error", error=str(exc))
+
+
+def parent_image_jobs(
+    root: SourcePath, states: Mapping[str, FileState], size: int, resize: str
+) -> list[ParentImageJob]:
+    """One job per image file; the id is the file name (NIH's Image Index)."""
+    return [
+        ParentImageJob(posixpath.basename(relative), relative, root / relative, state, size, resize)
+        for relative, state in sorted(states.items())
+    ]
+
+
+def fingerprint_parent_images(
+    jobs: list[ParentImageJob],
+    previous: pd.DataFrame | None,
+    workers: int,
+    on_progress: Progress | None = None,
+) -> tuple[pd.DataFrame, int]:
+    """The fingerprint table (re-using every previous ok row whose input key still holds) and
+    how many images were decoded. Two files with one id: the second is an error row."""
+    reusable: dict[str, dict] = {}
+    if previous is not None and len(previous):
+        ok = previous[previous["status"] == "ok"]
+        reusable = {
+            str(row["image_path"]): row
+            for row in ok.astype(object).where(ok.notna(), None).to_dict("records")
+        }
+    rows: list[dict | None] = []
+    pending: list[tuple[int, ParentImageJob]] = []
+    seen: dict[str, str] = {}
+    for job in jobs:
+        if job.parent_image_id in seen:
+            rows.append(
+                job.row(
+                    status="error",
+                    error=f"{job.source_file}: the same image as {seen[job.parent_image_id]} "
+                    "(one Image Index in two folders); remove one copy",
+                )
+            )
+            continue
+        seen[job.parent_image_id] = job.image_path
+        kept = reusable.get(job.image_path)
+        if kept is not None and kept["input_key"] == job.input_key():
+            rows.append(kept)
+        else:
+            pending.append((len(rows), job))
+            rows.append(None)
+    computed = map_in_chunks(
+        fingerprint_parent_image, [job for _, job in pending], workers, on_progress=on_progress
+    )
+    for (position, _), row in zip(pending, computed, strict=True):
+        rows[position] = row
+    return fingerprint_table(rows), len(pending)
+
+
+def fingerprint_table(rows: list) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=list(FINGERPRINT_COLUMNS))
+    types = {column: "string" for column in FINGERPRINT_COLUMNS}
+    types["size"] = "int64"
+    return frame.astype(types)
