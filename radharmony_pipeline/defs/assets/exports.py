@@ -24,6 +24,7 @@ from ...processing.exports import (
     webdataset_shards,
 )
 from ...processing.manifest import partition_manifest
+from ...processing.parallel import worker_count
 from ...processing.storage import OutputPath
 from ...processing.vocabulary import UNIFIED_LABELS
 from ...sources import SOURCE_TYPES, parse_partition_key
@@ -161,6 +162,7 @@ def _export(
         index_name,
         max_shard_bytes,
         identity={"partition": context.partition_key, "dataset": dataset, "split": split},
+        workers=worker_count(),
     )
     shards = result.index["shards"]
     verb = "re-used" if result.reused else "wrote"
