@@ -129,6 +129,12 @@ def test_huggingface_export_reads_back_as_the_manifest(exported, tmp_path):
                     assert row[column] == record[column], (record["image_id"], column)
                 nulls += sum(row[c] is None for c in LABEL_COLUMNS)
                 assert_same_pictures(row, record, exported)
+        configured = datasets.load_dataset(
+            str(exported / HUGGINGFACE_FOLDER), dataset, cache_dir=str(tmp_path)
+        )
+        assert {k: v["image_id"] for k, v in configured.items()} == {
+            k: v["image_id"] for k, v in loaded.items()
+        }
         streamed = datasets.load_dataset("parquet", data_files=files, streaming=True)
         for split_name, stream in streamed.items():
             ids = [row["image_id"] for row in stream]
@@ -187,20 +193,21 @@ def test_webdataset_export_reads_back_as_the_manifest(exported):
         listed = [s["image_id"] for shard in index["shards"] for s in shard["samples"]]
         assert listed == [r["image_id"] for r in expected]
         assert index["samples"] == len(expected)
-        if len(expected) > 2:
-            assert len(index["shards"]) > 1
+        payload = {r["image_id"]: len(sample_bytes(r, exported)) for r in expected}
+        assert (len(index["shards"]) > 1) == (sum(payload.values()) > SHARD_BYTES)
         for shard in index["shards"]:
-            payload = sum(
-                (exported / r["image_path"]).stat().st_size
-                + ((exported / r["mask_path"]).stat().st_size if r["has_mask"] else 0)
-                for r in expected
-                if r["image_id"] in {s["image_id"] for s in shard["samples"]}
-            )
-            assert payload <= SHARD_BYTES or len(shard["samples"]) == 1
+            size = sum(payload[s["image_id"]] for s in shard["samples"])
+            assert size <= SHARD_BYTES or len(shard["samples"]) == 1
+
+
+def sample_bytes(record: dict, root: Path) -> bytes:
+    """What a WebDataset sample holds besides its JSON: the image and mask PNGs."""
+    mask = (root / record["mask_path"]).read_bytes() if record["has_mask"] else b""
+    return (root / record["image_path"]).read_bytes() + mask
 
 
 def test_a_changed_partition_re_exports_only_its_shards(tiny_root, exported_copy):
-    before = {path: path.stat().st_mtime_ns for path in (exported_copy / "exports").rglob("*")}
+    before = file_times(exported_copy / "exports")
     changed = "chestx_det.test"
     labels_file = exported_copy / "tables" / "labels" / f"{changed}.parquet"
     table = pq.read_table(labels_file)
@@ -214,7 +221,7 @@ def test_a_changed_partition_re_exports_only_its_shards(tiny_root, exported_copy
     for partition, assets in found.items():
         for asset, metadata in assets.items():
             assert metadata["reused"] == (partition != changed), (partition, asset)
-    after = {path: path.stat().st_mtime_ns for path in (exported_copy / "exports").rglob("*")}
+    after = file_times(exported_copy / "exports")
     rewritten = {p.relative_to(exported_copy).as_posix() for p in after if after[p] != before[p]}
     assert rewritten == {
         *(f"{WEBDATASET_FOLDER}/{changed}/{n}" for n in found_names(found, changed, 1)),
@@ -229,6 +236,10 @@ def test_a_changed_partition_re_exports_only_its_shards(tiny_root, exported_copy
         if r["image_id"] == frame.loc[first, "image_id"]
     )
     assert record["label_nodule"] == frame.loc[first, "label_nodule"]
+
+
+def file_times(folder: Path) -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
 
 
 def found_names(found: dict, partition: str, which: int) -> list[str]:

@@ -118,6 +118,37 @@ def webdataset_shards(partition: str) -> ShardNames:
 WEBDATASET_INDEX_NAME = "index.json"
 
 
+HUGGINGFACE_CARD = "README.md"
+
+
+def huggingface_configs_card(splits_by_dataset: Mapping[str, Sequence[str]]) -> str:
+    """The README.md that makes the Hugging Face folder one repository with one configuration
+    per dataset: `datasets.load_dataset("<output>/exports/huggingface", "<dataset>")`."""
+    lines = ["---", "configs:"]
+    for dataset, splits in splits_by_dataset.items():
+        lines += [f"- config_name: {dataset}", "  data_files:"]
+        for split in splits:
+            name = HUGGINGFACE_SPLITS[split]
+            lines += [f"  - split: {name}", f"    path: {dataset}/{name}-*.parquet"]
+    lines += ["---", "", "RadHarmony corpus: one configuration per dataset.", ""]
+    return "\n".join(lines)
+
+
+def write_huggingface_configs(
+    folder: OutputPath, splits_by_dataset: Mapping[str, Sequence[str]]
+) -> None:
+    """Publish the folder's README.md unless it already holds these configurations (every
+    partition's run writes the same file; an unchanged one is left untouched)."""
+    card = huggingface_configs_card(splits_by_dataset).encode()
+    path = folder / HUGGINGFACE_CARD
+    try:
+        if read_bytes(path) == card:
+            return
+    except FileNotFoundError:
+        pass
+    publish(path, lambda handle: handle.write(card))
+
+
 def huggingface_data_files(root: OutputPath, dataset: str) -> dict[str, list[str]]:
     """Split name -> shard paths of one dataset's configuration, from its shard indexes, as
     `datasets.load_dataset("parquet", data_files=...)` takes them."""

@@ -22,6 +22,7 @@ from ...processing.exports import (
     huggingface_index_name,
     huggingface_shards,
     webdataset_shards,
+    write_huggingface_configs,
 )
 from ...processing.manifest import partition_manifest
 from ...processing.parallel import worker_count
@@ -87,6 +88,10 @@ def huggingface_export(
     dataset, split = parse_partition_key(context.partition_key)
     root = outputs.root()
     samples = _samples(context.partition_key, raw_index, labels, masks, bboxes, images, root)
+    # The same bytes from every partition's run: the configurations of every dataset.
+    write_huggingface_configs(
+        root / HUGGINGFACE_FOLDER, {key: source.splits for key, source in SOURCE_TYPES.items()}
+    )
     return _export(
         context,
         samples,
