@@ -348,7 +348,7 @@ def manifest_records(
             "image": str(root / row.image_path),
             "has_mask": bool(row.has_mask),
             "label": labels[position].tolist(),
-            "bbox": _boxes(row.bboxes_resized).tolist(),
+            "bbox": _box_lists(row.bboxes_resized),
             "bbox_labels": _strings(row.bbox_labels),
             "label_text": _optional_strings(row.label_text),
             "report": _optional_str(row.report),
@@ -360,6 +360,11 @@ def manifest_records(
             record["mask"] = str(root / row.mask_path)
         records.append(record)
     return records
+
+
+def _box_lists(value: Any) -> list[list[float]]:
+    """Boxes as plain float lists, at the manifest's float64 precision."""
+    return [] if _is_missing(value) else [[float(v) for v in box] for box in value]
 
 
 def seed_label_columns(dataset: str) -> tuple[str, ...]:

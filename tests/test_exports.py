@@ -425,7 +425,7 @@ def test_a_tiny_cnn_trains_from_each_export(exported, tmp_path):
         ]
         return {key: [t[key] for t in tensors] for key in tensors[0]}
 
-    huggingface = DataLoader(table.with_transform(from_huggingface), batch_size=4, shuffle=True)
+    huggingface = DataLoader(table.with_transform(from_huggingface), batch_size=2, shuffle=True)
     train_a_few_steps(huggingface)
 
     def from_webdataset(sample):
@@ -439,7 +439,7 @@ def test_a_tiny_cnn_trains_from_each_export(exported, tmp_path):
 
     urls = webdataset_urls(exported, "chestx_det.train")
     stream = wds.WebDataset(urls, shardshuffle=False).decode("l8").map(from_webdataset)
-    train_a_few_steps(DataLoader(stream, batch_size=4))
+    train_a_few_steps(DataLoader(stream, batch_size=2))
 
 
 def test_monai_reads_the_manifest_records(exported):
