@@ -49,14 +49,12 @@ def test_the_card_is_computed_from_the_data_and_follows_a_change(tiny_copy, tmp_
     for (dataset, split), rows in manifest.groupby(["dataset", "split"]):
         assert f"| {dataset} | {split} | {len(rows)} | {rows['patient_id'].nunique()} |" in before
     evaluations = {
-        (e.asset_key.to_user_string(), e.check_name, e.partition)
+        (data.asset_key.to_user_string(), data.check_name, data.partition)
         for run in instance.get_runs()
-        for e in (
-            record.event_log_entry.dagster_event.event_specific_data
-            for record in instance.all_logs(run.run_id)
-            if record.dagster_event
-            and record.dagster_event.event_type_value == "ASSET_CHECK_EVALUATION"
+        for entry in instance.all_logs(
+            run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
         )
+        for data in [entry.dagster_event.event_specific_data]
     }
     assert evaluations
     for asset, check, partition in evaluations:

@@ -3,7 +3,6 @@ check results, written as DATASET_CARD.md and as a Croissant description (mlcroi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -310,8 +309,8 @@ def croissant_metadata(
     inputs: CardInputs, figures: Mapping[str, Any], manifest_sha256: str
 ) -> dict[str, Any]:
     """The Croissant JSON-LD of the corpus: the manifest file, the image files, and a record
-    set of the manifest's scalar columns; the card's figures ride along as extra properties.
-    Built through mlcroissant, which reports any issue as an error here."""
+    set of the manifest's scalar columns, with the counts in its description. Built through
+    mlcroissant; any error it reports is raised here."""
     import mlcroissant as mlc
 
     fields = []
@@ -334,9 +333,11 @@ def croissant_metadata(
         name="RadHarmony corpus",
         description=(
             f"{figures['images']} chest X-ray images from "
-            f"{', '.join(s.title for s in inputs.sources)}, harmonized to 21 tri-state labels."
+            f"{', '.join(s.title for s in inputs.sources)}, harmonized to 21 tri-state labels. "
+            "Images per dataset and split: "
+            + ", ".join(f"{r['dataset']}/{r['split']} {r['images']}" for r in figures["counts"])
+            + f". See {CARD_NAME} for prevalence, checks and near duplicates."
         ),
-        url="https://github.com/radharmony/radharmony-pipeline",
         version=inputs.pipeline_version,
         license=[f"{s.dataset}: {s.licence}" for s in inputs.sources],
         cite_as="; ".join(f"{s.dataset}: {s.citation}" for s in inputs.sources),
@@ -361,6 +362,4 @@ def croissant_metadata(
     issues = metadata.ctx.issues
     if issues.errors:
         raise ValueError(f"the Croissant description is invalid: {issues.report()}")
-    document = metadata.to_json()
-    document["radharmony:figures"] = json.loads(json.dumps(figures))
-    return document
+    return metadata.to_json()
