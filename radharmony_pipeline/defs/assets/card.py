@@ -121,9 +121,21 @@ def latest_check_outcomes(instance: dg.DagsterInstance) -> list[CheckOutcome]:
                 partition=key[2],
                 passed=bool(evaluation.passed),
                 severity=evaluation.severity.value,
-                description=evaluation.description or "",
+                description=_expected_and_found(evaluation),
             )
     return [latest[key] for key in sorted(latest, key=lambda k: (k[0], k[1], k[2] or ""))]
+
+
+def _expected_and_found(evaluation: dg.AssetCheckEvaluation) -> str:
+    """The check's own summary, plus the figures it compared when its metadata has them
+    (the count checks record `mismatches` with expected and found, and every `found`)."""
+    text = evaluation.description or ""
+    for key in ("mismatches", "found"):
+        value = evaluation.metadata.get(key)
+        if value is not None:
+            figures = json.dumps(value.value, sort_keys=True, default=str)
+            return f"{text}; {key}: {figures}" if text else f"{key}: {figures}"
+    return text
 
 
 def _image_settings(images: dict[str, pd.DataFrame]) -> dict[str, str]:
