@@ -41,6 +41,9 @@ keeps the rest as lists:
 
 (or `batch_size=1`, or `batch_size=None` for unbatched samples). Each worker process opens its
 own memory maps; they are not pickled with the dataset.
+
+`manifest_records` gives the same rows as MONAI data dicts, and `SeedCompatibleDataset`
+returns the seed library's sample dicts (docs/exports.md).
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ from radharmony_pipeline.processing.duplicates import (
     without_cross_split_groups,
 )
 from radharmony_pipeline.processing.storage import OutputPath, is_local, output_path
-from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
+from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS, snake_case, unified_class
+from radharmony_pipeline.sources import SOURCE_TYPES
 
 try:  # torch is optional: without it samples are numpy arrays.
     import torch
@@ -370,9 +374,6 @@ def _box_lists(value: Any) -> list[list[float]]:
 def seed_label_columns(dataset: str) -> tuple[str, ...]:
     """The unified label columns of the dataset's own classes, in the seed library's `cls`
     order (its class names sorted by snake_case name); empty for a dataset without labels."""
-    from radharmony_pipeline.processing.vocabulary import snake_case, unified_class
-    from radharmony_pipeline.sources import SOURCE_TYPES
-
     names = sorted(SOURCE_TYPES[dataset].native_classes, key=snake_case)
     return tuple(f"label_{unified_class(name)}" for name in names)
 
@@ -405,8 +406,6 @@ class SeedCompatibleDataset(_DatasetBase):
         labels: str = "native",
         dtype: Any = None,
     ) -> None:
-        from radharmony_pipeline.sources import SOURCE_TYPES
-
         if dataset not in SOURCE_TYPES:
             raise ValueError(f"unknown dataset {dataset!r}; known: {sorted(SOURCE_TYPES)}")
         if labels not in ("native", "unified"):
