@@ -45,7 +45,7 @@ index_and_labels_job = dg.define_asset_job(
     description="Read the native metadata of a partition into raw_index and labels.",
 )
 
-CARD_JOB = "corpus_card"
+CARD_JOB = "dataset_card"
 
 corpus_card_job = dg.define_asset_job(
     CARD_JOB,
