@@ -29,9 +29,8 @@ from ..resources import DatasetsResource, OutputsResource
 from .source_files import SNAPSHOT_FOLDER, observe_partition
 
 CODE_VERSION = "1"
-# Check evaluations read back from the instance, newest first: far more than ten partitions'
-# checks over many runs.
-CHECK_EVENTS_READ = 20_000
+# Runs whose check evaluations are read back, newest first: many rebuilds of every partition.
+RUNS_READ = 2_000
 
 
 @dg.asset(
@@ -104,25 +103,27 @@ def _source_facts(dataset: str) -> SourceFacts:
 
 
 def latest_check_outcomes(instance: dg.DagsterInstance) -> list[CheckOutcome]:
-    """The newest evaluation of every (asset, check, partition) the instance has seen."""
-    records = instance.get_event_records(
-        dg.EventRecordsFilter(event_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION),
-        limit=CHECK_EVENTS_READ,
-        ascending=False,
-    )
+    """The newest evaluation of every (asset, check, partition) in the instance's recent runs
+    (newest run first, and within a run its last evaluation)."""
     latest: dict[tuple[str, str, str | None], CheckOutcome] = {}
-    for record in records:
-        evaluation = record.event_log_entry.dagster_event.event_specific_data
-        key = (evaluation.asset_key.to_user_string(), evaluation.check_name, evaluation.partition)
-        if key not in latest:
-            latest[key] = CheckOutcome(
-                asset=key[0],
-                check=key[1],
-                partition=key[2],
-                passed=bool(evaluation.passed),
-                severity=evaluation.severity.value,
-                description=_expected_and_found(evaluation),
+    for run in instance.get_runs(limit=RUNS_READ):
+        entries = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+        for entry in reversed(entries):
+            evaluation = entry.dagster_event.event_specific_data
+            key = (
+                evaluation.asset_key.to_user_string(),
+                evaluation.check_name,
+                evaluation.partition,
             )
+            if key not in latest:
+                latest[key] = CheckOutcome(
+                    asset=key[0],
+                    check=key[1],
+                    partition=key[2],
+                    passed=bool(evaluation.passed),
+                    severity=evaluation.severity.value,
+                    description=_expected_and_found(evaluation),
+                )
     return [latest[key] for key in sorted(latest, key=lambda k: (k[0], k[1], k[2] or ""))]
 
 
