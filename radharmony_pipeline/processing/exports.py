@@ -149,10 +149,10 @@ def write_huggingface_configs(
     publish(path, lambda handle: handle.write(card))
 
 
-def huggingface_data_files(root: OutputPath, dataset: str) -> dict[str, list[str]]:
+def huggingface_data_files(root: str | OutputPath, dataset: str) -> dict[str, list[str]]:
     """Split name -> shard paths of one dataset's configuration, from its shard indexes, as
     `datasets.load_dataset("parquet", data_files=...)` takes them."""
-    folder = root / HUGGINGFACE_FOLDER / dataset
+    folder = output_path(root) / HUGGINGFACE_FOLDER / dataset
     files: dict[str, list[str]] = {}
     for split, name in HUGGINGFACE_SPLITS.items():
         index = read_shard_index(folder / huggingface_index_name(split))
@@ -161,10 +161,11 @@ def huggingface_data_files(root: OutputPath, dataset: str) -> dict[str, list[str
     return files
 
 
-def webdataset_urls(root: OutputPath, partition: str) -> list[str]:
+def webdataset_urls(root: str | OutputPath, partition: str) -> list[str]:
     """The tar shards of one partition, from its shard index, as `webdataset.WebDataset`
     takes them: local paths, or object-store URLs (their scheme is then registered with
     webdataset's opener, which has none for s3, see `open_object_url`)."""
+    root = output_path(root)
     if not is_local(root):
         register_object_store_scheme(root.protocol)
     folder = root / WEBDATASET_FOLDER / partition
