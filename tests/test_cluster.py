@@ -328,7 +328,7 @@ def test_webdataset_export_on_the_s3_output_root(cluster, tiny_root, tmp_path):
     from radharmony_pipeline.processing.storage import output_path
 
     partition = "chestx_det.test"
-    export_config = {"ops": {"webdataset_export": {"config": {"max_shard_bytes": 100_000}}}}
+    export_config = {"ops": {"webdataset_export": {"config": {"max_shard_bytes": 30_000}}}}
     home = dagster_home(tmp_path)
     create_database(cluster, "exports")
     root_url = f"s3://{BUCKET}/exported"
