@@ -41,6 +41,9 @@ keeps the rest as lists:
 
 (or `batch_size=1`, or `batch_size=None` for unbatched samples). Each worker process opens its
 own memory maps; they are not pickled with the dataset.
+
+`manifest_records` gives the same rows as MONAI data dicts, and `SeedCompatibleDataset`
+returns the seed library's sample dicts (docs/exports.md).
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ from radharmony_pipeline.processing.parents import (
     without_parent_train_leaks,
 )
 from radharmony_pipeline.processing.storage import OutputPath, is_local, output_path
-from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
+from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS, snake_case, unified_class
+from radharmony_pipeline.sources import SOURCE_TYPES
 
 try:  # torch is optional: without it samples are numpy arrays.
     import torch
@@ -347,3 +351,129 @@ def _as_tensors(sample: dict[str, Any]) -> dict[str, Any]:
         key: torch.from_numpy(value) if key in TENSOR_FIELDS else value
         for key, value in sample.items()
     }
+
+
+def manifest_records(
+    manifest: str | Path | pd.DataFrame,
+    output_root: str | Path | None = None,
+    datasets: Filter = None,
+    splits: Filter = None,
+    view_positions: Filter = None,
+) -> list[dict[str, Any]]:
+    """The manifest as MONAI data dicts, one per row that passes the filters.
+
+    `image` (and `mask`, only when the image was annotated) are paths of the resized PNGs,
+    for `monai.transforms.LoadImaged(keys=["image", "mask"], allow_missing_keys=True)`;
+    `label` is the 21 unified labels in `UNIFIED_LABELS` order (NaN: not annotated),
+    `bbox` the boxes `[y_min, y_max, x_min, x_max]` normalized in the resized frame with
+    `bbox_labels` and `label_text` parallel to them; `has_mask`, `report` and the ids as in
+    `ManifestDataset`.
+    """
+    root = _output_root(manifest, output_root)
+    table = _filtered(
+        _read_manifest(manifest),
+        {"dataset": datasets, "split": splits, "view_position": view_positions},
+    )
+    labels = _label_matrix(table)
+    records = []
+    for position, row in enumerate(table.itertuples(index=False)):
+        record = {
+            "image": str(root / row.image_path),
+            "has_mask": bool(row.has_mask),
+            "label": labels[position].tolist(),
+            "bbox": _box_lists(row.bboxes_resized),
+            "bbox_labels": _strings(row.bbox_labels),
+            "label_text": _optional_strings(row.label_text),
+            "report": _optional_str(row.report),
+            "image_id": str(row.image_id),
+            "dataset": str(row.dataset),
+            "split": str(row.split),
+        }
+        if record["has_mask"] and not _is_missing(row.mask_path):
+            record["mask"] = str(root / row.mask_path)
+        records.append(record)
+    return records
+
+
+def _box_lists(value: Any) -> list[list[float]]:
+    """Boxes as plain float lists, at the manifest's float64 precision."""
+    return [] if _is_missing(value) else [[float(v) for v in box] for box in value]
+
+
+def seed_label_columns(dataset: str) -> tuple[str, ...]:
+    """The unified label columns of the dataset's own classes, in the seed library's `cls`
+    order (its class names sorted by snake_case name); empty for a dataset without labels."""
+    names = sorted(SOURCE_TYPES[dataset].native_classes, key=snake_case)
+    return tuple(f"label_{unified_class(name)}" for name in names)
+
+
+class SeedCompatibleDataset(_DatasetBase):
+    """Samples in the seed library's contract, so its users switch by changing the import
+    and the constructor (docs/exports.md has the side-by-side table).
+
+    One dataset (and optionally splits) of the manifest, with the seed's switches:
+    `output_cls` adds `cls` — the dataset's own classes in the seed's order
+    (`labels="native"`, NaN where not annotated) or the 21 unified ones (`labels="unified"`);
+    `output_mask` adds `mask` (1×S×S in {0, 1}; all zeros for an image the dataset did not
+    segment, as the seed does) for datasets that draw masks; `output_report` adds `report`;
+    `output_bbox` adds `bbox` (list of `[y_min, y_max, x_min, x_max]` normalized in the
+    resized frame) and `bbox_labels` (unified class names) for datasets with boxes. `img` is
+    always there: 1×S×S in [-1, 1]. `dtype` is the torch dtype of the tensors (when torch
+    is installed); `get_datasets()` returns the dataset itself, as the seed's does.
+    """
+
+    def __init__(
+        self,
+        manifest: str | Path | pd.DataFrame,
+        dataset: str,
+        splits: Filter = None,
+        output_root: str | Path | None = None,
+        output_cls: bool = False,
+        output_mask: bool = False,
+        output_report: bool = False,
+        output_bbox: bool = False,
+        labels: str = "native",
+        dtype: Any = None,
+    ) -> None:
+        if dataset not in SOURCE_TYPES:
+            raise ValueError(f"unknown dataset {dataset!r}; known: {sorted(SOURCE_TYPES)}")
+        if labels not in ("native", "unified"):
+            raise ValueError(f"labels must be 'native' or 'unified', got {labels!r}")
+        source = SOURCE_TYPES[dataset]
+        self.samples = ManifestDataset(manifest, output_root, datasets=dataset, splits=splits)
+        columns = seed_label_columns(dataset) if labels == "native" else LABEL_COLUMNS
+        if output_cls and not columns:
+            raise ValueError(f"{dataset} has no structured labels: leave output_cls off")
+        self._cls_positions = [LABEL_COLUMNS.index(column) for column in columns]
+        self.outputs = {
+            "cls": output_cls,
+            "mask": output_mask and bool(source.mask_classes),
+            "report": output_report,
+            "bbox": output_bbox and source.has_boxes,
+        }
+        self.dtype = dtype if dtype is not None or torch is None else torch.float32
+
+    def get_datasets(self) -> SeedCompatibleDataset:
+        return self
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        sample = self.samples[index]
+        seed = {"img": sample["img"]}
+        if self.outputs["cls"]:
+            seed["cls"] = sample["cls"][self._cls_positions]
+        if self.outputs["mask"]:
+            seed["mask"] = sample["mask"]
+        if self.outputs["report"]:
+            seed["report"] = sample["report"]
+        if self.outputs["bbox"]:
+            seed["bbox"] = [[float(v) for v in box] for box in sample["bboxes"].tolist()]
+            seed["bbox_labels"] = sample["bbox_labels"]
+        if torch is not None:
+            seed = {
+                key: value.to(self.dtype) if isinstance(value, torch.Tensor) else value
+                for key, value in seed.items()
+            }
+        return seed

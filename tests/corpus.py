@@ -14,13 +14,16 @@ from radharmony_pipeline.sources import partition_keys
 
 
 def materialize_corpus(
-    data_root: Path, output: Path, partitions: Sequence[str] | None = None
+    data_root: Path,
+    output: Path,
+    partitions: Sequence[str] | None = None,
+    instance: dg.DagsterInstance | None = None,
 ) -> tuple[dict[str, dg.ExecuteInProcessResult], dg.ExecuteInProcessResult]:
     """Each partition's `all_stages` run (stages and checks), then the `manifest` job (the
-    manifest, near duplicates, the corpus profile and their checks), in one instance, with a
-    pool of two workers as on this machine."""
+    manifest, near duplicates, the corpus profile and their checks), in one instance (a new
+    ephemeral one unless given), with a pool of two workers as on this machine."""
     definitions = build_definitions(data_root, output)
-    instance = dg.DagsterInstance.ephemeral()
+    instance = instance or dg.DagsterInstance.ephemeral()
     with pytest.MonkeyPatch.context() as env:
         env.setenv("RADHARMONY_WORKERS", "2")
         results = {

@@ -316,3 +316,46 @@ def test_four_partitions_at_once_on_postgres(cluster, tiny_root, tmp_path):
     remote = bucket_files(cluster, "concurrent")
     assert not [name for name in remote if TEMP_MARKER in name]
     assert_same_outputs(remote, local_files(local_root))
+
+
+def test_webdataset_export_on_the_s3_output_root(cluster, tiny_root, tmp_path):
+    """The WebDataset export of a partition written to the bucket equals a local one byte for
+    byte, and webdataset reads it back from its s3:// URLs."""
+    import webdataset as wds
+
+    from radharmony_pipeline.defs.assets.exports import webdataset_export
+    from radharmony_pipeline.processing.exports import WEBDATASET_FOLDER, webdataset_urls
+    from radharmony_pipeline.processing.storage import output_path
+
+    partition = "chestx_det.test"
+    export_config = {"ops": {"webdataset_export": {"config": {"max_shard_bytes": 30_000}}}}
+    home = dagster_home(tmp_path)
+    create_database(cluster, "exports")
+    root_url = f"s3://{BUCKET}/exported"
+    environment = cli_environment(cluster, home, "exports", tiny_root, root_url)
+    command = materialize_command(f"{STAGES},webdataset_export", partition)
+    command[command.index("--config-json") + 1] = json.dumps(
+        {**json.loads(IN_PROCESS), **export_config}
+    )
+    run_cli(command, environment, tmp_path / "export.log")
+
+    local_root = tmp_path / "local"
+    resources = pipeline_resources(data_root=tiny_root, output_root=local_root)
+    assets = [raw_index_and_labels, masks, bboxes, images, webdataset_export]
+    local = dg.materialize(
+        assets, partition_key=partition, resources=resources, run_config=export_config
+    )
+    assert local.success
+    shards = f"{WEBDATASET_FOLDER}/{partition}"
+    remote = bucket_files(cluster, f"exported/{shards}")
+    assert len(remote) > 2  # several shards and the index
+    assert remote == local_files(local_root / shards)
+
+    urls = webdataset_urls(output_path(root_url), partition)
+    assert all(url.startswith("s3://") for url in urls)
+    from_bucket = list(wds.WebDataset(urls, shardshuffle=False).decode())
+    from_disk = list(wds.WebDataset(webdataset_urls(local_root, partition), shardshuffle=False))
+    assert [s["json"]["image_id"] for s in from_bucket] == [
+        json.loads(s["json"])["image_id"] for s in from_disk
+    ]
+    assert [s["png"] for s in from_bucket] == [s["png"] for s in from_disk]

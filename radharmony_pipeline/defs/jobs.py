@@ -19,8 +19,16 @@ all_stages_job = dg.define_asset_job(
     ALL_STAGES_JOB,
     selection=dg.AssetSelection.all()
     - dg.AssetSelection.assets(source_files.key)
-    - dg.AssetSelection.groups("manifest"),
+    - dg.AssetSelection.groups("manifest", "exports", "card"),
     description="Every stage of one `<dataset>.<split>` partition, with its checks.",
+)
+
+EXPORTS_JOB = "exports"
+
+exports_job = dg.define_asset_job(
+    EXPORTS_JOB,
+    selection=dg.AssetSelection.groups("exports"),
+    description="One partition's Hugging Face and WebDataset shards (docs/exports.md).",
 )
 
 MANIFEST_JOB = "manifest"
@@ -35,4 +43,12 @@ index_and_labels_job = dg.define_asset_job(
     "index_and_labels",
     selection=dg.AssetSelection.groups("index", "labels"),
     description="Read the native metadata of a partition into raw_index and labels.",
+)
+
+CARD_JOB = "dataset_card"
+
+corpus_card_job = dg.define_asset_job(
+    CARD_JOB,
+    selection=dg.AssetSelection.groups("card"),
+    description="Write DATASET_CARD.md and croissant.json from the manifest and the checks.",
 )

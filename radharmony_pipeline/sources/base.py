@@ -102,6 +102,16 @@ def entry_error(path: SourcePath, where: str, field: str, problem: str) -> str:
     return f"{path}: {where}: field {field!r}: {problem}"
 
 
+@dataclass(frozen=True)
+class SourceCard:
+    """What a dataset card says of a source, as its dataset page states it."""
+
+    title: str
+    homepage: str
+    licence: str
+    citation: str
+
+
 class DatasetSource(ABC):
     """One dataset on disk. Subclasses read its native files into the pipeline's tables."""
 
@@ -140,6 +150,11 @@ class DatasetSource(ABC):
     # Unified classes this dataset draws masks for (empty: no masks), and whether it has boxes.
     mask_classes: ClassVar[tuple[str, ...]] = ()
     has_boxes: ClassVar[bool] = False
+    # The dataset's own label classes, as it names them (the seed library's `cls` order is
+    # these sorted by snake_case name); empty when it has no structured labels.
+    native_classes: ClassVar[tuple[str, ...]] = ()
+    # Title, page, licence and citation for the corpus card.
+    card: ClassVar[SourceCard | None] = None
     # Images the dataset's documentation says have a positive localizable label but no mask,
     # by native id (the part of `image_id` after `<dataset>/`): expected, not a defect.
     documented_unmasked_positives: ClassVar[frozenset[str]] = frozenset()

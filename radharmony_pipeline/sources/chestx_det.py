@@ -17,6 +17,7 @@ from ..processing.vocabulary import snake_case, unified_class
 from .base import (
     DatasetSource,
     RowErrors,
+    SourceCard,
     SplitTables,
     confine_paths,
     entry_error,
@@ -81,6 +82,16 @@ _CLASS_INSTANCES = {
 
 class ChestXDetSource(DatasetSource):
     key = "chestx_det"
+    native_classes = CLASSES
+    card = SourceCard(
+        title="ChestX-Det (NIH ChestX-ray14 images)",
+        homepage="https://github.com/Deepwise-AILab/ChestX-Det-Dataset",
+        licence="Apache-2.0 (annotations) over NIH ChestX-ray14 images (attribution "
+        "required: https://nihcc.app.box.com/v/ChestXray-NIHCC)",
+        citation="Lian et al., A Structure-Aware Relation Network for Thoracic Diseases "
+        "Detection and Segmentation, IEEE TMI 2021 (arXiv:2104.10326); Wang et al., "
+        "ChestX-ray8, IEEE CVPR 2017",
+    )
     splits = ("train", "test")
     env_vars = {"root": "RADHARMONY_CHESTX_DET_ROOT"}
     layout = """\

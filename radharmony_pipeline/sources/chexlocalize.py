@@ -17,6 +17,7 @@ from ..processing.vocabulary import snake_case, unified_class
 from .base import (
     DatasetSource,
     RowErrors,
+    SourceCard,
     SplitTables,
     confine_paths,
     empty_phrase_lists,
@@ -73,6 +74,15 @@ _IMAGE_PATH = r"^(patient\d+)/(study\d+)/(view\d+)_(frontal|lateral)\.jpg$"
 
 class CheXlocalizeSource(DatasetSource):
     key = "chexlocalize"
+    native_classes = CHEXPERT_LABELS
+    card = SourceCard(
+        title="CheXlocalize (CheXpert validation and test images)",
+        homepage="https://github.com/rajpurkarlab/cheXlocalize",
+        licence="MIT License (https://github.com/rajpurkarlab/cheXlocalize/blob/master/"
+        "LICENSE.md); CheXpert images under the Stanford AIMI research use agreement",
+        citation="Saporta et al., Benchmarking saliency methods for chest X-ray "
+        "interpretation, Nature Machine Intelligence 2022, doi:10.1038/s42256-022-00536-x",
+    )
     splits = ("val", "test")
     env_vars = {"root": "RADHARMONY_CHEXLOCALIZE_ROOT"}
     layout = """\

@@ -14,6 +14,7 @@ from ..processing.vocabulary import snake_case, unified_class
 from .base import (
     DatasetSource,
     RowErrors,
+    SourceCard,
     SplitTables,
     confine_paths,
     index_frame,
@@ -59,6 +60,14 @@ _SPLITS = {"train": "train", "val": "val", "valid": "val", "validation": "val", 
 
 class MsCxrSource(DatasetSource):
     key = "ms_cxr"
+    native_classes = CATEGORIES
+    card = SourceCard(
+        title="MS-CXR (local alignment, phrase grounding) over MIMIC-CXR",
+        homepage="https://physionet.org/content/ms-cxr/",
+        licence="PhysioNet credentialed access (MIMIC-CXR data use agreement)",
+        citation="MS-CXR, PhysioNet (https://physionet.org/content/ms-cxr/), over "
+        "MIMIC-CXR-JPG 2.0.0",
+    )
     splits = ("train", "val", "test")
     env_vars = {"csv_path": "RADHARMONY_MS_CXR_CSV", "base_image_dir": "RADHARMONY_MIMIC_FILES_DIR"}
     layout = f"""\

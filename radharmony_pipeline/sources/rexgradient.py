@@ -19,6 +19,7 @@ from ..processing.source_store import FileState, SourcePath
 from .base import (
     DatasetSource,
     RowErrors,
+    SourceCard,
     SplitTables,
     arrow_system_allocator,
     confine_paths,
@@ -50,6 +51,13 @@ def metadata_json_name(split: str) -> str:
 
 class ReXGradientSource(DatasetSource):
     key = "rexgradient"
+    card = SourceCard(
+        title="ReXGradient-160K",
+        homepage="https://huggingface.co/datasets/rajpurkarlab/ReXGradient-160K",
+        licence="ReXGradient-160K Non-Commercial Data Access and Use Agreement (Harvard "
+        "Medical School / Gradient Health): non-commercial research only, no clinical use",
+        citation="ReXGradient-160K, Rajpurkar Lab (rajpurkarlab/ReXGradient-160K)",
+    )
     splits = ("train", "val", "test")
     env_vars = {"root": "RADHARMONY_REXGRADIENT_ROOT"}
     layout = """\

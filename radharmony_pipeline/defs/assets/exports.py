@@ -1,0 +1,184 @@
+"""`huggingface_export` and `webdataset_export`: each partition's manifest rows as training
+shards under `<output>/exports/` (docs/exports.md)."""
+
+import dagster as dg
+import pandas as pd
+from pydantic import Field
+
+from ...processing.exports import (
+    DEFAULT_MAX_SHARD_BYTES,
+    EXPORT_CODE_VERSION,
+    HUGGINGFACE_FOLDER,
+    WEBDATASET,
+    WEBDATASET_FOLDER,
+    WEBDATASET_INDEX_NAME,
+    ExportFormat,
+    ExportResult,
+    ExportSample,
+    ShardNames,
+    export_partition,
+    export_samples,
+    huggingface_format,
+    huggingface_index_name,
+    huggingface_shards,
+    webdataset_shards,
+    write_huggingface_configs,
+)
+from ...processing.manifest import partition_manifest
+from ...processing.parallel import worker_count
+from ...processing.storage import OutputPath
+from ...processing.vocabulary import UNIFIED_LABELS
+from ...sources import SOURCE_TYPES, parse_partition_key
+from ..automation import REBUILD_WHEN_CHANGED
+from ..partitions import OWNERS, dataset_split_partitions
+from ..resources import OutputsResource
+
+STAGES = ("raw_index", "labels", "masks", "bboxes", "images")
+# Every class some dataset draws masks for, in vocabulary order: one mask column each.
+MASK_CLASSES = tuple(
+    name
+    for name in UNIFIED_LABELS
+    if any(name in source.mask_classes for source in SOURCE_TYPES.values())
+)
+
+
+class ExportConfig(dg.Config):
+    max_shard_bytes: int = Field(
+        default=DEFAULT_MAX_SHARD_BYTES,
+        ge=1,
+        description="Upper bound on the sample bytes of one shard (a larger sample is a shard "
+        "of its own); 256 MiB by default.",
+    )
+
+
+def _export_asset(name: str, description: str, kinds: set[str]):
+    return dg.asset(
+        name=name,
+        partitions_def=dataset_split_partitions,
+        group_name="exports",
+        owners=OWNERS,
+        ins={stage: dg.AssetIn(stage) for stage in STAGES},
+        description=description,
+        automation_condition=REBUILD_WHEN_CHANGED,
+        code_version=EXPORT_CODE_VERSION,
+        kinds=kinds,
+    )
+
+
+@_export_asset(
+    "huggingface_export",
+    "The partition's manifest rows as Hugging Face `datasets` Parquet shards "
+    "(`exports/huggingface/<dataset>/<split>-NNNNN.parquet`, one configuration per dataset, "
+    "`val` named `validation`) with declared Features: the resized image and union mask as "
+    "`Image` (PNG bytes embedded), each class mask as a nullable `Image` with "
+    "`has_<class>_mask`, the 21 nullable labels, boxes with labels and phrases, report and ids; "
+    "a shard index `<split>.index.json` lists every sample.",
+    {"parquet", "huggingface"},
+)
+def huggingface_export(
+    context: dg.AssetExecutionContext,
+    config: ExportConfig,
+    raw_index: pd.DataFrame,
+    labels: pd.DataFrame,
+    masks: pd.DataFrame,
+    bboxes: pd.DataFrame,
+    images: pd.DataFrame,
+    outputs: OutputsResource,
+) -> dg.MaterializeResult:
+    dataset, split = parse_partition_key(context.partition_key)
+    root = outputs.root()
+    samples = _samples(context.partition_key, raw_index, labels, masks, bboxes, images, root)
+    # The same bytes from every partition's run: the configurations of every dataset.
+    write_huggingface_configs(
+        root / HUGGINGFACE_FOLDER, {key: source.splits for key, source in SOURCE_TYPES.items()}
+    )
+    return _export(
+        context,
+        samples,
+        huggingface_format(MASK_CLASSES),
+        root / HUGGINGFACE_FOLDER / dataset,
+        huggingface_shards(split),
+        huggingface_index_name(split),
+        config.max_shard_bytes,
+    )
+
+
+@_export_asset(
+    "webdataset_export",
+    "The partition's manifest rows as WebDataset tar shards of bounded size "
+    "(`exports/webdataset/<partition>/<partition>-NNNNNN.tar`): per sample `<key>.png`, "
+    "`<key>.mask.png` when annotated and `<key>.json` (ids, labels, boxes, phrases, report); "
+    "`index.json` lists every shard and sample.",
+    {"webdataset", "tar"},
+)
+def webdataset_export(
+    context: dg.AssetExecutionContext,
+    config: ExportConfig,
+    raw_index: pd.DataFrame,
+    labels: pd.DataFrame,
+    masks: pd.DataFrame,
+    bboxes: pd.DataFrame,
+    images: pd.DataFrame,
+    outputs: OutputsResource,
+) -> dg.MaterializeResult:
+    root = outputs.root()
+    partition = context.partition_key
+    samples = _samples(partition, raw_index, labels, masks, bboxes, images, root)
+    return _export(
+        context,
+        samples,
+        WEBDATASET,
+        root / WEBDATASET_FOLDER / partition,
+        webdataset_shards(partition),
+        WEBDATASET_INDEX_NAME,
+        config.max_shard_bytes,
+    )
+
+
+def _samples(
+    partition: str,
+    raw_index: pd.DataFrame,
+    labels: pd.DataFrame,
+    masks: pd.DataFrame,
+    bboxes: pd.DataFrame,
+    images: pd.DataFrame,
+    root: OutputPath,
+) -> list[ExportSample]:
+    # The same rows the manifest holds for this partition, from the same function.
+    rows, _excluded = partition_manifest(partition, raw_index, labels, masks, bboxes, images)
+    return export_samples(rows, images, masks, root)
+
+
+def _export(
+    context: dg.AssetExecutionContext,
+    samples: list[ExportSample],
+    export: ExportFormat,
+    folder: OutputPath,
+    shard_names: ShardNames,
+    index_name: str,
+    max_shard_bytes: int,
+) -> dg.MaterializeResult:
+    dataset, split = parse_partition_key(context.partition_key)
+    result: ExportResult = export_partition(
+        samples,
+        export,
+        folder,
+        shard_names,
+        index_name,
+        max_shard_bytes,
+        identity={"partition": context.partition_key, "dataset": dataset, "split": split},
+        workers=worker_count(),
+    )
+    shards = result.index["shards"]
+    verb = "re-used" if result.reused else "wrote"
+    context.log.info(f"{verb} {len(shards)} {export.name} shards of {len(samples)} samples")
+    return dg.MaterializeResult(
+        metadata={
+            "samples": result.index["samples"],
+            "shards": len(shards),
+            "bytes": sum(shard["bytes"] for shard in shards),
+            "reused": result.reused,
+            "shard_index": dg.MetadataValue.path(str(folder / index_name)),
+            "shard_names": dg.MetadataValue.json([shard["name"] for shard in shards]),
+        }
+    )
