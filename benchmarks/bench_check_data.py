@@ -5,8 +5,9 @@ Writes full-scale train metadata and an empty file at every path it names (deid_
 on the same warm tree:
 
 - per-name stat: one `os.stat` per image, the request-per-image baseline;
-- `existing_names`: what check-data and raw_index use (one listing per folder holding a named
-  image; one listing of the prefix on a store);
+- `existing_names`: what check-data and raw_index use (on a store one listing of the prefix;
+  locally a listing per folder holding many named images, a stat for a name alone in its
+  folder, as every ReXGradient image is);
 - full walk: `os.walk` of the whole deid_png/ tree;
 - floor: bare `os.listdir` of each folder holding a named image, nothing else.
 
