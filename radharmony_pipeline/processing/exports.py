@@ -182,10 +182,11 @@ def open_object_url(url: str, mode: str = "rb", bufsize: int = 8192, **_: Any) -
 
 
 def register_object_store_scheme(scheme: str) -> None:
-    import webdataset.gopen
+    # webdataset's table of URL openers, keyed by scheme (its package-level `gopen` name is
+    # the function, so the table is imported from the module itself).
+    from webdataset.gopen import gopen_schemes
 
-    # gopen_schemes is webdataset's documented table of URL openers, keyed by scheme.
-    webdataset.gopen.gopen_schemes.setdefault(scheme, open_object_url)
+    gopen_schemes.setdefault(scheme, open_object_url)
 
 
 def read_shard_index(path: OutputPath) -> dict[str, Any] | None:
