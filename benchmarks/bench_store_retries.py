@@ -111,6 +111,7 @@ def run_figures(services: Services, proxy_port: int, control: Path, rounds: int)
             assert result.success, f"{prefix} {key} failed"
         return time.perf_counter() - started
 
+    one_run("warm-up", {})  # untimed: imports, worker processes, the store's first objects
     clean, faulty = [], []
     for number in range(rounds):
         clean.append(one_run(f"clean{number}", {}))
