@@ -28,7 +28,7 @@ def test_definitions_load_with_every_asset_check_and_job():
 
 
 def test_partitions_are_the_registered_dataset_splits():
-    # The four documented datasets give these ten (DESIGN.md); a registered fifth adds its own.
+    # The four documented datasets give these ten; a registered fifth adds its own.
     documented = {"chexlocalize", "ms_cxr", "chestx_det", "rexgradient"}
     assert [key for key in partition_keys() if key.split(".")[0] in documented] == [
         "chexlocalize.val",

@@ -5,6 +5,6 @@ import warnings
 import dagster as dg
 
 # Observable partitioned sources and partitioned checks are the Dagster APIs made for this
-# job (DESIGN §4, §6); they are marked beta/preview, which is noted once here, not per run.
+# job; they are marked beta/preview, which is noted once here, not per run.
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)

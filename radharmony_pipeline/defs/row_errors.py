@@ -1,6 +1,6 @@
 """Per-row errors of the stage tables: strict mode fails the step, otherwise they are reported.
 
-DESIGN §8: one bad image never sinks a partition. Its row is kept with `status = error` and
+One bad image never sinks a partition. Its row is kept with `status = error` and
 a reason naming the file, the entry and the field; the rest is built. Strict mode (resource
 config `strict`, or RADHARMONY_STRICT=1) fails the step on the first error row instead, with
 that row's message.

@@ -505,7 +505,7 @@ IMAGE_COLUMNS = (
 
 
 def image_table(rows: Sequence[ImageRow]) -> pd.DataFrame:
-    """The `images` table (DESIGN §4; `decoded` says whether the source was decoded)."""
+    """The `images` table (see table_schemas.py); `decoded` says whether the source was decoded."""
     frame = pd.DataFrame([asdict(row) for row in rows], columns=list(IMAGE_COLUMNS))
     return frame.astype(
         {

@@ -181,7 +181,7 @@ MASK_COLUMNS = (
 
 
 def mask_table(rows: Sequence[MaskRow]) -> pd.DataFrame:
-    """The `masks` table (DESIGN §4 plus status/error), typed even when empty."""
+    """The `masks` table (declared in table_schemas.py), typed even when empty."""
     frame = pd.DataFrame([asdict(row) for row in rows], columns=list(MASK_COLUMNS))
     return frame.astype(
         {

@@ -55,7 +55,7 @@ class SplitTables:
     def with_row_errors(self, errors: RowErrors) -> SplitTables:
         status, error = errors.columns()
         index = self.index.assign(status=status, error=error)
-        # In labels they go before the 21 unified columns, which stay last (DESIGN §4).
+        # In labels they go before the 21 unified columns, which stay last.
         labels = self.labels.drop(columns=["status", "error"], errors="ignore")
         position = next(
             (i for i, c in enumerate(labels.columns) if c in LABEL_COLUMNS), len(labels.columns)
@@ -117,7 +117,7 @@ class DatasetSource(ABC):
 
     key: ClassVar[str]
     splits: ClassVar[tuple[str, ...]]
-    # Which SourceLocation field each environment variable sets (DESIGN §5).
+    # Which SourceLocation field each environment variable sets.
     env_vars: ClassVar[Mapping[str, str]]
     layout: ClassVar[str]
     documented_counts: ClassVar[ExpectedCounts]

@@ -17,7 +17,7 @@ def comparison_result(
 ) -> dg.AssetCheckResult:
     """Pass when every comparison matches; metadata shows expected vs found and hints.
 
-    A shortfall that the partition's `error_rows` can explain (DESIGN §8: bad entries are kept
+    A shortfall that the partition's `error_rows` can explain (bad entries are kept
     as error rows, reported by their own check) is a warning unless strict, so the good rows
     still flow; any other mismatch blocks downstream.
     """
