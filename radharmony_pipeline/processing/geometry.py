@@ -120,7 +120,7 @@ def reduce_by_area(pixels: np.ndarray, factor: int) -> np.ndarray:
     mean of a factor×factor block (rounded to the input's integer type: uint8, uint16 or
     int16). A whole factor is OpenCV's fast area path, several times cheaper than an
     arbitrary area resize of the same pixels; halving is its fastest case, so even factors
-    are taken as halvings first (4: 2.7 ms against 4.5 ms at once on 3056×2544 uint16)."""
+    are taken as halvings first."""
     _check_plane(pixels, "image")
     height, width = pixels.shape
     if factor < 1 or height % factor or width % factor:

@@ -22,12 +22,10 @@ from .storage import publish, read_bytes
 
 INPUT_KEY_TAG = "radharmony-input"
 
-# zlib's run-length strategy after one fixed row filter, chosen per kind of picture. Measured
-# against Pillow (zlib RLE, its own per-row filter choice) in one process:
-# - 224x224 radiographs: Paeth 0.46 ms and 17.1 kB (noisy) / 15.8 kB (smooth), Pillow
-#   0.78 ms and the same sizes; Up is 0.37 ms but 10 % larger.
-# - 2000x2000 union masks (a few filled regions): no filter 4.5 ms and 8.2 kB, Pillow 10.3 ms
-#   and 9.3 kB; a mask is runs of 0 and 255, which filtering only breaks up.
+# zlib's run-length strategy after one fixed row filter, chosen per kind of picture (compared
+# with Pillow's per-row choice in benchmarks/bench_masks.py and bench_images.py): Paeth gives
+# radiographs Pillow's sizes in less time (Up is faster but larger); a mask is runs of 0 and
+# 255, which filtering only breaks up, so masks take no filter.
 # Level 1: with the RLE strategy zlib searches no further at higher levels.
 RADIOGRAPH_FILTER = cv2.IMWRITE_PNG_FILTER_PAETH
 MASK_FILTER = cv2.IMWRITE_PNG_FILTER_NONE
