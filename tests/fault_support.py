@@ -17,11 +17,12 @@ from PIL import Image
 
 from radharmony_pipeline.definitions import defs
 from radharmony_pipeline.defs.assets.source_files import source_files
+from radharmony_pipeline.defs.jobs import PARTITION_STAGES
 from radharmony_pipeline.defs.resources import DatasetsResource, pipeline_resources
 from radharmony_pipeline.processing.atomic import TEMP_MARKER
 
 TABLES = ("raw_index", "labels", "masks", "bboxes", "images")
-STAGES = dg.AssetSelection.all() - dg.AssetSelection.groups("manifest")
+STAGES = PARTITION_STAGES
 # Every build of a tiny partition finishes well within this, hostile input or not.
 BUILD_SECONDS = 120
 _ASSETS = [d for d in defs.assets if not isinstance(d, dg.SourceAsset) and d is not source_files]

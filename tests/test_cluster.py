@@ -38,6 +38,11 @@ from radharmony_pipeline.defs.assets.index_and_labels import raw_index_and_label
 from radharmony_pipeline.defs.assets.manifest import unified_manifest
 from radharmony_pipeline.defs.assets.masks import masks
 from radharmony_pipeline.defs.assets.near_duplicates import near_duplicates
+from radharmony_pipeline.defs.assets.parents import (
+    nih_fingerprints,
+    nih_parent_links,
+    parent_provenance,
+)
 from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.loader import ManifestDataset
 from radharmony_pipeline.processing.atomic import TEMP_MARKER
@@ -68,8 +73,16 @@ PER_PARTITION_CHECKS = {
 # `positives_without_masks` lets the documented exception (CheXlocalize patient65086, in the
 # test split) pass and lists it.
 EXPECTED_WARNINGS: set[tuple[str, str]] = set()
-# Unpartitioned checks: the manifest's and near_duplicates' (its input since issue 11).
+# The manifest and the unpartitioned assets it joins (near duplicates, parent provenance).
+CORPUS_ASSETS = [near_duplicates, nih_fingerprints, nih_parent_links, parent_provenance]
+# Unpartitioned checks: the manifest's and those of the assets it joins; without a parent
+# download the parent checks warn "parent not configured".
 MANIFEST_CHECKS = {
+    "eval_images_in_parent_train_split",
+    "eval_patients_in_parent_train_split",
+    "train_images_in_parent_test_split",
+    "chestx_det_patients_across_splits",
+    "chestx_det_images_found_in_nih",
     "manifest_totals_match_documentation",
     "manifest_paths_exist",
     "manifest_suite",
@@ -144,13 +157,15 @@ def run_cli(command: list[str], environment: dict, log: Path) -> None:
 def materialize_locally(data: Path, output: Path, partitions: list[str], manifest: bool) -> None:
     """The reference: the same assets in this process, local pool, local output folder."""
     resources = pipeline_resources(data_root=data, output_root=output)
-    assets = [raw_index_and_labels, masks, bboxes, images, near_duplicates, unified_manifest]
+    assets = [raw_index_and_labels, masks, bboxes, images, *CORPUS_ASSETS, unified_manifest]
     for partition in partitions:
         stages = [raw_index_and_labels, masks, bboxes, images]
         assert dg.materialize(stages, partition_key=partition, resources=resources).success
     if manifest:
         result = dg.materialize(
-            assets, selection=[near_duplicates.key, unified_manifest.key], resources=resources
+            assets,
+            selection=[asset.key for asset in (*CORPUS_ASSETS, unified_manifest)],
+            resources=resources,
         )
         assert result.success
 
@@ -224,7 +239,7 @@ def test_partitions_and_manifest_on_postgres_s3_and_dask(cluster, tiny_root, tmp
     for partition in PARTITIONS:
         run_cli(materialize_command(STAGES, partition), environment, tmp_path / f"{partition}.log")
     run_cli(
-        materialize_command("near_duplicates,unified_manifest"),
+        materialize_command(",".join(a.key.path[-1] for a in (*CORPUS_ASSETS, unified_manifest))),
         environment,
         tmp_path / "manifest.log",
     )

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from radharmony_pipeline.definitions import build_definitions
-from radharmony_pipeline.defs.assets.source_files import source_files
 from radharmony_pipeline.defs.checks.parents import _result
+from radharmony_pipeline.defs.jobs import PARTITION_STAGES
 from radharmony_pipeline.defs.resources import DatasetsResource
 from radharmony_pipeline.loader import ManifestDataset
 from radharmony_pipeline.processing.parent_fingerprints import (
@@ -59,9 +59,7 @@ def _built(tmp_path_factory, parents: bool):
             jobs=[
                 dg.define_asset_job(
                     "partitions",
-                    selection=dg.AssetSelection.all()
-                    - dg.AssetSelection.groups("manifest")
-                    - dg.AssetSelection.assets(source_files.key),
+                    selection=PARTITION_STAGES,
                 ),
                 dg.define_asset_job("joined", selection=dg.AssetSelection.groups("manifest")),
             ]

@@ -14,12 +14,16 @@ observe_source_files_job = dg.define_asset_job(
 
 ALL_STAGES_JOB = "all_stages"
 
-# Observing the downloads is its own job: a partition's run should not re-fingerprint all ten.
+# Every stage of one partition. Observing the downloads is its own job (a partition's run
+# should not re-fingerprint all ten); the joins over every partition, the exports and the
+# card run after the stages, in their own jobs.
+PARTITION_STAGES = dg.AssetSelection.all() - dg.AssetSelection.groups(
+    "sources", "manifest", "exports", "card"
+)
+
 all_stages_job = dg.define_asset_job(
     ALL_STAGES_JOB,
-    selection=dg.AssetSelection.all()
-    - dg.AssetSelection.assets(source_files.key)
-    - dg.AssetSelection.groups("manifest", "exports", "card"),
+    selection=PARTITION_STAGES,
     description="Every stage of one `<dataset>.<split>` partition, with its checks.",
 )
 

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from .atomic import remove_orphaned_temporaries
 from .geometry import GEOMETRIES, ResizeGeometry, resize_mask
 from .masks import MASK_FOREGROUND
+from .parents import PARENT_IDENTITY
 from .storage import OutputPath, is_local, listing, make_folder, output_path, publish
 from .table_schemas import BOOL, UNIFIED_MANIFEST, Column, TableSchema, col, conform
 from .tagged_png import MASK_FILTER, grayscale_png
@@ -40,11 +41,14 @@ HUGGINGFACE_SPLITS = {"train": "train", "val": "validation", "test": "test"}
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
 # Manifest columns every export carries, as declared there; file locations inside the output
-# root (image_path etc.) are kept so a sample can be traced back to the corpus.
+# root (image_path etc.) are kept so a sample can be traced back to the corpus. Columns joined
+# over the whole corpus (near-duplicate group, parent identity) are left out: carrying them
+# would make a change in one partition re-export every other.
 RECORD_COLUMNS = tuple(
     name
     for name in UNIFIED_MANIFEST.names
     if name not in ("tensor_path", "tensor_index", "mask_path", "duplicate_group")
+    and name not in PARENT_IDENTITY
 )
 
 
