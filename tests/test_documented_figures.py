@@ -20,7 +20,6 @@ from PIL import Image
 from radharmony_pipeline.defs.assets.index_and_labels import raw_index_and_labels
 from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.processing.masks import rasterize_polygons
-from radharmony_pipeline.sources import mimic_views
 from radharmony_pipeline.sources.ms_cxr import CSV_NAME
 
 METADATA_CSV = "mimic-cxr-2.0.0-metadata.csv.gz"
@@ -211,7 +210,8 @@ def test_view_positions_of_dicoms_come_from_their_headers_without_pixels(
         calls.append(kwargs)
         return read(*args, **kwargs)
 
-    monkeypatch.setattr(mimic_views.pydicom, "dcmread", recording)
+    # mimic_views imports pydicom on first use, and reads dcmread from the module then.
+    monkeypatch.setattr(pydicom, "dcmread", recording)
     index = _views(open_tiny, tiny_copy)
     files = tiny_copy / "mimic-cxr" / "files"
     dicoms = index[index["image_format"] == "dcm"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import struct
 from pathlib import Path
@@ -12,7 +11,6 @@ import pytest
 from PIL import Image, ImageDraw
 from pycocotools import mask as coco_mask
 
-from radharmony_pipeline.processing import storage
 from radharmony_pipeline.processing.atomic import TEMP_MARKER
 from radharmony_pipeline.processing.masks import (
     MaskSizeError,
@@ -299,13 +297,14 @@ def test_failed_write_leaves_no_temp_file_and_keeps_the_old_mask(
     old = np.eye(HEIGHT, WIDTH, dtype=np.uint8)
     write_mask_png(path, old, "key-1")
 
-    class DiskFillsUp(io.FileIO):
-        def write(self, data: bytes) -> int:
-            super().write(bytes(data)[: len(data) // 2])
-            raise OSError("disk full")
+    def disk_fills_up(self: Path, data: bytes) -> int:
+        with open(self, "wb") as handle:
+            handle.write(bytes(data)[: len(data) // 2])
+        raise OSError("disk full")
 
-    # The temporary file is opened by the storage layer; half the PNG lands, then it fails.
-    monkeypatch.setattr(storage, "open", DiskFillsUp, raising=False)
+    # The storage layer writes the temporary file in one call; half the PNG lands, then it
+    # fails.
+    monkeypatch.setattr(Path, "write_bytes", disk_fills_up)
     with pytest.raises(OSError, match="disk full"):
         write_mask_png(path, 1 - old, "key-2")
     monkeypatch.undo()
