@@ -199,7 +199,7 @@ def test_a_worker_killed_while_holding_chunks_changes_nothing(
     assert wait_without_temporaries(output) == []
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_killing_the_scheduler_fails_the_step_clearly_and_a_rerun_converges(
     dask_services, sources, reference, tmp_path, monkeypatch
 ):
@@ -222,7 +222,9 @@ def test_killing_the_scheduler_fails_the_step_clearly_and_a_rerun_converges(
     # Workers finish the chunk they held when the scheduler died, so a shard may appear
     # after the failure; its writer is gone now, and the re-run's clean-up removes it.
     dask_services.stop()
-    deadline = time.monotonic() + 60  # a worker process exits shortly after its nanny
+    # A worker process exits after its nanny once its current chunk is done: on a busy
+    # machine (the suite runs on two processes) that chunk can take a minute or more.
+    deadline = time.monotonic() + 240
     while not all(writer_is_gone(p) for p in temporaries(output)):
         assert time.monotonic() < deadline, temporaries(output)
         time.sleep(0.2)
