@@ -145,8 +145,11 @@ def test_errors_and_cut_connections_are_retried_to_identical_objects(store, refe
         stats = store.stats()
         store.set()
     assert [result.success for result in results] == [True] * len(PARTITIONS)
-    # Faults of every kind were injected, mid-body cuts of uploads and downloads included.
-    assert stats["errors"] > 0 and stats["cut_requests"] > 0 and stats["cut_responses"] > 0
+    # Faults were injected; at the higher share every kind, mid-body cuts of uploads and of
+    # downloads each included (at the lower share the few uploads may all escape a cut).
+    assert stats["errors"] > 0 and stats["cut_requests"] + stats["cut_responses"] > 0
+    if share >= 0.3:
+        assert stats["cut_requests"] > 0 and stats["cut_responses"] > 0
     found = objects(store, prefix)
     assert sorted(found) == sorted(reference)
     assert [name for name in found if found[name] != reference[name]] == []
