@@ -29,7 +29,8 @@ from pathlib import Path
 
 from bench_images import DEFAULT_NOISE, WARMUP_IMAGES, machine_line, prepare_sources, run_stage
 
-from radharmony_pipeline.processing.cluster import SCHEDULER_VARIABLE, worker_slots
+from radharmony_pipeline.defs.run_settings import RunSettingsResource
+from radharmony_pipeline.processing.settings import SCHEDULER_VARIABLE
 
 OVERHEAD_TARGET = 0.85  # Dask throughput / local pool throughput
 SCALING_TARGET = 1.7  # two workers / one worker
@@ -37,7 +38,7 @@ SCALING_TARGET = 1.7  # two workers / one worker
 
 def timed_rate(sources: Sequence[Path], scratch: Path, name: str) -> float:
     """Images per second of one `images` pass in a fresh folder, after an untimed warm-up."""
-    workers = worker_slots()
+    workers = RunSettingsResource().executor().slots()
     run_stage(sources[:WARMUP_IMAGES], scratch / f"{name}-warmup", workers)
     run = run_stage(sources, scratch / name, workers)
     return len(sources) / run.seconds

@@ -53,13 +53,15 @@ from pydicom.pixels import apply_modality_lut, apply_voi_lut
 from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, JPEGLosslessSV1
 
 from radharmony_pipeline.processing.atomic import temporary_sibling
+from radharmony_pipeline.processing.cluster import LocalPool
 from radharmony_pipeline.processing.image_jobs import (
     ImageJob,
     build_packed_images,
     image_job_stopped,
     image_table,
 )
-from radharmony_pipeline.processing.supervised import TimeLimit, job_timeout
+from radharmony_pipeline.processing.settings import TIMEOUT_VARIABLE, job_timeout
+from radharmony_pipeline.processing.supervised import TimeLimit
 from radharmony_pipeline.sources import SOURCE_TYPES
 from radharmony_pipeline.synthetic.dicom import DicomIdentity, DicomVariant, dicom_bytes
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8, to_unsigned
@@ -452,8 +454,8 @@ def stage_run(sources: Sequence[Path], root: Path, workers: int) -> tuple[float,
         jobs,
         root / "images" / "bench.npy",
         SIZE,
-        workers,
-        time_limit=TimeLimit(job_timeout(), image_job_stopped),
+        LocalPool(workers),
+        time_limit=TimeLimit(job_timeout(os.environ), image_job_stopped, TIMEOUT_VARIABLE),
     )
     table = image_table(rows)
     wall, cpu = time.perf_counter() - start, pool_cpu_seconds() - cpu_start

@@ -62,8 +62,9 @@ from radharmony_pipeline.processing.image_jobs import (
     image_job_stopped,
     image_table,
 )
-from radharmony_pipeline.processing.parallel import map_in_chunks
-from radharmony_pipeline.processing.supervised import TimeLimit, job_timeout
+from radharmony_pipeline.processing.parallel import map_with_time_limit
+from radharmony_pipeline.processing.settings import job_timeout
+from radharmony_pipeline.processing.supervised import TimeLimit
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 
 SIZE = 224
@@ -179,8 +180,13 @@ def run_stage(sources: Sequence[Path], output_root: Path, workers: int) -> Stage
         )
         for row, source in enumerate(sources)
     ]
-    limit = TimeLimit(job_timeout(), image_job_stopped)  # as the asset runs them
-    rows = build_packed_images(jobs, packed, SIZE, workers, time_limit=limit)
+    # As the asset runs them: executor and time limit from the run settings (imported here,
+    # not at the top, so pool workers re-importing this module do not import dagster).
+    from radharmony_pipeline.defs.run_settings import RunSettingsResource
+
+    settings = RunSettingsResource(workers=workers)
+    limit = settings.time_limit(image_job_stopped)
+    rows = build_packed_images(jobs, packed, SIZE, settings.executor(), time_limit=limit)
     seconds, cpu_seconds = time.perf_counter() - start, pool_cpu_seconds() - cpu_start
     failed = [row for row in rows if row.status != "ok"]
     if failed:
@@ -300,7 +306,7 @@ def warm_up(
 
     It starts the forkserver (once per process, as in a Dagster step), fills the page cache
     and loads codec plugins and lazy imports on the single-process paths, so none of that
-    one-off cost lands in the timed runs. It cannot keep a pool alive: map_in_chunks starts
+    one-off cost lands in the timed runs. It cannot keep a pool alive: map_with_time_limit starts
     and stops its worker processes per call (forked from the fork server, which has
     imported the pipeline's modules already). The asset pays that once per partition, so
     the timed runs keep it; `pool_start_seconds` reports how much it is.
@@ -321,9 +327,9 @@ def identity(item: object) -> object:
 def pool_start_seconds(count: int, workers: int) -> float:
     """The supervised pool (as the stage runs it) over `count` items doing nothing: the
     pool's own cost in a timed run."""
-    limit = TimeLimit(job_timeout(), lambda item, reason: reason)
+    limit = TimeLimit(job_timeout(os.environ), lambda item, reason: reason)
     start = time.perf_counter()
-    map_in_chunks(identity, list(range(count)), workers, time_limit=limit)
+    map_with_time_limit(identity, list(range(count)), workers, limit)
     return time.perf_counter() - start
 
 

@@ -165,8 +165,9 @@ def union_section(args: argparse.Namespace) -> list[str]:
 def chestx_det_section(args: argparse.Namespace) -> list[str]:
     """ChestX-Det masks (read PNG, fill polygons per class, write PNGs): 1 worker vs all cores."""
     from radharmony_pipeline.processing.mask_jobs import MaskTarget, mask_job_stopped, run_mask_job
-    from radharmony_pipeline.processing.parallel import map_in_chunks
-    from radharmony_pipeline.processing.supervised import TimeLimit, job_timeout
+    from radharmony_pipeline.processing.parallel import map_with_time_limit
+    from radharmony_pipeline.processing.settings import TIMEOUT_VARIABLE, job_timeout
+    from radharmony_pipeline.processing.supervised import TimeLimit
     from radharmony_pipeline.sources import open_source
     from radharmony_pipeline.synthetic import generate_datasets
 
@@ -190,8 +191,8 @@ def chestx_det_section(args: argparse.Namespace) -> list[str]:
             ]
             start = time.perf_counter()
             # As the asset runs them: every image under the per-image time limit.
-            limit = TimeLimit(job_timeout(), mask_job_stopped)
-            rows = map_in_chunks(run_mask_job, jobs, workers, time_limit=limit)
+            limit = TimeLimit(job_timeout(os.environ), mask_job_stopped, TIMEOUT_VARIABLE)
+            rows = map_with_time_limit(run_mask_job, jobs, workers, limit)
             elapsed = time.perf_counter() - start
             assert all(row.status == "ok" for image_rows in rows for row in image_rows)
             return len(jobs) / elapsed

@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 from radharmony_pipeline.processing.mask_jobs import MaskTarget, mask_job_stopped, run_mask_job
-from radharmony_pipeline.processing.parallel import map_in_chunks
-from radharmony_pipeline.processing.supervised import TimeLimit, job_timeout
+from radharmony_pipeline.processing.parallel import map_in_chunks, map_with_time_limit
+from radharmony_pipeline.processing.settings import TIMEOUT_VARIABLE, job_timeout
+from radharmony_pipeline.processing.supervised import TimeLimit
 from radharmony_pipeline.sources import SourceLocation, open_source
 from radharmony_pipeline.synthetic import generate_datasets
 
@@ -51,10 +52,13 @@ def main() -> None:
         def throughput(limit: TimeLimit | None) -> float:
             batch = jobs()
             start = time.perf_counter()
-            map_in_chunks(run_mask_job, batch, workers, time_limit=limit)
+            if limit is None:
+                map_in_chunks(run_mask_job, batch, workers)
+            else:
+                map_with_time_limit(run_mask_job, batch, workers, limit)
             return len(batch) / (time.perf_counter() - start)
 
-        limit = TimeLimit(job_timeout(), mask_job_stopped)
+        limit = TimeLimit(job_timeout(os.environ), mask_job_stopped, TIMEOUT_VARIABLE)
         throughput(None)  # warm-up: page cache, fork server
         rates: dict[str, list[float]] = {"plain": [], "supervised": []}
         for _ in range(args.rounds):

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from .sources import SourceError
 
     try:
-        validate_settings()
+        validate_settings(os.environ)
     except ConfigurationError as error:
         print(f"radharmony: {error}", file=sys.stderr)
         return USAGE_ERROR

@@ -8,7 +8,7 @@ import dagster as dg
 
 from .defs.recovery import executor_freeing_dead_runs_slots
 from .defs.resources import pipeline_resources
-from .processing.settings import validate_settings
+from .defs.run_settings import validate_environment
 
 # Dagster's default executor (a run config may still choose `multiprocess` or `in_process`), but
 # running every step in the run's own process unless told otherwise. A step started in a
@@ -39,7 +39,7 @@ def build_definitions(
     environment (see `pipeline_resources`). Settings are validated first, once, so a bad
     RADHARMONY_* value stops here with a message naming the variable.
     """
-    validate_settings()
+    validate_environment()
     return dg.Definitions.merge(
         dg.load_from_defs_folder(path_within_project=Path(__file__).parent),
         dg.Definitions(

@@ -12,9 +12,16 @@ import psutil
 import pytest
 from PIL import Image
 
+from radharmony_pipeline.defs.run_settings import RunSettingsResource
 from radharmony_pipeline.processing import cluster
 from radharmony_pipeline.processing.atomic import TEMP_MARKER
-from radharmony_pipeline.processing.cluster import map_on_dask, map_per_image
+from radharmony_pipeline.processing.cluster import (
+    DaskCluster,
+    LocalPool,
+    map_on_dask,
+    map_on_dask_with_time_limit,
+    map_per_image,
+)
 from radharmony_pipeline.processing.image_jobs import (
     ImageJob,
     build_packed_images,
@@ -72,11 +79,18 @@ def test_the_variable_selects_dask_and_its_absence_the_local_pool(scheduler, mon
     calls = []
     monkeypatch.setattr(cluster, "map_on_dask", lambda *args: calls.append(args) or [])
     monkeypatch.setenv(cluster.SCHEDULER_VARIABLE, scheduler)
-    map_per_image(square, [1, 2], workers=1)
+    monkeypatch.setenv("RADHARMONY_WORKERS", "1")
+    executor = RunSettingsResource().executor()
+    assert executor == DaskCluster(scheduler)
+    map_per_image(square, [1, 2], executor)
     assert calls and calls[0][2] == scheduler
     monkeypatch.delenv(cluster.SCHEDULER_VARIABLE)
-    assert map_per_image(square, [1, 2, 3], workers=1) == [1, 4, 9]
+    executor = RunSettingsResource().executor()
+    assert executor == LocalPool(1)
+    assert map_per_image(square, [1, 2, 3], executor) == [1, 4, 9]
     assert len(calls) == 1
+    # Run config wins over the variable.
+    assert RunSettingsResource(dask_scheduler=scheduler).executor() == DaskCluster(scheduler)
 
 
 def test_a_scheduler_without_workers_fails_clearly_instead_of_hanging(monkeypatch):
@@ -109,15 +123,17 @@ LIMIT = TimeLimit(LIMIT_SECONDS, stopped)
 
 def test_a_stuck_item_on_dask_becomes_its_timeout_result(scheduler):
     start = time.monotonic()
-    result = map_on_dask(square_or_hang, list(range(20)), scheduler, chunk_size=4, time_limit=LIMIT)
+    result = map_on_dask_with_time_limit(
+        square_or_hang, list(range(20)), scheduler, LIMIT, chunk_size=4
+    )
     assert time.monotonic() - start < 60
     assert result[13].startswith(f"stopped 13: took longer than {LIMIT_SECONDS:g} s")
     assert result[:13] + result[14:] == [v * v for v in range(20) if v != 13]
 
 
 def test_each_dask_thread_keeps_one_supervised_process_across_chunks(scheduler):
-    first = map_on_dask(child_pid, list(range(12)), scheduler, chunk_size=1, time_limit=LIMIT)
-    second = map_on_dask(child_pid, list(range(12)), scheduler, chunk_size=1, time_limit=LIMIT)
+    first = map_on_dask_with_time_limit(child_pid, list(range(12)), scheduler, LIMIT, 1)
+    second = map_on_dask_with_time_limit(child_pid, list(range(12)), scheduler, LIMIT, 1)
     pids = set(first) | set(second)
     # Two worker threads: at most two processes for 24 one-item chunks, none of them ours.
     assert 1 <= len(pids) <= 2 and os.getpid() not in pids
@@ -163,8 +179,8 @@ def test_stock_daemonic_dask_workers_bound_each_item_in_a_subprocess_child():
         with Client(daemonic.scheduler_address) as client:
             assert all(client.run(lambda: multiprocessing.current_process().daemon).values())
         start = time.monotonic()
-        result = map_on_dask(
-            square_or_hang, [12, 13, 14], daemonic.scheduler_address, time_limit=LIMIT
+        result = map_on_dask_with_time_limit(
+            square_or_hang, [12, 13, 14], daemonic.scheduler_address, LIMIT
         )
         assert time.monotonic() - start < 90
         assert result[0] == 144 and result[2] == 196
@@ -219,21 +235,21 @@ def test_images_on_dask_equal_the_local_pool_on_daemonic_and_threaded_workers(
     sources = write_sources(tmp_path / "sources", 6)
     limit = TimeLimit(60.0, image_job_stopped)
 
-    def build(place: str) -> tuple[list, np.ndarray]:
+    def build(place: str, executor: cluster.Executor) -> tuple[list, np.ndarray]:
         output = tmp_path / place
         packed = output / "images" / "p.npy"
-        rows = build_packed_images(image_jobs(sources, output), packed, 64, 2, time_limit=limit)
+        jobs = image_jobs(sources, output)
+        rows = build_packed_images(jobs, packed, 64, executor, time_limit=limit)
         assert not [p for p in output.rglob("*") if TEMP_MARKER in p.name]
         return [(r.image_id, r.status, r.error, r.source_sha256) for r in rows], np.load(packed)
 
-    local_rows, local_pixels = build("local")
+    local_rows, local_pixels = build("local", LocalPool(2))
     errors = {image_id: error for image_id, status, error, _ in local_rows if status == "error"}
     assert set(errors) == {"fifo", "corrupt"}
     assert "named pipe (FIFO), not a regular file; it was not opened" in errors["fifo"]
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as daemonic:
         for place, address in (("threads", scheduler), ("daemonic", daemonic.scheduler_address)):
-            monkeypatch.setenv(cluster.SCHEDULER_VARIABLE, address)
-            rows, pixels = build(place)
+            rows, pixels = build(place, DaskCluster(address))
             assert rows == local_rows, place
             np.testing.assert_array_equal(pixels, local_pixels, err_msg=place)
     assert not local_pixels[2].any() and local_pixels[3].any()

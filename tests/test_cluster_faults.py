@@ -25,6 +25,7 @@ from fault_support import build as build_stages
 from PIL import Image
 
 from radharmony_pipeline.defs.assets.images import _remove_interrupted_writes
+from radharmony_pipeline.defs.run_settings import RunSettingsResource
 from radharmony_pipeline.processing import cluster
 from radharmony_pipeline.processing.atomic import TEMP_MARKER, writer_is_gone
 from radharmony_pipeline.processing.image_jobs import (
@@ -93,7 +94,9 @@ def jobs_for(sources: list[Path], output: Path) -> list[ImageJob]:
 
 def build(sources: list[Path], output: Path) -> tuple[list[tuple], np.ndarray, dict]:
     packed = output / "images" / "p.npy"
-    rows = build_packed_images(jobs_for(sources, output), packed, SIZE, 2, time_limit=LIMIT)
+    # Where the asset would run it: the scheduler variable (set per test) or 2 local workers.
+    executor = RunSettingsResource(workers=2).executor()
+    rows = build_packed_images(jobs_for(sources, output), packed, SIZE, executor, time_limit=LIMIT)
     files = {
         p.relative_to(output).as_posix(): p.read_bytes()
         for p in sorted((output / "images" / "p").glob("*.png"))

@@ -360,8 +360,8 @@ def test_a_stopped_image_job_removes_only_its_dead_writers_temporaries(tmp_path)
         resize="letterbox",
         row=0,
     )
-    row = image_job_stopped(job, "took longer than 1 s (RADHARMONY_JOB_TIMEOUT); stopped")
-    assert row.status == "error" and "took longer than 1 s" in row.error
+    row, pixels = image_job_stopped(job, "took longer than 1 s (RADHARMONY_JOB_TIMEOUT); stopped")
+    assert row.status == "error" and "took longer than 1 s" in row.error and pixels is None
     assert not any(path.exists() for path in left_by_stopped)
     assert all(path.exists() for path in kept)
 

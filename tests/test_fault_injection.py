@@ -36,7 +36,7 @@ from fault_support import (
 from PIL import Image
 
 from radharmony_pipeline.processing.decode import DecodeError, decode_grayscale
-from radharmony_pipeline.processing.parallel import map_in_chunks
+from radharmony_pipeline.processing.parallel import map_with_time_limit
 from radharmony_pipeline.processing.rle_text import RleTextError, validate_rle
 from radharmony_pipeline.processing.settings import ConfigurationError, validate_settings
 from radharmony_pipeline.processing.supervised import TimeLimit
@@ -155,7 +155,7 @@ def hang(item: int) -> int:
 def test_one_stuck_or_dead_item_is_stopped_and_the_pool_continues():
     limit = TimeLimit(1.0, lambda item, reason: f"error {item}: {reason}")
     started = time.monotonic()
-    results = map_in_chunks(hang, list(range(7)), workers=2, chunk_size=3, time_limit=limit)
+    results = map_with_time_limit(hang, list(range(7)), workers=2, time_limit=limit)
     assert time.monotonic() - started < 30
     assert results[:2] == [0, 10] and results[3] == 30 and results[5:] == [50, 60]
     assert results[2].startswith("error 2: took longer than 1 s")

@@ -10,13 +10,14 @@ import time
 
 import pytest
 
+from radharmony_pipeline.defs.run_settings import RunSettingsResource
 from radharmony_pipeline.processing.parallel import (
-    WORKERS_VARIABLE,
     default_chunk_size,
     map_in_chunks,
+    map_with_time_limit,
     process_context,
-    worker_count,
 )
+from radharmony_pipeline.processing.settings import WORKERS_VARIABLE, worker_count
 from radharmony_pipeline.processing.supervised import SupervisedPool, TimeLimit, run_supervised
 
 
@@ -125,13 +126,13 @@ def test_progress_reports_items_done_up_to_the_total(workers: int) -> None:
 
 def test_supervised_progress_is_reported_per_chunk() -> None:
     reports: list[tuple[int, int]] = []
-    results = map_in_chunks(
+    results = map_with_time_limit(
         square,
         list(range(10)),
         workers=2,
-        chunk_size=3,
-        on_progress=lambda *r: reports.append(r),
         time_limit=LIMIT,
+        on_progress=lambda *r: reports.append(r),
+        progress_every=3,
     )
     assert results == [n * n for n in range(10)]
     assert reports == [(3, 10), (6, 10), (9, 10), (10, 10)]
@@ -141,7 +142,7 @@ def test_a_slow_item_holds_back_only_the_item_queued_behind_it() -> None:
     # Items are handed out one at a time (plus one in hand), not in fixed chunks: while one
     # worker sleeps on item 0, the other does everything except what the first holds.
     roomy = TimeLimit(60.0, LIMIT.on_timeout)
-    results = map_in_chunks(slow_first, list(range(40)), workers=2, chunk_size=20, time_limit=roomy)
+    results = map_with_time_limit(slow_first, list(range(40)), workers=2, time_limit=roomy)
     assert [number for number, _ in results] == list(range(40))
     slow_worker = results[0][1]
     assert {number for number, pid in results if pid == slow_worker} <= {0, 1}
@@ -153,7 +154,7 @@ def test_a_large_item_behind_a_stuck_one_never_blocks_the_parent() -> None:
     items = [b"stuck", b"x" * (4 << 20), b"ok"]
     outcome: list = []
     runner = threading.Thread(
-        target=lambda: outcome.append(map_in_chunks(stuck_on_bytes, items, 1, time_limit=LIMIT)),
+        target=lambda: outcome.append(map_with_time_limit(stuck_on_bytes, items, 1, LIMIT)),
         daemon=True,
     )
     runner.start()
@@ -224,9 +225,12 @@ def test_worker_count_rejects_invalid_values_naming_the_variable(raw: str) -> No
         worker_count({WORKERS_VARIABLE: raw})
 
 
-def test_worker_count_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_run_settings_read_workers_from_the_environment_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv(WORKERS_VARIABLE, "5")
-    assert worker_count() == 5
+    assert RunSettingsResource().workers == 5
+    assert RunSettingsResource(workers=3).workers == 3  # run config wins
 
 
 def test_processing_modules_do_not_import_dagster() -> None:

@@ -15,6 +15,7 @@ from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.defs.checks.parents import _result
 from radharmony_pipeline.defs.jobs import PARTITION_STAGES
 from radharmony_pipeline.defs.resources import DatasetsResource
+from radharmony_pipeline.defs.run_settings import RunSettingsResource
 from radharmony_pipeline.loader import ManifestDataset
 from radharmony_pipeline.processing.parent_fingerprints import (
     fingerprint_parent_images,
@@ -225,13 +226,18 @@ def test_without_parents_columns_are_null_and_checks_say_not_configured(unparent
 def test_blocking_when_the_setting_asks(monkeypatch, tmp_path):
     leaks = ParentLeaks(["ms_cxr/a"], {"ms_cxr.test ~ mimic_cxr.train": 1}, {"ms_cxr": "checked"})
     resource = DatasetsResource(data_root=str(tmp_path))
+
+    def severity() -> dg.AssetCheckSeverity:
+        block = RunSettingsResource().parent_leaks_block()
+        return _result(leaks, "hint", resource, block, "x").severity
+
     monkeypatch.delenv("RADHARMONY_PARENT_LEAKS", raising=False)
-    assert _result(leaks, "hint", resource, "x").severity == dg.AssetCheckSeverity.WARN
+    assert severity() == dg.AssetCheckSeverity.WARN
     monkeypatch.setenv("RADHARMONY_PARENT_LEAKS", "block")
-    assert _result(leaks, "hint", resource, "x").severity == dg.AssetCheckSeverity.ERROR
+    assert severity() == dg.AssetCheckSeverity.ERROR
     monkeypatch.setenv("RADHARMONY_PARENT_LEAKS", "sometimes")
     with pytest.raises(ValueError, match="RADHARMONY_PARENT_LEAKS"):
-        _result(leaks, "hint", resource, "x")
+        severity()
 
 
 def _radiographs(folder, count, seed):

@@ -13,6 +13,7 @@ from PIL import Image
 
 from radharmony_pipeline.processing import image_jobs as image_jobs_module
 from radharmony_pipeline.processing.atomic import TEMP_MARKER
+from radharmony_pipeline.processing.cluster import LocalPool
 from radharmony_pipeline.processing.image_jobs import ImageJob, build_packed_images
 from radharmony_pipeline.processing.storage import listing, output_path, publish
 
@@ -115,11 +116,11 @@ def test_packed_images_on_s3_equal_a_local_build_and_a_rerun_decodes_nothing(buc
     sources = write_sources(tmp_path / "sources", 5)
     local_root = tmp_path / "local"
     local_rows = build_packed_images(
-        image_jobs(sources, local_root), local_root / "images" / "p.npy", SIZE, workers=1
+        image_jobs(sources, local_root), local_root / "images" / "p.npy", SIZE, LocalPool(1)
     )
     remote_root = bucket / "corpus"
     packed = remote_root / "images" / "p.npy"
-    remote_rows = build_packed_images(image_jobs(sources, remote_root), packed, SIZE, workers=1)
+    remote_rows = build_packed_images(image_jobs(sources, remote_root), packed, SIZE, LocalPool(1))
 
     assert remote_rows == local_rows
     assert [row.status for row in remote_rows] == ["ok"] * 5 + ["error"]
@@ -132,7 +133,7 @@ def test_packed_images_on_s3_equal_a_local_build_and_a_rerun_decodes_nothing(buc
         relative = f"images/p/{source.stem}.png"
         assert (remote_root / relative).read_bytes() == (local_root / relative).read_bytes()
 
-    rerun = build_packed_images(image_jobs(sources, remote_root), packed, SIZE, workers=1)
+    rerun = build_packed_images(image_jobs(sources, remote_root), packed, SIZE, LocalPool(1))
     assert [row.decoded for row in rerun if row.status == "ok"] == [False] * 5
     np.testing.assert_array_equal(np.load(io.BytesIO(packed.read_bytes())), remote_array)
 
@@ -141,7 +142,7 @@ def test_an_unchanged_partition_on_s3_is_verified_from_headers(bucket, tmp_path,
     sources = write_sources(tmp_path / "sources", 4)[:4]
     root = bucket / "verified"
     packed = root / "images" / "p.npy"
-    first = build_packed_images(image_jobs(sources, root), packed, SIZE, workers=1)
+    first = build_packed_images(image_jobs(sources, root), packed, SIZE, LocalPool(1))
     assert [row.decoded for row in first] == [True] * 4
 
     def no_upload(*args, **kwargs):
@@ -149,5 +150,5 @@ def test_an_unchanged_partition_on_s3_is_verified_from_headers(bucket, tmp_path,
 
     monkeypatch.setattr(image_jobs_module, "publish_file", no_upload)
     monkeypatch.setattr(image_jobs_module, "publish", no_upload)
-    again = build_packed_images(image_jobs(sources, root), packed, SIZE, workers=1)
+    again = build_packed_images(image_jobs(sources, root), packed, SIZE, LocalPool(1))
     assert again == [replace(row, decoded=False) for row in first]

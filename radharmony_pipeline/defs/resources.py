@@ -15,6 +15,7 @@ from ..sources import SOURCE_TYPES, DatasetSource, SourceLocation, open_source
 from ..sources.location import DATA_ROOT_ENV, DEFAULT_DATA_ROOT, data_root, expand_path
 from ..sources.nih_chestxray14 import ENV_VAR as NIH_ROOT_ENV
 from ..sources.nih_chestxray14 import NihChestXray14
+from .run_settings import RunSettingsResource, from_environment
 
 OUTPUT_ROOT_ENV = "RADHARMONY_OUTPUT_ROOT"
 # Outputs of the demo's synthetic datasets, and of any other data: a run on real downloads
@@ -86,7 +87,7 @@ class _DatasetsResourceBase(dg.ConfigurableResource):
         "RADHARMONY_DATA_ROOT.",
     )
     strict: bool = Field(
-        default_factory=strict_mode,
+        default_factory=from_environment(strict_mode),
         description="Fail a step on its first error row (a malformed entry, an undecodable "
         "image) instead of keeping it with status `error`; default RADHARMONY_STRICT.",
     )
@@ -168,7 +169,12 @@ def pipeline_resources(
     outputs = OutputsResource(
         output_root=_setting(output_root, OUTPUT_ROOT_ENV) or default_output_root()
     )
-    return {"datasets": datasets, "outputs": outputs, "io_manager": parquet_io_manager}
+    return {
+        "datasets": datasets,
+        "outputs": outputs,
+        "run_settings": RunSettingsResource(),
+        "io_manager": parquet_io_manager,
+    }
 
 
 def _setting(value: str | Path | None, env_var: str) -> str | dg.EnvVar | None:

@@ -1,72 +1,94 @@
-"""Where per-image chunks run: the local process pool (default) or a Dask cluster.
+"""Where per-image work runs: the local process pool or a Dask cluster, chosen once.
 
-Setting RADHARMONY_DASK_SCHEDULER to a scheduler address (`tcp://host:8786`) sends the
-chunks of the `masks` and `images` steps to that `distributed` cluster; its workers need the
-project installed (`pip install -e '.[scale]'`) and read/write the same output root. With a
-time limit, each Dask worker thread runs its chunks' items in a supervised child process of
-its own (kept between chunks), so a stuck image becomes an error row there too, with the
-workers as `dask worker` starts them (daemonic by default, see worker_context).
+The caller (defs/run_settings.py) picks an Executor, LocalPool(workers) or DaskCluster(address),
+and hands it down. A DaskCluster sends the chunks of the `masks` and `images` steps to that
+`distributed` cluster; its workers need the project installed (`pip install -e '.[scale]'`)
+and read/write the same output root. With a time limit, each Dask worker thread runs its
+chunks' items in a supervised child process of its own (kept between chunks), so a stuck
+image becomes an error row there too, with the workers as `dask worker` starts them
+(daemonic by default, see worker_context).
 """
 
 from __future__ import annotations
 
 import functools
 import multiprocessing
-import os
 import pickle
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from .parallel import (
     Progress,
     default_chunk_size,
     map_in_chunks,
+    map_with_time_limit,
     process_context,
     split_into_chunks,
-    worker_count,
 )
+from .settings import SCHEDULER_VARIABLE
 from .supervised import ChildProcessContext, SupervisedPool, TimeLimit
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-SCHEDULER_VARIABLE = "RADHARMONY_DASK_SCHEDULER"
 CONNECT_TIMEOUT_SECONDS = 30
 
 
-def dask_scheduler(environ: Mapping[str, str] = os.environ) -> str | None:
-    """The scheduler address from RADHARMONY_DASK_SCHEDULER, or None for the local pool."""
-    address = (environ.get(SCHEDULER_VARIABLE) or "").strip()
-    return address or None
+@dataclass(frozen=True)
+class LocalPool:
+    """This machine's process pool of `workers` processes."""
+
+    workers: int
+
+    def slots(self) -> int:
+        """How many items or chunks run at once."""
+        return self.workers
 
 
-def worker_slots(environ: Mapping[str, str] = os.environ) -> int:
-    """How many chunks can run at once: the cluster's worker threads, else local workers."""
-    address = dask_scheduler(environ)
-    if address is None:
-        return worker_count(environ)
-    with _client(address) as client:
-        return _thread_count(client, address)
+@dataclass(frozen=True)
+class DaskCluster:
+    """The `distributed` cluster whose scheduler listens at `address` (`tcp://host:8786`)."""
+
+    address: str
+
+    def slots(self) -> int:
+        """How many chunks run at once: the cluster's worker threads (waits for a first)."""
+        with _client(self.address) as client:
+            return _thread_count(client, self.address)
+
+
+Executor = LocalPool | DaskCluster
 
 
 def map_per_image(
     function: Callable[[T], R],
     items: Sequence[T],
-    workers: int,
+    executor: Executor,
     on_progress: Progress | None = None,
     chunk_size: int | None = None,
-    time_limit: TimeLimit[T, R] | None = None,
 ) -> list[R]:
-    """[function(item) for item in items] on the Dask cluster if one is configured, else on
-    the local process pool (see parallel.map_in_chunks); results in input order.
+    """[function(item) for item in items] on `executor`, results in input order."""
+    if isinstance(executor, DaskCluster):
+        return map_on_dask(function, items, executor.address, chunk_size, on_progress)
+    return map_in_chunks(function, items, executor.workers, chunk_size, on_progress)
 
-    `time_limit` bounds every item in either place (supervised.py; see apply_to_chunk).
-    """
-    address = dask_scheduler()
-    if address is None:
-        return map_in_chunks(function, items, workers, chunk_size, on_progress, time_limit)
-    return map_on_dask(function, items, address, chunk_size, on_progress, time_limit)
+
+def map_per_image_with_time_limit(
+    function: Callable[[T], R],
+    items: Sequence[T],
+    executor: Executor,
+    time_limit: TimeLimit[T, R],
+    on_progress: Progress | None = None,
+) -> list[R]:
+    """As map_per_image, each item bounded by `time_limit` in either place (supervised.py;
+    on Dask, see apply_to_chunk_with_time_limit)."""
+    if isinstance(executor, DaskCluster):
+        return map_on_dask_with_time_limit(
+            function, items, executor.address, time_limit, on_progress=on_progress
+        )
+    return map_with_time_limit(function, items, executor.workers, time_limit, on_progress)
 
 
 def map_on_dask(
@@ -75,11 +97,35 @@ def map_on_dask(
     address: str,
     chunk_size: int | None = None,
     on_progress: Progress | None = None,
-    time_limit: TimeLimit[T, R] | None = None,
 ) -> list[R]:
-    """Chunks of `items` as Dask tasks on the scheduler at `address`; the first failure is
-    raised here (remaining tasks cancelled). on_progress(done_items, total) as chunks finish;
-    `time_limit` bounds each item on the worker (apply_to_chunk)."""
+    """Chunks of `items` as Dask tasks on the scheduler at `address`, each chunk's items run
+    in the worker thread (apply_to_chunk); the first failure is raised here (remaining tasks
+    cancelled). on_progress(done_items, total) as chunks finish."""
+    task = functools.partial(apply_to_chunk, function)
+    return _chunks_on_dask(task, items, address, chunk_size, on_progress)
+
+
+def map_on_dask_with_time_limit(
+    function: Callable[[T], R],
+    items: Sequence[T],
+    address: str,
+    time_limit: TimeLimit[T, R],
+    chunk_size: int | None = None,
+    on_progress: Progress | None = None,
+) -> list[R]:
+    """As map_on_dask, each item bounded by `time_limit` on its worker
+    (apply_to_chunk_with_time_limit)."""
+    task = functools.partial(apply_to_chunk_with_time_limit, function, time_limit)
+    return _chunks_on_dask(task, items, address, chunk_size, on_progress)
+
+
+def _chunks_on_dask(
+    task: Callable[[list[T]], list[R]],
+    items: Sequence[T],
+    address: str,
+    chunk_size: int | None,
+    on_progress: Progress | None,
+) -> list[R]:
     from distributed import as_completed  # the scale extra; imported only when configured
     from distributed.client import FutureCancelledError
 
@@ -89,7 +135,6 @@ def map_on_dask(
         slots = _thread_count(client, address)
         chunks = split_into_chunks(items, chunk_size or default_chunk_size(len(items), slots))
         # pure=False: a re-run must recompute (files may have changed), not reuse a result.
-        task = functools.partial(apply_to_chunk, function, time_limit=time_limit)
         futures = client.map(task, chunks, pure=False)
         position = {future.key: index for index, future in enumerate(futures)}
         by_chunk: dict[int, list[R]] = {}
@@ -116,17 +161,18 @@ def map_on_dask(
     return [result for index in range(len(chunks)) for result in by_chunk[index]]
 
 
-def apply_to_chunk(
-    function: Callable[[T], R], chunk: Sequence[T], time_limit: TimeLimit[T, R] | None = None
-) -> list[R]:
-    """Run on a Dask worker: one task per chunk, so scheduling costs are paid per chunk.
+def apply_to_chunk(function: Callable[[T], R], chunk: Sequence[T]) -> list[R]:
+    """Run on a Dask worker: one task per chunk, so scheduling costs are paid per chunk; the
+    items run in this worker thread."""
+    return [function(item) for item in chunk]
 
-    With a time limit the items run in this worker thread's supervised child process: a
-    thread cannot be stopped, a process can, and an item over the limit becomes
-    `time_limit.on_timeout(item, reason)` as on the local pool.
-    """
-    if time_limit is None:
-        return [function(item) for item in chunk]
+
+def apply_to_chunk_with_time_limit(
+    function: Callable[[T], R], time_limit: TimeLimit[T, R], chunk: Sequence[T]
+) -> list[R]:
+    """Run on a Dask worker: the chunk's items in this worker thread's supervised child
+    process. A thread cannot be stopped, a process can, and an item over the limit becomes
+    `time_limit.on_timeout(item, reason)` as on the local pool."""
     return _thread_pool(function, time_limit).map(chunk)
 
 

@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import io
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +24,26 @@ import pandas as pd
 from PIL import Image
 
 from .atomic import remove_orphaned_siblings, temporary_sibling
-from .cluster import apply_to_chunk, dask_scheduler, map_on_dask, map_per_image
+from .cluster import (
+    DaskCluster,
+    Executor,
+    LocalPool,
+    apply_to_chunk,
+    apply_to_chunk_with_time_limit,
+    map_on_dask,
+    map_per_image,
+)
 from .decode import DecodeError, decode_grayscale
 from .geometry import GEOMETRIES, ResizeGeometry, resize_image, resize_mask
 from .image_files import confined
 from .masks import mask_input_key, read_mask_png, write_mask_png
-from .parallel import Progress, default_chunk_size, map_in_chunks, split_into_chunks
+from .parallel import (
+    Progress,
+    default_chunk_size,
+    map_in_chunks,
+    map_with_time_limit,
+    split_into_chunks,
+)
 from .perceptual_hash import perceptual_hash, pixels_sha256
 from .source_store import (
     FileState,
@@ -250,15 +264,16 @@ def content_fingerprints(pixels: np.ndarray, geometry: ResizeGeometry) -> dict[s
     return {"perceptual_hash": perceptual_hash(content), "pixels_sha256": pixels_sha256(pixels)}
 
 
-def image_job_stopped(job: ImageJob, reason: str) -> ImageRow:
-    """The row of a job whose worker was stopped (time limit) or died, once the temporary
-    files that worker may have left are removed. This runs on the worker's host, which is
-    the only place that can tell the writer is gone (a Dask worker's, on a cluster)."""
+def image_job_stopped(job: ImageJob, reason: str) -> tuple[ImageRow, None]:
+    """What run_image_job gives for a job whose worker was stopped (time limit) or died: its
+    error row and no pixels, once the temporary files that worker may have left are removed.
+    This runs on the worker's host, which is the only place that can tell the writer is gone
+    (a Dask worker's, on a cluster)."""
     with contextlib.suppress(OSError):  # best effort; the step's own clean-up comes later
         for relative in (job.image_relative, job.mask_relative):
             if relative is not None:
                 remove_orphaned_siblings(job.output_root / relative)
-    return job._error_row(f"{job.source_file}: {reason}")
+    return job._error_row(f"{job.source_file}: {reason}"), None
 
 
 def run_image_job(job: ImageJob) -> tuple[ImageRow, np.ndarray | None]:
@@ -266,19 +281,10 @@ def run_image_job(job: ImageJob) -> tuple[ImageRow, np.ndarray | None]:
     return job.run()
 
 
-@dataclass(frozen=True)
-class RowWithoutPixels:
-    """A caller's on_timeout turned into run_image_job's form: its row, and no pixels."""
-
-    row: Callable[[ImageJob, str], ImageRow]
-
-    def __call__(self, job: ImageJob, reason: str) -> tuple[ImageRow, None]:
-        return self.row(job, reason), None
-
-
 class PackedRows:
     """The local pool's (picklable) job runner: each job's pixels go into row `job.row` of
-    the local scratch array, and its table row is returned.
+    the local scratch array, and it returns what run_image_job does, the pixels already
+    packed (None), so that image_job_stopped bounds it as it bounds run_image_job.
 
     The scratch file is on this machine, so every worker process maps it once (the mapping
     is not pickled) and writes through it without msync (the page cache is shared); an image
@@ -291,13 +297,13 @@ class PackedRows:
     def __getstate__(self) -> dict[str, Any]:
         return {"scratch": self.scratch, "_array": None}
 
-    def __call__(self, job: ImageJob) -> ImageRow:
+    def __call__(self, job: ImageJob) -> tuple[ImageRow, None]:
         row, pixels = job.run()
         if pixels is not None:
             if self._array is None:
                 self._array = np.load(self.scratch, mmap_mode="r+")
             self._array[job.row] = pixels
-        return row
+        return row, None
 
 
 @dataclass(frozen=True)
@@ -308,7 +314,7 @@ class ImageChunk:
     jobs: tuple[ImageJob, ...]
     shard: Any  # a temporary file or object beside the packed array
     size: int
-    # Bounds each job (on_timeout gives the row and no pixels); None runs them in the thread.
+    # Bounds each job in the worker thread's supervised child; None runs them in the thread.
     time_limit: TimeLimit | None = None
 
 
@@ -317,7 +323,10 @@ def process_image_chunk(chunk: ImageChunk) -> list[ImageRow]:
     or processed), its pixels saved as one shard; rows in job order."""
     pixels = np.zeros((len(chunk.jobs), chunk.size, chunk.size), dtype=np.uint8)
     rows = []
-    results = apply_to_chunk(run_image_job, chunk.jobs, chunk.time_limit)
+    if chunk.time_limit is None:
+        results = apply_to_chunk(run_image_job, chunk.jobs)
+    else:
+        results = apply_to_chunk_with_time_limit(run_image_job, chunk.time_limit, chunk.jobs)
     for position, (row, image) in enumerate(results):
         if image is not None:
             pixels[position] = image
@@ -330,12 +339,12 @@ def build_packed_images(
     jobs: Sequence[ImageJob],
     packed: Any,
     size: int,
-    workers: int,
+    executor: Executor,
     on_progress: Progress | None = None,
     time_limit: TimeLimit | None = None,
 ) -> list[ImageRow]:
     """Rows of the partition's images and its packed N×S×S array at `packed` (a local
-    Path or a UPath on object storage).
+    Path or a UPath on object storage), computed on `executor`.
 
     When the array exists and every image's input key equals the one recorded beside it
     (`<name>.keys.json`) and in its PNG, nothing is read beyond file headers. Otherwise the
@@ -345,29 +354,19 @@ def build_packed_images(
     that are copied into it one at a time. `time_limit` bounds each image in both places.
     """
     keys_file = packed.with_name(packed.name + ".keys.json")
-    keys = _input_keys(jobs, packed, workers)
+    keys = _input_keys(jobs, packed, executor)
     if _has_size(packed, len(jobs), size) and _recorded_keys(keys_file) == keys:
-        rows = _current_rows(jobs, keys, packed, workers)
+        rows = _current_rows(jobs, keys, packed, executor)
         if all(row is not None for row in rows):
             return rows
     with local_scratch_file(packed, suffix=".npy") as scratch:
         allocate_array(scratch, packed, (len(jobs), size, size))
-        address = dask_scheduler()
-        if address is None:
-            rows = map_in_chunks(
-                PackedRows(scratch),
-                jobs,
-                workers,
-                on_progress=on_progress,
-                time_limit=time_limit,
-            )
+        if isinstance(executor, LocalPool):
+            rows = _run_locally(jobs, scratch, executor.workers, on_progress, time_limit)
         else:
-            chunk = default_chunk_size(len(jobs), workers)
-            limit = None
-            if time_limit is not None:  # a Dask chunk's results are (row, pixels) pairs
-                limit = TimeLimit(time_limit.seconds, RowWithoutPixels(time_limit.on_timeout))
-            chunks = _chunks(jobs, packed, size, chunk, limit)
-            rows = _run_on_dask(chunks, scratch, address, on_progress)
+            chunk = default_chunk_size(len(jobs), executor.slots())
+            chunks = _chunks(jobs, packed, size, chunk, time_limit)
+            rows = _run_on_dask(chunks, scratch, executor, on_progress)
         publish_file(packed, scratch)
     publish(keys_file, lambda handle: handle.write(json.dumps(keys).encode()))
     return rows
@@ -379,29 +378,48 @@ def current_row_of(job_and_key: tuple[ImageJob, str | None]) -> ImageRow | None:
     return job.current_row(key) if key is not None else None
 
 
-def _input_keys(jobs: Sequence[ImageJob], packed: Any, workers: int) -> list[str | None]:
+def _run_locally(
+    jobs: Sequence[ImageJob],
+    scratch: Path,
+    workers: int,
+    on_progress: Progress | None,
+    time_limit: TimeLimit | None,
+) -> list[ImageRow]:
+    """Rows in job order; each worker writes its jobs' pixels straight into `scratch`."""
+    runner = PackedRows(scratch)
+    if time_limit is None:
+        results = map_in_chunks(runner, jobs, workers, on_progress=on_progress)
+    else:
+        results = map_with_time_limit(runner, jobs, workers, time_limit, on_progress)
+    return [row for row, _packed in results]
+
+
+def _input_keys(jobs: Sequence[ImageJob], packed: Any, executor: Executor) -> list[str | None]:
     masks_remote = not is_local(packed) and any(job.union_mask_file for job in jobs)
     sources_remote = any(is_remote(job.source_file) and not job.source_state for job in jobs)
     if not masks_remote and not sources_remote:
         return [_input_key_or_none(job) for job in jobs]
     # A union mask's key is read from its PNG header, a source object's state is a metadata
     # request: one request each on object storage, spread over the workers.
-    return map_per_image(_input_key_or_none, jobs, workers)
+    return map_per_image(_input_key_or_none, jobs, executor)
 
 
 def _current_rows(
-    jobs: Sequence[ImageJob], keys: Sequence[str | None], packed: Any, workers: int
+    jobs: Sequence[ImageJob], keys: Sequence[str | None], packed: Any, executor: Executor
 ) -> list[ImageRow | None]:
     pairs = list(zip(jobs, keys, strict=True))
     if is_local(packed):
         # Local headers cost microseconds; a pool would only add its start-up time.
         return [current_row_of(pair) for pair in pairs]
     # On object storage every header is a request: spread them over the workers.
-    return map_per_image(current_row_of, pairs, workers)
+    return map_per_image(current_row_of, pairs, executor)
 
 
 def _run_on_dask(
-    chunks: Sequence[ImageChunk], scratch: Path, address: str, on_progress: Progress | None
+    chunks: Sequence[ImageChunk],
+    scratch: Path,
+    cluster: DaskCluster,
+    on_progress: Progress | None,
 ) -> list[ImageRow]:
     """Rows of every chunk in order, the shards copied into `scratch`; progress in images."""
     sizes = [len(chunk.jobs) for chunk in chunks]
@@ -412,7 +430,7 @@ def _run_on_dask(
             on_progress(min(sum(sizes[:done_chunks]), images), images)
 
     try:
-        results = map_on_dask(process_image_chunk, chunks, address, 1, chunk_progress)
+        results = map_on_dask(process_image_chunk, chunks, cluster.address, 1, chunk_progress)
         _assemble(chunks, scratch)
     finally:
         for chunk in chunks:

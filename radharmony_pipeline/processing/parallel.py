@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
 
@@ -14,24 +13,9 @@ from .supervised import TimeLimit, run_supervised
 T = TypeVar("T")
 R = TypeVar("R")
 
-WORKERS_VARIABLE = "RADHARMONY_WORKERS"
 CHUNKS_PER_WORKER = 4  # enough slack that a slow chunk does not leave the other workers idle
 
 Progress = Callable[[int, int], None]
-
-
-def worker_count(environ: Mapping[str, str] = os.environ) -> int:
-    """RADHARMONY_WORKERS if set (a positive integer), else the machine's CPU count."""
-    raw = environ.get(WORKERS_VARIABLE)
-    if raw is None:
-        return os.cpu_count() or 1
-    try:
-        workers = int(raw.strip())
-    except ValueError:
-        workers = 0
-    if workers < 1:
-        raise ValueError(f"{WORKERS_VARIABLE} must be a positive integer, got {raw!r}")
-    return workers
 
 
 def default_chunk_size(item_count: int, workers: int) -> int:
@@ -74,25 +58,16 @@ def map_in_chunks(
     workers: int,
     chunk_size: int | None = None,
     on_progress: Progress | None = None,
-    time_limit: TimeLimit[T, R] | None = None,
 ) -> list[R]:
     """[function(item) for item in items], computed by `workers` processes.
 
-    `function` must be a picklable top-level function. Without a time limit, items travel
-    to the pool in chunks of `chunk_size` (concurrent.futures' own chunking, so pickling is
-    paid per chunk); workers == 1 runs in this process with no pool. With a `time_limit`,
-    every item runs in a worker process that is killed when one item exceeds it (see
-    supervised.py). on_progress(done_items, total_items) is called here, in the parent, each
-    time another chunk's worth of items is done, and at the end.
+    `function` must be a picklable top-level function. Items travel to the pool in chunks of
+    `chunk_size` (concurrent.futures' own chunking, so pickling is paid per chunk); workers
+    == 1 runs in this process with no pool. on_progress(done_items, total_items) is called
+    here, in the parent, each time another chunk's worth of items is done, and at the end.
     """
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
-    size = chunk_size or default_chunk_size(len(items), workers)
+    size = _chunk_size(len(items), workers, chunk_size)
     report = _every_chunk(size, len(items), on_progress)
-    if time_limit is not None and items:
-        return run_supervised(function, items, workers, time_limit, process_context(), report)
     if workers == 1 or len(items) <= size:
         # One chunk cannot be shared; a pool would only add process start-up time.
         return _collect(map(function, items), report)
@@ -104,6 +79,34 @@ def map_in_chunks(
     finally:
         # On failure, drop the queued chunks instead of finishing work nobody will use.
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def map_with_time_limit(
+    function: Callable[[T], R],
+    items: Sequence[T],
+    workers: int,
+    time_limit: TimeLimit[T, R],
+    on_progress: Progress | None = None,
+    progress_every: int | None = None,
+) -> list[R]:
+    """[function(item) for item in items], each item in one of `workers` supervised processes
+    (supervised.py): an item over `time_limit` becomes `time_limit.on_timeout(item, reason)`
+    and its process is replaced. Items are handed out one at a time, so there is no chunk
+    size; on_progress(done_items, total_items) comes every `progress_every` items (default:
+    as often as map_in_chunks reports its chunks) and at the end."""
+    size = _chunk_size(len(items), workers, progress_every)
+    if not items:
+        return []
+    report = _every_chunk(size, len(items), on_progress)
+    return run_supervised(function, items, workers, time_limit, process_context(), report)
+
+
+def _chunk_size(item_count: int, workers: int, chunk_size: int | None) -> int:
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
+    return chunk_size or default_chunk_size(item_count, workers)
 
 
 def _every_chunk(size: int, total: int, on_progress: Progress | None) -> Callable[[int], None]:

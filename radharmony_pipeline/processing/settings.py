@@ -1,7 +1,8 @@
-"""The RADHARMONY_* settings that tune processing, each validated once with a message naming it.
+"""The run-time settings: each one's variable, default, bounds and parser, written once here.
 
-A bad value (RADHARMONY_IMAGE_SIZE=0, RADHARMONY_WORKERS=two) must stop the run before any
-work, not turn every row into an error.
+Parsers take the environment as a value (defs/run_settings.py hands them this process's), so a bad
+value (RADHARMONY_IMAGE_SIZE=0, RADHARMONY_WORKERS=two) stops the run before any work with a
+message naming the variable, instead of turning every row into an error.
 """
 
 from __future__ import annotations
@@ -9,19 +10,22 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
-from .parallel import WORKERS_VARIABLE, worker_count
-from .supervised import TIMEOUT_VARIABLE, job_timeout
-
 IMAGE_SIZE_VARIABLE = "RADHARMONY_IMAGE_SIZE"
+DEFAULT_IMAGE_SIZE = 224
+# Larger outputs than the largest radiographs make no sense and would allocate N x S x S bytes.
+MAX_IMAGE_SIZE = 8192
+WORKERS_VARIABLE = "RADHARMONY_WORKERS"
+TIMEOUT_VARIABLE = "RADHARMONY_JOB_TIMEOUT"
+# Far above any sound image's time; only a stuck decoder or a hostile file reaches it.
+DEFAULT_TIMEOUT_SECONDS = 300.0
+SCHEDULER_VARIABLE = "RADHARMONY_DASK_SCHEDULER"
 STRICT_VARIABLE = "RADHARMONY_STRICT"
 UNREADABLE_LIMIT_VARIABLE = "RADHARMONY_UNREADABLE_LIMIT"
 # Above this share of a partition's images unreadable for one reason, its step fails.
 DEFAULT_UNREADABLE_LIMIT = 0.5
 PARENT_LEAKS_VARIABLE = "RADHARMONY_PARENT_LEAKS"
 PARENT_LEAK_MODES = ("warn", "block")
-DEFAULT_IMAGE_SIZE = 224
-# Larger outputs than the largest radiographs make no sense and would allocate N x S x S bytes.
-MAX_IMAGE_SIZE = 8192
+DEFAULT_PARENT_LEAKS = "warn"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
@@ -30,7 +34,7 @@ class ConfigurationError(ValueError):
     """A setting has a value the pipeline cannot use; the message names the variable."""
 
 
-def image_size(environ: Mapping[str, str] = os.environ) -> int:
+def image_size(environ: Mapping[str, str]) -> int:
     """RADHARMONY_IMAGE_SIZE: the output side in pixels, 1..MAX_IMAGE_SIZE (default 224)."""
     raw = environ.get(IMAGE_SIZE_VARIABLE)
     if raw is None or not raw.strip():
@@ -47,7 +51,44 @@ def image_size(environ: Mapping[str, str] = os.environ) -> int:
     return size
 
 
-def strict_mode(environ: Mapping[str, str] = os.environ) -> bool:
+def worker_count(environ: Mapping[str, str]) -> int:
+    """RADHARMONY_WORKERS if set (a positive integer), else the machine's CPU count."""
+    raw = environ.get(WORKERS_VARIABLE)
+    if raw is None:
+        return os.cpu_count() or 1
+    try:
+        workers = int(raw.strip())
+    except ValueError:
+        workers = 0
+    if workers < 1:
+        raise ConfigurationError(f"{WORKERS_VARIABLE} must be a positive integer, got {raw!r}")
+    return workers
+
+
+def job_timeout(environ: Mapping[str, str]) -> float:
+    """RADHARMONY_JOB_TIMEOUT (seconds per image, a positive number), else the default."""
+    raw = environ.get(TIMEOUT_VARIABLE)
+    if raw is None or not raw.strip():
+        return DEFAULT_TIMEOUT_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise ConfigurationError(
+            f"{TIMEOUT_VARIABLE} must be a positive number of seconds per image, got {raw!r}"
+        )
+    return seconds
+
+
+def dask_scheduler(environ: Mapping[str, str]) -> str | None:
+    """RADHARMONY_DASK_SCHEDULER: a scheduler address (`tcp://host:8786`), or None for the
+    local process pool."""
+    address = (environ.get(SCHEDULER_VARIABLE) or "").strip()
+    return address or None
+
+
+def strict_mode(environ: Mapping[str, str]) -> bool:
     """RADHARMONY_STRICT: 1/true fails a step on its first error row; 0/false/unset does not."""
     raw = (environ.get(STRICT_VARIABLE) or "").strip().lower()
     if raw in _TRUE:
@@ -57,7 +98,7 @@ def strict_mode(environ: Mapping[str, str] = os.environ) -> bool:
     raise ConfigurationError(f"{STRICT_VARIABLE} must be 1 or 0 (true or false), got {raw!r}")
 
 
-def unreadable_limit(environ: Mapping[str, str] = os.environ) -> float:
+def unreadable_limit(environ: Mapping[str, str]) -> float:
     """RADHARMONY_UNREADABLE_LIMIT: the share (0 to 1) of a partition's images that may be
     missing or unreadable for one reason before its step fails (default 0.5; 1 never fails).
     Below it, each bad image is an error row and the rest is built."""
@@ -75,31 +116,27 @@ def unreadable_limit(environ: Mapping[str, str] = os.environ) -> float:
     return limit
 
 
-def parent_leaks_block(environ: Mapping[str, str] = os.environ) -> bool:
+def parent_leaks(environ: Mapping[str, str]) -> str:
     """RADHARMONY_PARENT_LEAKS: `block` makes leaks against the parents' splits fail their
     checks as errors (the manifest waits); `warn` (the default) only warns."""
-    raw = (environ.get(PARENT_LEAKS_VARIABLE) or "warn").strip().lower()
+    raw = (environ.get(PARENT_LEAKS_VARIABLE) or DEFAULT_PARENT_LEAKS).strip().lower()
     if raw not in PARENT_LEAK_MODES:
         raise ConfigurationError(f"{PARENT_LEAKS_VARIABLE} must be warn or block, got {raw!r}")
-    return raw == "block"
+    return raw
 
 
-_VALIDATORS: dict[str, Callable[[Mapping[str, str]], object]] = {
+_PARSERS: dict[str, Callable[[Mapping[str, str]], object]] = {
     IMAGE_SIZE_VARIABLE: image_size,
     WORKERS_VARIABLE: worker_count,
     TIMEOUT_VARIABLE: job_timeout,
+    SCHEDULER_VARIABLE: dask_scheduler,
     STRICT_VARIABLE: strict_mode,
     UNREADABLE_LIMIT_VARIABLE: unreadable_limit,
-    PARENT_LEAKS_VARIABLE: parent_leaks_block,
+    PARENT_LEAKS_VARIABLE: parent_leaks,
 }
 
 
-def validate_settings(environ: Mapping[str, str] = os.environ) -> None:
+def validate_settings(environ: Mapping[str, str]) -> None:
     """Check every setting; the first bad one raises ConfigurationError naming its variable."""
-    for validate in _VALIDATORS.values():
-        try:
-            validate(environ)
-        except ConfigurationError:
-            raise
-        except ValueError as error:
-            raise ConfigurationError(str(error)) from error
+    for parse in _PARSERS.values():
+        parse(environ)

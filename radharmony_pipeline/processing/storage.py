@@ -3,8 +3,8 @@
 Local roots are plain `Path`s (atomic rename, memory maps); anything with a scheme is a
 universal-pathlib `UPath` over fsspec. A `UPath` pickles as its URL and options only, so each
 worker process (pool or Dask) creates its own filesystem client on first use — s3fs clients
-must not cross a fork. `AWS_ENDPOINT_URL` selects an S3-compatible endpoint (botocore reads
-it), and the standard AWS variables carry the credentials.
+must not cross a fork. `AWS_ENDPOINT_URL` selects an S3-compatible endpoint and the standard
+AWS variables carry the credentials; botocore reads them, this module does not.
 
 Every request to an object store made through this module (and source_store) is retried
 under one `RetryPolicy`, carried in the path's options so that worker processes apply the
@@ -132,11 +132,8 @@ for _protocol in ("s3", "s3a"):
 def _s3_options(retry_policy: RetryPolicy) -> dict[str, Any]:
     options: dict[str, Any] = {RETRY_OPTION: _policy_option(retry_policy)}
     options["config_kwargs"] = dict(_CLIENT_CONFIG)
-    # botocore honours AWS_ENDPOINT_URL itself; passing it explicitly also covers older
-    # aiobotocore releases that predate that variable.
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        options["client_kwargs"] = {"endpoint_url": endpoint}
+    # No endpoint here: botocore (>= 1.31, below what s3fs needs) resolves AWS_ENDPOINT_URL_S3
+    # and AWS_ENDPOINT_URL itself, in whichever process makes the request.
     return options
 
 

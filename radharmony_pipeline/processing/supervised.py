@@ -33,8 +33,6 @@ from typing import Any, Generic, TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 
-TIMEOUT_VARIABLE = "RADHARMONY_JOB_TIMEOUT"
-DEFAULT_TIMEOUT_SECONDS = 300.0
 # A worker must import and report ready within this, whatever the per-item limit.
 _START_SECONDS = 120.0
 # An idle worker told to stop exits at once; after this it is killed.
@@ -48,26 +46,17 @@ class WorkerError(RuntimeError):
 @dataclass(frozen=True)
 class TimeLimit(Generic[T, R]):
     """At most `seconds` per item; `on_timeout(item, reason)` is the result of an item that
-    exceeded it or whose process died."""
+    exceeded it or whose process died. `set_by` names where the limit is set, for the reason
+    (`took longer than 5 s (set_by); stopped`), so the row tells the user what to change."""
 
     seconds: float
     on_timeout: Callable[[T, str], R]
+    set_by: str | None = None
 
-
-def job_timeout(environ: Any = os.environ) -> float:
-    """RADHARMONY_JOB_TIMEOUT (seconds per image, a positive number), else the default."""
-    raw = environ.get(TIMEOUT_VARIABLE)
-    if raw is None or not raw.strip():
-        return DEFAULT_TIMEOUT_SECONDS
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(
-            f"{TIMEOUT_VARIABLE} must be a positive number of seconds per image, got {raw!r}"
-        )
-    return seconds
+    def exceeded(self) -> str:
+        """The reason recorded for an item that ran past the limit."""
+        where = f" ({self.set_by})" if self.set_by else ""
+        return f"took longer than {self.seconds:g} s{where}; stopped"
 
 
 # Items a worker holds at once: the one it works on and the next, so it starts the next as
@@ -188,7 +177,7 @@ class SupervisedPool(Generic[T, R]):
                 active.remove(worker)
                 _stop(worker)
                 if outcome == "late":
-                    reason = f"took longer than {limit.seconds:g} s ({TIMEOUT_VARIABLE}); stopped"
+                    reason = limit.exceeded()
                 else:
                     code = worker.process.exitcode
                     reason = f"worker process died (exit code {code}) while processing it"
@@ -296,13 +285,13 @@ class ChildProcess:
 
     def start(self) -> None:
         descriptor = self.connection.fileno()
-        # The child imports what this process can: its module search path, as spawn passes it.
-        environ = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # The child imports what this process can: its module search path, as spawn passes
+        # it (on the command line, so the child's environment is simply inherited).
+        paths = [p for p in sys.path if p]
         self._popen = subprocess.Popen(
-            [sys.executable, "-c", f"{_CHILD_ENTRY}({descriptor})"],
+            [sys.executable, "-c", _CHILD_ENTRY.format(paths=paths, descriptor=descriptor)],
             stdin=subprocess.PIPE,
             pass_fds=(descriptor,),
-            env=environ,
         )
         # Readable once the child has ended, like a multiprocessing sentinel.
         self.sentinel = os.pidfd_open(self._popen.pid)
@@ -335,7 +324,10 @@ class ChildProcess:
             self.sentinel = None
 
 
-_CHILD_ENTRY = "from radharmony_pipeline.processing.supervised import serve_child; serve_child"
+_CHILD_ENTRY = (
+    "import sys; sys.path[:0] = {paths!r}; "
+    "from radharmony_pipeline.processing.supervised import serve_child; serve_child({descriptor})"
+)
 
 
 def serve_child(descriptor: int) -> None:

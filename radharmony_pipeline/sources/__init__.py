@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
+from types import MappingProxyType
 
 from ..processing.storage import DEFAULT_RETRY_POLICY, RetryPolicy
 from .base import DatasetSource, SplitTables
@@ -36,12 +36,12 @@ def parse_partition_key(partition_key: str) -> tuple[str, str]:
 def open_source(
     dataset: str,
     location: SourceLocation | None = None,
-    environ: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] = MappingProxyType({}),
     retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY,
 ) -> DatasetSource:
-    """The reader for `dataset`: explicit location first, then env overrides, then data root;
+    """The reader for `dataset`: explicit location first, then the variables of `environ`
+    (the caller's environment, handed down as a value; none by default), then the data root;
     object-store requests follow `retry_policy`."""
-    environ = os.environ if environ is None else environ
     source_type = SOURCE_TYPES[dataset]
     resolved = (location or SourceLocation()).with_environment(
         source_type.env_vars, environ, retry_policy

@@ -25,13 +25,13 @@ from ...processing.exports import (
     write_huggingface_configs,
 )
 from ...processing.manifest import partition_manifest
-from ...processing.parallel import worker_count
 from ...processing.storage import OutputPath
 from ...processing.vocabulary import UNIFIED_LABELS
 from ...sources import SOURCE_TYPES, parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import OutputsResource
+from ..run_settings import RunSettingsResource
 
 STAGES = ("raw_index", "labels", "masks", "bboxes", "images")
 # Every class some dataset draws masks for, in vocabulary order: one mask column each.
@@ -84,6 +84,7 @@ def huggingface_export(
     bboxes: pd.DataFrame,
     images: pd.DataFrame,
     outputs: OutputsResource,
+    run_settings: RunSettingsResource,
 ) -> dg.MaterializeResult:
     dataset, split = parse_partition_key(context.partition_key)
     root = outputs.root()
@@ -100,6 +101,7 @@ def huggingface_export(
         huggingface_shards(split),
         huggingface_index_name(split),
         config.max_shard_bytes,
+        run_settings.workers,
     )
 
 
@@ -120,6 +122,7 @@ def webdataset_export(
     bboxes: pd.DataFrame,
     images: pd.DataFrame,
     outputs: OutputsResource,
+    run_settings: RunSettingsResource,
 ) -> dg.MaterializeResult:
     root = outputs.root()
     partition = context.partition_key
@@ -132,6 +135,7 @@ def webdataset_export(
         webdataset_shards(partition),
         WEBDATASET_INDEX_NAME,
         config.max_shard_bytes,
+        run_settings.workers,
     )
 
 
@@ -157,6 +161,7 @@ def _export(
     shard_names: ShardNames,
     index_name: str,
     max_shard_bytes: int,
+    workers: int,
 ) -> dg.MaterializeResult:
     dataset, split = parse_partition_key(context.partition_key)
     result: ExportResult = export_partition(
@@ -167,7 +172,7 @@ def _export(
         index_name,
         max_shard_bytes,
         identity={"partition": context.partition_key, "dataset": dataset, "split": split},
-        workers=worker_count(),
+        workers=workers,
     )
     shards = result.index["shards"]
     verb = "re-used" if result.reused else "wrote"

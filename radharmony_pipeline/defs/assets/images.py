@@ -9,7 +9,6 @@ import pandas as pd
 from pydantic import Field
 
 from ...processing.atomic import TEMP_MARKER, remove_orphaned_temporaries, writer_is_gone
-from ...processing.cluster import worker_slots
 from ...processing.image_jobs import (
     IMAGE_CODE_VERSION,
     ImageJob,
@@ -18,23 +17,23 @@ from ...processing.image_jobs import (
     image_table,
 )
 from ...processing.progress import ProgressLog
-from ...processing.settings import MAX_IMAGE_SIZE, UNREADABLE_LIMIT_VARIABLE, unreadable_limit
+from ...processing.settings import MAX_IMAGE_SIZE, UNREADABLE_LIMIT_VARIABLE
 from ...processing.settings import image_size as image_size_setting
 from ...processing.source_store import is_remote, named_states
 from ...processing.storage import OutputPath, glob, make_folder, remove
-from ...processing.supervised import TimeLimit, job_timeout
 from ...processing.table_schemas import IMAGES
 from ...sources import parse_partition_key
 from ..checks.images import CHECK_SPECS, check_results
 from ..metadata import status_counts
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_mostly_unreadable, fail_if_strict
+from ..run_settings import RunSettingsResource, from_environment
 from ..stages import checked_stage
 
 
 class ImagesConfig(dg.Config):
     size: int = Field(
-        default_factory=image_size_setting,
+        default_factory=from_environment(image_size_setting),
         ge=1,
         le=MAX_IMAGE_SIZE,
         description="Output side S in pixels; default RADHARMONY_IMAGE_SIZE or 224.",
@@ -70,6 +69,7 @@ def images(
     masks: pd.DataFrame,
     datasets: DatasetsResource,
     outputs: OutputsResource,
+    run_settings: RunSettingsResource,
 ) -> Iterator[dg.Output | dg.AssetCheckResult]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
@@ -115,15 +115,16 @@ def images(
     ]
     progress = ProgressLog(context.log, "images to decode", len(jobs))
     # Bounds every image, on the local pool and on a Dask cluster alike.
-    limit = TimeLimit(job_timeout(), image_job_stopped)
-    rows = build_packed_images(jobs, packed, config.size, worker_slots(), progress.update, limit)
+    limit = run_settings.time_limit(image_job_stopped)
+    executor = run_settings.executor()
+    rows = build_packed_images(jobs, packed, config.size, executor, progress.update, limit)
     # A killed worker (time limit) leaves its temporary PNG behind.
     _remove_interrupted_writes(folder, packed)
     table = image_table(rows)
     fail_if_strict(table, datasets.strict, "images")
     fail_if_mostly_unreadable(
         table,
-        unreadable_limit(),
+        run_settings.unreadable_limit,
         "images",
         f"Run `radharmony check-data` for the likely cause and the setting to change "
         f"({UNREADABLE_LIMIT_VARIABLE} sets the share of unreadable images that is tolerated).",

@@ -8,7 +8,7 @@ The checks on both tables run in the same step, on the tables in memory (check_s
 import dagster as dg
 import pandas as pd
 
-from ...processing.settings import UNREADABLE_LIMIT_VARIABLE, unreadable_limit
+from ...processing.settings import UNREADABLE_LIMIT_VARIABLE
 from ...processing.table_schemas import LABELS, RAW_INDEX
 from ...processing.vocabulary import LABEL_COLUMNS
 from ...sources import DatasetSource, SourceError, SplitTables, parse_partition_key
@@ -20,6 +20,7 @@ from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource
 from ..row_errors import fail_if_strict
+from ..run_settings import RunSettingsResource
 from .source_files import source_files
 
 CODE_VERSION = "3"  # 2: status and error columns (issue 9); 3: parent identity (issue 21)
@@ -68,7 +69,11 @@ _OUTPUT_ORDER = ("raw_index", "labels")
     partitions_def=dataset_split_partitions,
     can_subset=True,
 )
-def raw_index_and_labels(context: dg.AssetExecutionContext, datasets: DatasetsResource):
+def raw_index_and_labels(
+    context: dg.AssetExecutionContext,
+    datasets: DatasetsResource,
+    run_settings: RunSettingsResource,
+):
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
     # Counting and summarizing the tables allocate Arrow memory too (hash tables over 239k
@@ -84,7 +89,9 @@ def raw_index_and_labels(context: dg.AssetExecutionContext, datasets: DatasetsRe
         fail_if_strict(tables.index, datasets.strict, "raw_index")
         for note in source.layout_notes():
             context.log.info(f"{context.partition_key}: {note}")
-        presence = _fail_if_images_mostly_missing(context.partition_key, source, split, tables)
+        presence = _fail_if_images_mostly_missing(
+            context.partition_key, source, split, tables, run_settings.unreadable_limit
+        )
         metrics = source.count_metrics(tables)
         outputs = _outputs(source, split, tables, metrics)
         outputs["raw_index"][1]["images_present"] = dg.MetadataValue.int(presence.present)
@@ -99,12 +106,11 @@ def raw_index_and_labels(context: dg.AssetExecutionContext, datasets: DatasetsRe
 
 
 def _fail_if_images_mostly_missing(
-    partition: str, source: DatasetSource, split: str, tables: SplitTables
+    partition: str, source: DatasetSource, split: str, tables: SplitTables, limit: float
 ) -> ImagePresence:
     """One listing of the image folder: when most named images are not there (a wrong root),
     the partition fails here rather than as an error row per image in `images`."""
     presence = image_presence(source, split, tables)
-    limit = unreadable_limit()
     if presence.missing_share > limit:
         problem = missing_images_problem(source, split, presence, limit)
         raise dg.Failure(

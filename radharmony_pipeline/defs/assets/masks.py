@@ -7,7 +7,7 @@ import dagster as dg
 import pandas as pd
 
 from ...processing.atomic import remove_orphaned_temporaries
-from ...processing.cluster import map_per_image, worker_slots
+from ...processing.cluster import map_per_image_with_time_limit
 from ...processing.mask_jobs import (
     MASK_CODE_VERSION,
     MaskTarget,
@@ -17,13 +17,13 @@ from ...processing.mask_jobs import (
     run_mask_job,
 )
 from ...processing.progress import ProgressLog
-from ...processing.supervised import TimeLimit, job_timeout
 from ...processing.table_schemas import MASKS
 from ...sources import parse_partition_key
 from ..checks.masks import CHECK_SPECS, check_results
 from ..metadata import status_counts
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
+from ..run_settings import RunSettingsResource
 from ..stages import checked_stage
 from .previews import mask_preview
 
@@ -53,6 +53,7 @@ def masks(
     labels: pd.DataFrame,
     datasets: DatasetsResource,
     outputs: OutputsResource,
+    run_settings: RunSettingsResource,
 ) -> Iterator[dg.Output | dg.AssetCheckResult]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
@@ -66,12 +67,12 @@ def masks(
     jobs = source.mask_jobs(split, segmented, lambda key: MaskTarget(root, f"{folder}/{key}"))
     progress = ProgressLog(context.log, "images", len(jobs))
     # Bounds every image, on the local pool and on a Dask cluster alike.
-    rows = map_per_image(
+    rows = map_per_image_with_time_limit(
         run_mask_job,
         jobs,
-        worker_slots(),
+        run_settings.executor(),
+        run_settings.time_limit(mask_job_stopped),
         progress.update,
-        time_limit=TimeLimit(job_timeout(), mask_job_stopped),
     )
     # A killed worker (time limit) leaves its temporary PNG behind.
     remove_orphaned_temporaries(root / folder)

@@ -8,7 +8,6 @@ import pandas as pd
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from ...processing.cluster import worker_slots
 from ...processing.parent_fingerprints import (
     fingerprint_parent_images,
     fingerprint_table,
@@ -32,6 +31,7 @@ from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, every_partition_of
 from ..resources import DatasetsResource, OutputsResource
+from ..run_settings import RunSettingsResource, from_environment
 
 CODE_VERSION = "1"
 NOT_CONFIGURED = "parent not configured"
@@ -40,7 +40,7 @@ CHESTX_DET_PARTITIONS = ("chestx_det.train", "chestx_det.test")
 
 class NihFingerprintsConfig(dg.Config):
     size: int = Field(
-        default_factory=image_size_setting,
+        default_factory=from_environment(image_size_setting),
         ge=1,
         le=MAX_IMAGE_SIZE,
         description="Side S, as `images` was built with (default RADHARMONY_IMAGE_SIZE or 224): "
@@ -69,6 +69,7 @@ def nih_fingerprints(
     config: NihFingerprintsConfig,
     datasets: DatasetsResource,
     outputs: OutputsResource,
+    run_settings: RunSettingsResource,
 ) -> dg.Output[pd.DataFrame]:
     nih = datasets.nih()
     if nih is None:
@@ -84,8 +85,10 @@ def nih_fingerprints(
             f"unpack the NIH image archives there (expected layout:\n{LAYOUT})"
         )
     progress = ProgressLog(context.log, "NIH images to fingerprint", len(jobs))
+    # The local processes run as many images at once as the executor runs chunks.
+    slots = run_settings.executor().slots()
     table, decoded = fingerprint_parent_images(
-        jobs, _previous_table(outputs, "nih_fingerprints"), worker_slots(), progress.update
+        jobs, _previous_table(outputs, "nih_fingerprints"), slots, progress.update
     )
     errors = table[table["status"] == "error"]
     if len(errors) * 2 > len(table):

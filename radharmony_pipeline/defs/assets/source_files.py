@@ -2,7 +2,6 @@
 
 import dagster as dg
 
-from ...processing.settings import unreadable_limit
 from ...processing.source_snapshot import (
     ABSENT,
     SourceSnapshot,
@@ -19,6 +18,7 @@ from ...sources.preflight import PartitionReport, check_partition
 from ..data_check import dataset_configured
 from ..partitions import dataset_split_partitions
 from ..resources import DatasetsResource, OutputsResource
+from ..run_settings import RunSettingsResource
 
 # The tag Dagster reads a source's data version from (what `DataVersionsByPartition` writes).
 DATA_VERSION_TAG = "dagster/data_version"
@@ -107,11 +107,14 @@ SOURCE_KINDS = ("jpeg", "png", "dicom", "json", "csv")
     tags={"stage": "sources", **{f"dagster/kind/{kind}": "" for kind in SOURCE_KINDS}},
 )
 def source_files(
-    context: dg.AssetExecutionContext, datasets: DatasetsResource, outputs: OutputsResource
+    context: dg.AssetExecutionContext,
+    datasets: DatasetsResource,
+    outputs: OutputsResource,
+    run_settings: RunSettingsResource,
 ) -> dg.DataVersionsByPartition:
     snapshots = outputs.root() / SNAPSHOT_FOLDER
     changed = []
-    limit = unreadable_limit()
+    limit = run_settings.unreadable_limit
     configured: dict[str, bool] = {}
     for partition_key in dataset_split_partitions.get_partition_keys():
         dataset, split = parse_partition_key(partition_key)

@@ -13,11 +13,12 @@ from ...processing.mask_overlap import (
     overlap_figures,
     overlap_of_files,
 )
-from ...processing.parallel import map_in_chunks, worker_count
+from ...processing.parallel import map_in_chunks
 from ...processing.storage import open_for_reading
 from ...sources.base import DatasetSource
 from ...sources.counts import CountComparison, compare_counts, is_dataset_metric
 from ..resources import DatasetsResource, OutputsResource
+from ..run_settings import RunSettingsResource
 from .manifest import complete_datasets, figures_result
 
 ALPHA_METRIC = "rgba_images"
@@ -33,7 +34,10 @@ ALPHA_METRIC = "rgba_images"
     "2.5 %) and its 42 RGBA source PNGs (37 train / 5 test).",
 )
 def dataset_figures_match_documentation(
-    unified_manifest: pd.DataFrame, datasets: DatasetsResource, outputs: OutputsResource
+    unified_manifest: pd.DataFrame,
+    datasets: DatasetsResource,
+    outputs: OutputsResource,
+    run_settings: RunSettingsResource,
 ) -> dg.AssetCheckResult:
     complete, pending = complete_datasets(unified_manifest)
     comparisons, found_by_dataset = {}, {}
@@ -49,7 +53,8 @@ def dataset_figures_match_documentation(
         }
         if not wanted and not split_wanted:
             continue
-        found = measured_figures(source, rows, outputs.root(), {*wanted, *split_wanted})
+        metrics = {*wanted, *split_wanted}
+        found = measured_figures(source, rows, outputs.root(), metrics, run_settings.workers)
         comparisons[key] = [
             CountComparison(f"{key}: {c.metric}", c.expected, c.found)
             for c in compare_counts({**wanted, **split_wanted}, found)
@@ -59,12 +64,12 @@ def dataset_figures_match_documentation(
 
 
 def measured_figures(
-    source: DatasetSource, rows: pd.DataFrame, root: Path, metrics: set[str]
+    source: DatasetSource, rows: pd.DataFrame, root: Path, metrics: set[str], workers: int
 ) -> dict[str, int]:
     """The dataset-wide figures that `metrics` asks for (each is costly: measured on demand)."""
     found: dict[str, int] = {}
     if any(m.startswith("overlap.") for m in metrics):
-        found.update(_overlap(source, root))
+        found.update(_overlap(source, root, workers))
     if any(m.endswith(ALPHA_METRIC) for m in metrics):
         for split, split_rows in rows.groupby("split"):
             base = source.image_dir(str(split))
@@ -81,7 +86,7 @@ def _read_table(path: Any) -> pd.DataFrame:
         return pd.read_parquet(handle)
 
 
-def _overlap(source: DatasetSource, root: Path) -> dict[str, int]:
+def _overlap(source: DatasetSource, root: Path, workers: int) -> dict[str, int]:
     tables = [
         _read_table(root / "tables" / "masks" / f"{source.key}.{split}.parquet")
         for split in source.splits
@@ -94,6 +99,6 @@ def _overlap(source: DatasetSource, root: Path) -> dict[str, int]:
     ]
     # Only images with two or more classes need their pixels read.
     several = [files for files in per_image if len(files) > 1]
-    measured = map_in_chunks(overlap_of_files, several, worker_count())
+    measured = map_in_chunks(overlap_of_files, several, workers)
     single = [ImageOverlap(tuple(files), ()) for files in per_image if len(files) == 1]
     return overlap_figures([*measured, *single], classes["area_fraction"].tolist())

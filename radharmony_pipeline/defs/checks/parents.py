@@ -17,23 +17,19 @@ from ...processing.parents import (
     patients_across_own_splits,
     train_images_in_parent_test,
 )
-from ...processing.settings import parent_leaks_block
 from ..assets.parents import NOT_CONFIGURED, parent_file_versions
 from ..resources import DatasetsResource
+from ..run_settings import RunSettingsResource
 
 _DROP_LEAKS = "ManifestDataset(..., drop_parent_train_leaks=True)"
 
 
 def _result(
-    leaks: ParentLeaks, hint: str, datasets: DatasetsResource, what: str
+    leaks: ParentLeaks, hint: str, datasets: DatasetsResource, block: bool, what: str
 ) -> dg.AssetCheckResult:
     found = len(leaks.images)
     unconfigured = leaks.unconfigured
-    severity = (
-        dg.AssetCheckSeverity.ERROR
-        if found and parent_leaks_block()
-        else dg.AssetCheckSeverity.WARN
-    )
+    severity = dg.AssetCheckSeverity.ERROR if found and block else dg.AssetCheckSeverity.WARN
     parts = [f"{found} {what}" + (f": {leaks.per_pair}" if found else "")]
     if unconfigured:
         parts.append(
@@ -68,8 +64,13 @@ def _leak_check(
     name: str, description: str, find: Callable[[pd.DataFrame], ParentLeaks], what: str, hint: str
 ) -> dg.AssetChecksDefinition:
     @dg.asset_check(asset="parent_provenance", name=name, blocking=True, description=description)
-    def check(parent_provenance: pd.DataFrame, datasets: DatasetsResource) -> dg.AssetCheckResult:
-        return _result(find(parent_provenance), hint, datasets, what)
+    def check(
+        parent_provenance: pd.DataFrame,
+        datasets: DatasetsResource,
+        run_settings: RunSettingsResource,
+    ) -> dg.AssetCheckResult:
+        block = run_settings.parent_leaks_block()
+        return _result(find(parent_provenance), hint, datasets, block, what)
 
     return check
 
@@ -113,7 +114,7 @@ train_images_in_parent_test_split = _leak_check(
     "unrepairable.",
 )
 def chestx_det_patients_across_splits(
-    parent_provenance: pd.DataFrame, datasets: DatasetsResource
+    parent_provenance: pd.DataFrame, datasets: DatasetsResource, run_settings: RunSettingsResource
 ) -> dg.AssetCheckResult:
     leaks = patients_across_own_splits(parent_provenance, "chestx_det")
     return _result(
@@ -122,6 +123,7 @@ def chestx_det_patients_across_splits(
         "disjoint with ManifestDataset(..., patient_disjoint_parents=True) (drops the test "
         "images of shared patients).",
         datasets,
+        run_settings.parent_leaks_block(),
         "ChestX-Det images belong to patients in both its train and test split",
     )
 

@@ -1,0 +1,148 @@
+"""The run-settings resource: run config first, each RADHARMONY_* variable as its default,
+validated once; the executor chosen there; nothing below defs/ reads the environment."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+import radharmony_pipeline
+from radharmony_pipeline.defs.resources import pipeline_resources
+from radharmony_pipeline.defs.run_settings import RunSettingsResource
+from radharmony_pipeline.processing import settings
+from radharmony_pipeline.processing.cluster import DaskCluster, LocalPool
+from radharmony_pipeline.processing.parallel import map_with_time_limit
+from radharmony_pipeline.processing.supervised import TimeLimit
+
+VARIABLES = (
+    settings.WORKERS_VARIABLE,
+    settings.TIMEOUT_VARIABLE,
+    settings.SCHEDULER_VARIABLE,
+    settings.UNREADABLE_LIMIT_VARIABLE,
+    settings.PARENT_LEAKS_VARIABLE,
+)
+
+
+@pytest.fixture
+def clean(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for variable in VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    return monkeypatch
+
+
+def test_unset_variables_give_the_documented_defaults(clean) -> None:
+    run = RunSettingsResource()
+    assert run.workers == settings.worker_count({})
+    assert run.job_timeout_seconds == settings.DEFAULT_TIMEOUT_SECONDS
+    assert run.dask_scheduler is None
+    assert run.unreadable_limit == settings.DEFAULT_UNREADABLE_LIMIT
+    assert run.parent_leaks == "warn" and not run.parent_leaks_block()
+    assert run.executor() == LocalPool(run.workers)
+
+
+def test_every_variable_is_the_default_and_run_config_wins(clean) -> None:
+    clean.setenv(settings.WORKERS_VARIABLE, "3")
+    clean.setenv(settings.TIMEOUT_VARIABLE, "7.5")
+    clean.setenv(settings.SCHEDULER_VARIABLE, " tcp://10.0.0.5:8786 ")
+    clean.setenv(settings.UNREADABLE_LIMIT_VARIABLE, "0.25")
+    clean.setenv(settings.PARENT_LEAKS_VARIABLE, "BLOCK")
+    run = RunSettingsResource()
+    assert (run.workers, run.job_timeout_seconds, run.unreadable_limit) == (3, 7.5, 0.25)
+    assert run.parent_leaks_block()
+    assert run.executor() == DaskCluster("tcp://10.0.0.5:8786")
+    given = RunSettingsResource(
+        workers=2,
+        job_timeout_seconds=9,
+        dask_scheduler="",
+        unreadable_limit=1,
+        parent_leaks="warn",
+    )
+    assert given.executor() == LocalPool(2)
+    assert given.time_limit(str).seconds == 9
+    assert given.unreadable_limit == 1 and not given.parent_leaks_block()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        (settings.WORKERS_VARIABLE, "two"),
+        (settings.TIMEOUT_VARIABLE, "-1"),
+        (settings.UNREADABLE_LIMIT_VARIABLE, "1.5"),
+        (settings.PARENT_LEAKS_VARIABLE, "sometimes"),
+    ],
+)
+def test_a_bad_variable_stops_the_resource_naming_it(clean, variable, value) -> None:
+    clean.setenv(variable, value)
+    with pytest.raises(settings.ConfigurationError, match=variable):
+        RunSettingsResource()
+    with pytest.raises(settings.ConfigurationError, match=variable):
+        settings.validate_settings({variable: value})
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"workers": 0},
+        {"job_timeout_seconds": 0},
+        {"job_timeout_seconds": float("inf")},
+        {"unreadable_limit": 1.01},
+        {"parent_leaks": "sometimes"},
+    ],
+)
+def test_bad_run_config_is_refused(clean, config) -> None:
+    with pytest.raises(Exception, match=next(iter(config))):
+        RunSettingsResource(**config)
+
+
+def test_the_resource_is_in_the_launchpad_with_a_description_per_field(clean) -> None:
+    resource = pipeline_resources()["run_settings"]
+    assert isinstance(resource, RunSettingsResource)
+    fields = resource.get_resource_definition().config_schema.config_type.fields
+    expected = set(RunSettingsResource.model_fields)
+    assert set(fields) == expected
+    for name in expected:
+        assert fields[name].description, name
+    # Each description names the variable its default comes from.
+    described = " ".join(fields[name].description for name in expected)
+    for variable in VARIABLES:
+        assert variable in described
+
+
+def test_the_time_limit_names_where_it_is_set_and_the_generic_pool_names_nothing(clean) -> None:
+    assert RunSettingsResource(job_timeout_seconds=1).time_limit(str).exceeded() == (
+        f"took longer than 1 s ({settings.TIMEOUT_VARIABLE}); stopped"
+    )
+    generic = TimeLimit(1.0, lambda item, reason: reason)
+    assert generic.exceeded() == "took longer than 1 s; stopped"
+    assert "RADHARMONY" not in map_with_time_limit(_sleep, [5.0], 1, generic)[0]
+
+
+def _sleep(seconds: float) -> float:
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+def test_nothing_below_defs_reads_the_environment() -> None:
+    package = Path(radharmony_pipeline.__file__).parent
+    reads = re.compile(r"\bos\.environ\b|\bgetenv\b|\bos\.environb\b")
+    found = [
+        f"{path.relative_to(package)}:{number}: {line.strip()}"
+        for folder in ("sources", "processing")
+        for path in sorted((package / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if reads.search(line)
+    ]
+    assert not found, found
+
+
+def test_the_definitions_carry_the_run_settings(clean) -> None:
+    from radharmony_pipeline.definitions import build_definitions
+
+    definitions = build_definitions()
+    assert isinstance(definitions, dg.Definitions)
+    assert isinstance(definitions.resources["run_settings"], RunSettingsResource)
