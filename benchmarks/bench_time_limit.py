@@ -1,8 +1,9 @@
 """Benchmark: what the per-image time limit costs (issue 9).
 
-Builds the masks of a synthetic ChestX-Det train split (repeated into separate folders) with
-map_in_chunks on all cores twice per round: through the plain process pool (no time limit,
-the baseline) and through the supervised pool the `masks` and `images` stages use (one
+Builds the masks of a synthetic ChestX-Det train split (repeated into separate folders) on
+all cores twice per round: through the plain process pool (map_in_chunks, no time limit, the
+baseline) and through the supervised pool the `masks` and `images` stages use
+(map_with_time_limit: one
 long-lived process per worker fed single images, one message each way per image, a stuck
 image killed). Prints the median
 throughput of each and their ratio. Target: ratio >= 0.9.
