@@ -415,3 +415,21 @@ def test_only_runs_whose_worker_on_this_host_is_gone_are_freed_and_failed():
         assert held == {"alive-here", "other-host", "untagged"}
         statuses = {run_id: instance.get_run_by_id(run_id).status for run_id in workers}
         assert {r for r, s in statuses.items() if s == dg.DagsterRunStatus.FAILURE} == set(freed)
+
+
+def test_a_temporary_this_process_released_is_an_orphan_here_too(tmp_path):
+    """A Dask shard is named after the step's process; once a failed step released it, a
+    worker's late copy is removed by the next clean-up, also one in the same process."""
+    from radharmony_pipeline.processing.atomic import (
+        release_temporaries,
+        remove_orphaned_temporaries,
+        temporary_sibling,
+    )
+
+    released = temporary_sibling(tmp_path / "shard0-p.npy")
+    held = temporary_sibling(tmp_path / "shard1-p.npy")
+    release_temporaries([released])
+    released.write_bytes(b"late")
+    held.write_bytes(b"in use")
+    assert remove_orphaned_temporaries(tmp_path) == [released]
+    assert not released.exists() and held.exists()
