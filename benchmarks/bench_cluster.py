@@ -4,9 +4,10 @@ On the same synthetic full-resolution JPEGs as bench_images.py (seeded, written 
 run, each timed pass on a fresh output folder (nothing to re-use):
 
 1. the local process pool with os.cpu_count() workers (the default, no Dask);
-2. a Dask cluster of the same size on this machine: a scheduler and os.cpu_count()
-   single-threaded worker processes (distributed.LocalCluster), selected the way the asset
-   selects it, through RADHARMONY_DASK_SCHEDULER. Target: within 15 % of the local pool;
+2. a Dask cluster of the same size on this machine: `dask scheduler` and os.cpu_count()
+   `dask worker` processes (one thread each, otherwise as the CLI ships: daemonic worker
+   processes) on loopback, stopped by PID afterwards, selected the way the asset selects it,
+   through RADHARMONY_DASK_SCHEDULER. Target: within 15 % of the local pool;
 3. the same with one worker. Target: the full cluster >= 1.7x one worker (on 2 cores).
 
 Each configuration first runs an untimed warm-up over a few images (imports in the workers,
@@ -23,8 +24,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench_images import DEFAULT_NOISE, WARMUP_IMAGES, machine_line, prepare_sources, run_stage
@@ -32,6 +38,8 @@ from bench_images import DEFAULT_NOISE, WARMUP_IMAGES, machine_line, prepare_sou
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
 from radharmony_pipeline.processing.settings import SCHEDULER_VARIABLE
 
+# One thread per worker process, on loopback; nothing else set (daemonic, as it ships).
+WORKER_OPTIONS = ("--nworkers", "1", "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard")
 OVERHEAD_TARGET = 0.85  # Dask throughput / local pool throughput
 SCALING_TARGET = 1.7  # two workers / one worker
 
@@ -45,18 +53,61 @@ def timed_rate(sources: Sequence[Path], scratch: Path, name: str) -> float:
 
 
 def dask_rate(sources: Sequence[Path], scratch: Path, workers: int, name: str) -> float:
-    from distributed import LocalCluster
+    # `dask worker` as it ships (daemonic worker processes): each thread's supervised child
+    # that bounds every image's time is then a subprocess.
+    processes = start_dask_cli(workers, scratch / f"{name}-logs")
+    os.environ[SCHEDULER_VARIABLE] = processes.address
+    try:
+        return timed_rate(sources, scratch, name)
+    finally:
+        del os.environ[SCHEDULER_VARIABLE]
+        processes.stop()
 
-    # Worker processes with Dask's defaults (daemonic, as `dask worker` starts them): each
-    # thread's supervised child that bounds every image's time is then a subprocess.
-    with LocalCluster(
-        n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
-    ) as cluster:
-        os.environ[SCHEDULER_VARIABLE] = cluster.scheduler_address
-        try:
-            return timed_rate(sources, scratch, name)
-        finally:
-            del os.environ[SCHEDULER_VARIABLE]
+
+@dataclass
+class DaskProcesses:
+    address: str
+    started: list[subprocess.Popen] = field(default_factory=list)
+
+    def stop(self) -> None:
+        """Workers first, then the scheduler: SIGINT (a clean close), SIGKILL after 20 s."""
+        for process in reversed(self.started):
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def start_dask_cli(workers: int, logs: Path) -> DaskProcesses:
+    """`dask scheduler` and `workers` `dask worker` processes on 127.0.0.1."""
+    from distributed import Client
+
+    logs.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dask = str(Path(sys.executable).with_name("dask"))
+    processes = DaskProcesses(f"tcp://127.0.0.1:{port}")
+    commands = [[dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"]]
+    commands += [
+        [dask, "worker", processes.address, *WORKER_OPTIONS, "--name", f"w{number}"]
+        for number in range(workers)
+    ]
+    try:
+        for number, command in enumerate(commands):
+            with open(logs / f"dask-{number}.log", "wb") as log:
+                processes.started.append(
+                    subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+                )
+        with Client(processes.address, timeout=60) as client:
+            client.wait_for_workers(workers, timeout=120)
+    except BaseException:
+        processes.stop()
+        raise
+    return processes
 
 
 def main(argv: Sequence[str] | None = None) -> int:

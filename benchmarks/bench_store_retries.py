@@ -7,7 +7,10 @@ injected 503 SlowDown answers cost a run.
 2. A run: the stages of two tiny partitions with datasets and outputs on the store, through
    the fault proxy of the tests, fault-free and with 10 % of requests answered 503.
 
-Rounds alternate the two sides, and the medians are compared (a shared machine is noisy).
+A shared machine is noisy: rounds interleave the two sides, in an order reversed every
+round (A-B, B-A, ...); each side's median wall and CPU time (this process's, the client's
+side of each request) is printed with its spread (min-max over the rounds), and the cost is
+the median of the per-round ratios, so that a drift in load between rounds cancels out.
 Run: `.venv/bin/python benchmarks/bench_store_retries.py [--objects N] [--rounds R]`.
 """
 
@@ -42,19 +45,16 @@ from radharmony_pipeline.processing.storage import output_path, publish, read_by
 PARTITIONS = ["chestx_det.test", "chexlocalize.val"]
 
 
-def with_layer(root, count: int, payload: bytes) -> float:
-    started = time.perf_counter()
+def with_layer(root, count: int, payload: bytes) -> None:
     for index in range(count):
         path = root / f"layer/{index}.png"
         publish(path, lambda handle: handle.write(payload))
         read_bytes(path)
-    return time.perf_counter() - started
 
 
-def without_layer(root, count: int, payload: bytes) -> float:
+def without_layer(root, count: int, payload: bytes) -> None:
     """The same requests (upload to a temporary key, copy, delete, read) on the client."""
     fs = root.fs
-    started = time.perf_counter()
     for index in range(count):
         path = root / f"bare/{index}.png"
         temp = temporary_sibling(path)
@@ -62,7 +62,45 @@ def without_layer(root, count: int, payload: bytes) -> float:
         fs.cp_file(temp.path, path.path)
         fs.rm_file(temp.path)
         fs.cat_file(path.path)
-    return time.perf_counter() - started
+
+
+def timed(action) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) of action()."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    action()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def interleaved(first, second, rounds: int) -> tuple[list, list]:
+    """Timings of `rounds` passes of each, A-B then B-A, alternating."""
+    a, b = [], []
+    for number in range(rounds):
+        if number % 2 == 0:
+            a.append(timed(first))
+            b.append(timed(second))
+        else:
+            b.append(timed(second))
+            a.append(timed(first))
+    return a, b
+
+
+def summary(timings: list[tuple[float, float]], per: int, unit: float, label: str) -> str:
+    walls = [wall / per * unit for wall, _ in timings]
+    cpus = [cpu / per * unit for _, cpu in timings]
+    return (
+        f"wall {statistics.median(walls):.2f} (spread {min(walls):.2f}-{max(walls):.2f}), "
+        f"CPU {statistics.median(cpus):.2f} (spread {min(cpus):.2f}-{max(cpus):.2f}) {label}"
+    )
+
+
+def ratio_line(test: list, base: list, position: int) -> str:
+    ratios = [t[position] / b[position] for t, b in zip(test, base, strict=True)]
+    median, low, high = (100 * (r - 1) for r in (statistics.median(ratios), *minmax(ratios)))
+    return f"{median:+.1f} % (rounds {low:+.1f} % to {high:+.1f} %)"
+
+
+def minmax(values: list[float]) -> tuple[float, float]:
+    return min(values), max(values)
 
 
 def request_figures(endpoint: str, objects: int, rounds: int) -> None:
@@ -70,16 +108,16 @@ def request_figures(endpoint: str, objects: int, rounds: int) -> None:
     root = output_path(f"s3://{BUCKET}/bench")
     payload = os.urandom(17_000)
     with_layer(root, 20, payload), without_layer(root, 20, payload)  # warm-up
-    layered, bare = [], []
-    for _ in range(rounds):
-        layered.append(with_layer(root, objects, payload))
-        bare.append(without_layer(root, objects, payload))
-    per_layered = statistics.median(layered) / objects * 1000
-    per_bare = statistics.median(bare) / objects * 1000
+    layered, bare = interleaved(
+        lambda: with_layer(root, objects, payload),
+        lambda: without_layer(root, objects, payload),
+        rounds,
+    )
     print(f"requests: {objects} objects x {rounds} rounds (publish + read back, 17 kB each)")
-    print(f"  s3fs client directly (floor):  {per_bare:.2f} ms per object")
-    print(f"  through the retry layer:       {per_layered:.2f} ms per object")
-    print(f"  cost of the layer: {100 * (per_layered / per_bare - 1):+.1f} % (target <= 5 %)")
+    print(f"  s3fs client directly (floor): {summary(bare, objects, 1000, 'ms per object')}")
+    print(f"  through the retry layer:      {summary(layered, objects, 1000, 'ms per object')}")
+    print(f"  cost of the layer, wall: {ratio_line(layered, bare, 0)} (target <= 5 %)")
+    print(f"  cost of the layer, CPU:  {ratio_line(layered, bare, 1)}")
 
 
 def run_figures(services: Services, proxy_port: int, control: Path, rounds: int) -> None:
@@ -95,10 +133,9 @@ def run_figures(services: Services, proxy_port: int, control: Path, rounds: int)
     generate_datasets(local, scale="tiny", seed=7, mimic_format="mixed")
     s3(services).put(f"{local}/", f"{BUCKET}/data/", recursive=True)
 
-    def one_run(prefix: str, faults: dict) -> float:
+    def one_run(prefix: str, faults: dict) -> None:
         control.write_text(json.dumps(faults))
         time.sleep(0.01)
-        started = time.perf_counter()
         for key in PARTITIONS:
             result = dg.materialize(
                 DEFINITIONS,
@@ -109,25 +146,27 @@ def run_figures(services: Services, proxy_port: int, control: Path, rounds: int)
                 raise_on_error=False,
             )
             assert result.success, f"{prefix} {key} failed"
-        return time.perf_counter() - started
 
     one_run("warm-up", {})  # untimed: imports, worker processes, the store's first objects
-    clean, faulty = [], []
-    for number in range(rounds):
-        clean.append(one_run(f"clean{number}", {}))
-        faulty.append(one_run(f"faulty{number}", {"error_rate": 0.1, "error_codes": ["SlowDown"]}))
+    names = iter(range(10**6))
+    slow_down = {"error_rate": 0.1, "error_codes": ["SlowDown"]}
+    faulty, clean = interleaved(
+        lambda: one_run(f"faulty{next(names)}", slow_down),
+        lambda: one_run(f"clean{next(names)}", {}),
+        rounds,
+    )
     control.write_text("{}")
     print(f"run: stages of {', '.join(PARTITIONS)} on S3, {rounds} rounds (from scratch)")
-    print(f"  fault-free:          {statistics.median(clean):.1f} s")
-    print(f"  10 % answered 503:   {statistics.median(faulty):.1f} s")
-    print(f"  ratio: {statistics.median(faulty) / statistics.median(clean):.2f}x")
+    print(f"  fault-free:          {summary(clean, 1, 1, 's')}")
+    print(f"  10 % answered 503:   {summary(faulty, 1, 1, 's')}")
+    print(f"  10 % 503s against fault-free, wall: {ratio_line(faulty, clean, 0)}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objects", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--run-rounds", type=int, default=1)
+    parser.add_argument("--run-rounds", type=int, default=2)
     parser.add_argument("--skip-run", action="store_true", help="only the request figures")
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="bench-store-logs-"))

@@ -68,7 +68,13 @@ from radharmony_pipeline.processing.parents import (
     without_parent_patient_leaks,
     without_parent_train_leaks,
 )
-from radharmony_pipeline.processing.storage import OutputPath, is_local, output_path
+from radharmony_pipeline.processing.storage import (
+    OutputPath,
+    exists,
+    is_local,
+    open_for_reading,
+    output_path,
+)
 from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS, snake_case, unified_class
 from radharmony_pipeline.sources import SOURCE_TYPES
 
@@ -204,7 +210,7 @@ class ManifestDataset(_DatasetBase):
             return None
         path = self.output_root / relative_path
         if path not in self._packed:
-            self._packed[path] = _load_packed(path) if path.is_file() else None
+            self._packed[path] = _load_packed(path) if exists(path) else None
         return self._packed[path]
 
     def _mask(self, row: pd.Series, shape: tuple[int, int]) -> np.ndarray:
@@ -240,7 +246,7 @@ def _read_manifest(
     if isinstance(manifest, pd.DataFrame):
         table = manifest
     else:
-        with output_path(manifest).open("rb") as handle:
+        with open_for_reading(output_path(manifest)) as handle:
             present = set(pq.read_schema(handle).names)
             handle.seek(0)
             table = pd.read_parquet(handle, columns=[c for c in wanted if c in present])
@@ -301,15 +307,16 @@ def _checked_index(index: int, length: int) -> int:
 
 
 def _load_packed(path: OutputPath) -> np.ndarray:
-    """Memory-mapped on a local disk; read whole (once per process) from object storage."""
+    """Memory-mapped on a local disk; read whole (once per process, one retried request)
+    from object storage."""
     if is_local(path):
         return np.load(path, mmap_mode="r")
-    with path.open("rb") as handle:
+    with open_for_reading(path) as handle:
         return np.load(handle, allow_pickle=False)
 
 
 def _read_png(path: OutputPath) -> np.ndarray:
-    with path.open("rb") as handle, Image.open(handle) as image:
+    with open_for_reading(path) as handle, Image.open(handle) as image:
         return np.asarray(image if image.mode == "L" else image.convert("L"))
 
 

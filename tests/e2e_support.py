@@ -56,12 +56,20 @@ def _default_sigint() -> None:
 class DagsterDev:
     """`dagster dev` (webserver + daemon) in its own process group, logging to a file."""
 
-    def __init__(self, repo: Path, env: Mapping[str, str], log_path: Path, port: int):
+    def __init__(
+        self,
+        repo: Path,
+        env: Mapping[str, str],
+        log_path: Path,
+        port: int,
+        program: tuple[str, ...] = ("dagster", "dev"),
+    ):
+        """`program` may name another server of the same options (`dagster-webserver`)."""
         self.port = port
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        dagster = Path(sys.executable).with_name("dagster")
-        command = [str(dagster), "dev", "-w", str(repo / "workspace.yaml")]
+        executable = Path(sys.executable).with_name(program[0])
+        command = [str(executable), *program[1:], "-w", str(repo / "workspace.yaml")]
         self.proc = subprocess.Popen(
             [*command, "-h", "127.0.0.1", "-p", str(port)],
             cwd=repo,

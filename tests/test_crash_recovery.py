@@ -1,5 +1,6 @@
-"""kill -9 / SIGTERM of a run during masks and images, started by the `radharmony` CLI or by
-`dagster asset materialize`, then the same command on the same DAGSTER_HOME: the dead run's
+"""kill -9 / SIGTERM of a run during masks and images, started by the `radharmony` CLI, by
+`dagster asset materialize`, by the webserver (GraphQL, as the UI's launchpad) or by the
+daemon's run queue, then the same command or launch on the same DAGSTER_HOME: the dead run's
 pool slot is freed by the next run itself and the outputs are byte-identical.
 
 The per-image work is slowed down by a `sitecustomize` module on PYTHONPATH (loaded by the CLI
@@ -8,6 +9,7 @@ and by its worker processes alike), so that the kill lands while the stage is wr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -18,8 +20,13 @@ from pathlib import Path
 from unittest import mock
 
 import dagster as dg
+import psutil
 import pytest
+from dagster_graphql import DagsterGraphQLClient
+from e2e_support import REPOSITORY_NAME, DagsterDev, free_port
 
+from radharmony_pipeline.defs.jobs import ALL_STAGES_JOB
+from radharmony_pipeline.defs.recovery import WORKER_TAG, RunWorker
 from radharmony_pipeline.processing.atomic import TEMP_MARKER
 
 PARTITION = "chestx_det.test"  # has masks, boxes and images
@@ -40,9 +47,29 @@ if stage:
     if stage == "masks":
         mask_jobs.PolygonMaskJob.run = slowed(mask_jobs.PolygonMaskJob.run)
     else:
-        image_jobs.ImageJob.process = slowed(image_jobs.ImageJob.process)
+        image_jobs.ImageJob._process = slowed(image_jobs.ImageJob._process)
 """
 STAGE_FOLDER = {"masks": "masks", "images": "images"}
+# For a run launched by a server: every image waits while the file HOLD_IMAGES names exists
+# (and says so once, beside it), so that the kill lands inside `images` whatever the load.
+HOLD = """
+import os, time
+from pathlib import Path
+hold = os.environ.get("HOLD_IMAGES")
+if hold:
+    from radharmony_pipeline.processing import image_jobs
+
+    def held(method):
+        def run(self, *args, **kwargs):
+            Path(hold + ".reached").touch()
+            deadline = time.monotonic() + 600
+            while Path(hold).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return method(self, *args, **kwargs)
+        return run
+
+    image_jobs.ImageJob._process = held(image_jobs.ImageJob._process)
+"""
 
 
 def environment(tmp_path: Path, home: Path, output: Path, slow_stage: str | None) -> dict:
@@ -415,3 +442,136 @@ def test_only_runs_whose_worker_on_this_host_is_gone_are_freed_and_failed():
         assert held == {"alive-here", "other-host", "untagged"}
         statuses = {run_id: instance.get_run_by_id(run_id).status for run_id in workers}
         assert {r for r, s in statuses.items() if s == dg.DagsterRunStatus.FAILURE} == set(freed)
+
+
+def test_a_temporary_this_process_released_is_an_orphan_here_too(tmp_path):
+    """A Dask shard is named after the step's process; once a failed step released it, a
+    worker's late copy is removed by the next clean-up, also one in the same process."""
+    from radharmony_pipeline.processing.atomic import (
+        release_temporaries,
+        remove_orphaned_temporaries,
+        temporary_sibling,
+    )
+
+    released = temporary_sibling(tmp_path / "shard0-p.npy")
+    held = temporary_sibling(tmp_path / "shard1-p.npy")
+    release_temporaries([released])
+    released.write_bytes(b"late")
+    held.write_bytes(b"in use")
+    assert remove_orphaned_temporaries(tmp_path) == [released]
+    assert not released.exists() and held.exists()
+
+
+# --- kill -9 of a run launched from the UI, and of one the daemon launched --------------------
+
+# The webserver alone launches a submitted run itself; the project's instance queues runs
+# (`concurrency.runs`), so under `dagster dev` the daemon's run queue launches it.
+WEBSERVER_ONLY_INSTANCE = """\
+storage:
+  sqlite:
+    base_dir:
+      env: DAGSTER_HOME
+telemetry:
+  enabled: false
+concurrency:
+  pools:
+    default_limit: 1
+run_coordinator:
+  module: dagster.core.run_coordinator
+  class: DefaultRunCoordinator
+"""
+LAUNCHERS = {
+    "webserver": (("dagster-webserver",), WEBSERVER_ONLY_INSTANCE),
+    "daemon-run-queue": (("dagster", "dev"), None),
+}
+
+
+def run_worker_pid(home: Path, run_id: str) -> int | None:
+    with (
+        mock.patch.dict(os.environ, {"DAGSTER_HOME": str(home)}),
+        dg.DagsterInstance.get() as instance,
+    ):
+        run = instance.get_run_by_id(run_id)
+        worker = RunWorker.from_tag(run.tags.get(WORKER_TAG)) if run else None
+        return worker.pid if worker else None
+
+
+def kill_9_with_its_processes(pid: int) -> None:
+    """SIGKILL the run worker and the step processes it started, as an OOM kill of the
+    run's process group would."""
+    worker = psutil.Process(pid)
+    for process in [*worker.children(recursive=True), worker]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_kill_9_of_a_run_launched_by_a_server_then_the_same_launch_completes(
+    launcher, tiny_root, tmp_path, reference
+):
+    program, instance_yaml = LAUNCHERS[launcher]
+    home = new_home(tmp_path / "home")
+    if instance_yaml is not None:
+        (home / "dagster.yaml").write_text(instance_yaml)
+    output = tmp_path / "out"
+    hooks = tmp_path / "hold"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(HOLD)
+    hold = tmp_path / "hold-images"
+    hold.touch()
+    environ = {
+        **environment(tmp_path, home, output, None),
+        "RADHARMONY_DATA_ROOT": str(tiny_root),
+        "PYTHONPATH": os.pathsep.join([str(hooks), str(REPO)]),
+        "HOLD_IMAGES": str(hold),
+    }
+    server = DagsterDev(REPO, environ, tmp_path / "server.log", free_port(), program)
+    try:
+        server.wait_until_loaded("radharmony_pipeline", timeout=180)
+        client = DagsterGraphQLClient("127.0.0.1", port_number=server.port, timeout=60)
+
+        def launch() -> str:
+            return client.submit_job_execution(
+                ALL_STAGES_JOB,
+                repository_location_name="radharmony_pipeline",
+                repository_name=REPOSITORY_NAME,
+                tags={"dagster/partition": PARTITION},
+            )
+
+        killed = launch()
+        reached = Path(f"{hold}.reached")
+        deadline = time.monotonic() + 400
+        while not reached.exists():
+            server.check_alive()
+            assert time.monotonic() < deadline, "images never started" + server.log_tail()
+            time.sleep(0.05)
+        pid = run_worker_pid(home, killed)
+        assert pid is not None, "the run worker is not tagged on the run"
+        kill_9_with_its_processes(pid)
+        assert killed in runs_holding_the_pool(home), "the killed run should hold its slot"
+        hold.unlink()
+
+        # The same launch, nothing run by hand in between.
+        rerun = launch()
+        deadline = time.monotonic() + 400
+        status = None
+        while time.monotonic() < deadline:
+            server.check_alive()
+            status = client.get_run_status(rerun).value
+            if status in ("SUCCESS", "FAILURE", "CANCELED"):
+                break
+            time.sleep(0.5)
+        assert status == "SUCCESS", f"re-run {rerun}: {status}" + server.log_tail()
+        assert runs_holding_the_pool(home) == []
+        assert client.get_run_status(killed).value == "FAILURE"  # marked, not left STARTED
+    finally:
+        server.stop(grace=30)
+    wait_for_orphans(output)
+    assert temporaries(output) == []
+    resumed = outputs_of(output)
+    stage_files = [
+        n for n in reference if n.startswith((f"masks/{PARTITION}", f"images/{PARTITION}"))
+    ]
+    assert stage_files and [n for n in stage_files if resumed.get(n) != reference[n]] == []

@@ -522,3 +522,39 @@ def test_the_seed_compatible_class_returns_the_seed_keys_and_shapes(exported):
                 SeedCompatibleDataset(manifest, dataset, output_cls=True)
     unified = SeedCompatibleDataset(manifest, "ms_cxr", output_cls=True, labels="unified")
     assert unified[0]["cls"].shape == (len(LABEL_COLUMNS),)
+
+
+def export_files(root: Path, folder: str) -> dict[Path, bytes]:
+    return {p.relative_to(root): p.read_bytes() for p in (root / folder).rglob("*") if p.is_file()}
+
+
+@pytest.mark.timeout(600)
+def test_verify_finds_damaged_shards_and_the_next_export_rewrites_exactly_them(
+    tiny_root, exported, exported_copy
+):
+    from radharmony_pipeline.defs.verify import verify_outputs
+
+    partition = "chestx_det.train"
+    tar_folder = exported_copy / WEBDATASET_FOLDER / partition
+    parquet_folder = exported_copy / HUGGINGFACE_FOLDER / "chestx_det"
+    tars = sorted(tar_folder.glob("*.tar"))
+    parquets = sorted(parquet_folder.glob("train-*.parquet"))
+    assert len(tars) > 1 and len(parquets) > 1  # several shards, one damaged of each
+    truncated, flipped = tars[1], parquets[0]
+    truncated.write_bytes(truncated.read_bytes()[:-100])
+    content = bytearray(flipped.read_bytes())
+    content[len(content) // 2] ^= 0x5A
+    flipped.write_bytes(bytes(content))
+    untouched = {
+        p: p.stat().st_mtime_ns for p in [*tars, *parquets] if p not in (truncated, flipped)
+    }
+
+    found = {Path(m.path): m.problem for m in verify_outputs(exported_copy, [partition], None)}
+    assert set(found) == {truncated, flipped}, found
+    assert "truncated" in found[truncated] and "SHA-256" in found[flipped]
+
+    run_exports(tiny_root, exported_copy, [partition])
+    for folder in (WEBDATASET_FOLDER, HUGGINGFACE_FOLDER):
+        assert export_files(exported_copy, folder) == export_files(exported, folder)
+    assert {p: p.stat().st_mtime_ns for p in untouched} == untouched  # only those rewritten
+    assert verify_outputs(exported_copy, [partition], None) == []

@@ -1,7 +1,8 @@
 """The output volume fills up, or turns read-only, under a run: on a small tmpfs the test
 mounts itself (as root) and unmounts in `finally`. The step fails with one message naming
-the volume, the bytes needed and the free space; nothing partial is left; once the volume
-takes writes again the same command converges to the bytes of a run on an ordinary disk.
+the output root, its volume, the bytes needed and the free space; nothing partial is left;
+once the volume takes writes again the same command converges to the bytes of a run on an
+ordinary disk.
 """
 
 from __future__ import annotations
@@ -68,14 +69,16 @@ def reference(tmp_path_factory):
 def test_a_full_volume_fails_with_one_message_and_resumes_to_the_same_bytes(reference, tmp_path):
     data, expected = reference
     total = sum(len(content) for content in expected.values())
-    root = tmp_path / "output"
-    mount_tmpfs(root, f"{total // 3 // 4096 * 4096}")
+    volume = tmp_path / "volume"
+    root = volume / "radharmony" / "output"  # the output root is not the mount point
+    mount_tmpfs(volume, f"{total // 3 // 4096 * 4096}")
     try:
         failed = build(data, root, PARTITION)
         assert not failed.success
         message = failure_message(failed)
+        assert f"under the output root {root}:" in message
         assert "no space left on the output root's volume" in message
-        assert f"mounted at {root}" in message
+        assert f"mounted at {volume})" in message
         assert "bytes needed" in message and "bytes free" in message
         assert "run the same command again" in message
         # Nothing partial: no temporary file, and every file there is complete.
@@ -83,25 +86,26 @@ def test_a_full_volume_fails_with_one_message_and_resumes_to_the_same_bytes(refe
         assert not [name for name in left if TEMP_MARKER in name]
         assert all(expected[name] == content for name, content in left.items())
 
-        remount(root, "size=64m")
+        remount(volume, "size=64m")
         resumed = build(data, root, PARTITION)
         assert resumed.success
         assert files(root) == expected
     finally:
-        unmount(root)
+        unmount(volume)
 
 
 @pytest.mark.timeout(600)
 def test_a_volume_turned_read_only_mid_run_fails_clearly_and_resumes(reference, tmp_path):
     data, expected = reference
-    root = tmp_path / "output"
-    mount_tmpfs(root, "64m")
+    volume = tmp_path / "volume"
+    root = volume / "output"
+    mount_tmpfs(volume, "64m")
     stop = threading.Event()
 
     def turn_read_only_once_tables_appear() -> None:
         while not stop.is_set():
             if (root / "tables" / "labels").exists():
-                remount(root, "ro")
+                remount(volume, "ro")
                 return
             time.sleep(0.01)
 
@@ -113,18 +117,19 @@ def test_a_volume_turned_read_only_mid_run_fails_clearly_and_resumes(reference, 
         watcher.join()
         assert not failed.success
         message = failure_message(failed)
-        assert f"mounted at {root}) is read-only" in message
+        assert f"under the output root {root}:" in message
+        assert f"mounted at {volume}) is read-only" in message
         assert "run the same command again" in message
         left = files(root)
         assert all(
             expected[name] == content for name, content in left.items() if TEMP_MARKER not in name
         )
 
-        remount(root, "rw")
+        remount(volume, "rw")
         resumed = build(data, root, PARTITION)
         assert resumed.success
         assert files(root) == expected
     finally:
         stop.set()
         watcher.join()
-        unmount(root)
+        unmount(volume)

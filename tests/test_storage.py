@@ -152,3 +152,47 @@ def test_an_unchanged_partition_on_s3_is_verified_from_headers(bucket, tmp_path,
     monkeypatch.setattr(image_jobs_module, "publish", no_upload)
     again = build_packed_images(image_jobs(sources, root), packed, SIZE, LocalPool(1))
     assert again == [replace(row, decoded=False) for row in first]
+
+
+def test_the_loader_and_the_duplicate_sheet_retry_transient_store_faults(
+    bucket, tmp_path, monkeypatch
+):
+    """ManifestDataset on an s3:// manifest, and the near-duplicate checks' sheet lookup, go
+    through the storage layer's retries: the first reads and lookups are cut connections."""
+    import pyarrow.parquet as pq
+    import s3fs
+    from test_loader import manifest_table, write_images
+
+    from radharmony_pipeline import loader
+    from radharmony_pipeline.defs.checks import duplicates
+
+    monkeypatch.setattr(loader, "torch", None)
+    local = tmp_path / "output"
+    table = manifest_table(write_images(local))
+    (local / "tables").mkdir(parents=True)
+    pq.write_table(table, local / "tables" / "unified_manifest.parquet")
+    (local / duplicates.SHEET).parent.mkdir(parents=True, exist_ok=True)
+    (local / duplicates.SHEET).write_bytes(b"sheet")
+    bucket.fs.put(f"{local}/", f"{BUCKET}/loader/", recursive=True)
+    bucket.fs.invalidate_cache()
+
+    faults = {"get_object": 3, "head_object": 2}
+    original = s3fs.S3FileSystem._call_s3
+
+    async def flaky(self, method, *args, **kwargs):
+        if faults.get(method, 0) > 0:
+            faults[method] -= 1
+            raise ConnectionResetError(f"{method}: connection reset (injected by the test)")
+        return await original(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", flaky)
+    remote = loader.ManifestDataset(f"s3://{BUCKET}/loader/tables/unified_manifest.parquet")
+    expected = loader.ManifestDataset(local / "tables" / "unified_manifest.parquet")
+    assert len(remote) == len(expected)
+    for got, want in zip(remote, expected, strict=True):
+        np.testing.assert_array_equal(got["img"], want["img"])
+        np.testing.assert_array_equal(got["mask"], want["mask"])
+    outputs = type("Outputs", (), {"root": lambda self: bucket / "loader"})()
+    bucket.fs.invalidate_cache()
+    assert "examples" in duplicates._sheet(outputs)
+    assert faults == {"get_object": 0, "head_object": 0}  # every injected fault was met

@@ -10,10 +10,11 @@ import dagster as dg
 from ..processing.integrity import (
     PARTITION_TABLES,
     Mismatch,
+    damaged_export_shards,
     verify_partition,
     withdraw_packed_keys,
 )
-from ..processing.storage import OutputPath
+from ..processing.storage import OutputPath, remove
 from .io_managers import TABLE_CHECKSUM
 
 
@@ -36,7 +37,9 @@ def verify_outputs(
 ) -> list[Mismatch]:
     """Every mismatch under `root` for `partitions`. A partition with a damaged image or
     packed array has its array's key record withdrawn, so that its next materialize checks
-    every image and repairs exactly what is damaged instead of trusting the headers."""
+    every image and repairs exactly what is damaged instead of trusting the headers. A
+    damaged export shard is removed (a reader then fails on it instead of reading garbage),
+    and the next materialize of that export writes exactly it again."""
     mismatches = []
     for partition in partitions:
         checksums = recorded_table_checksums(instance, partition) if instance else {}
@@ -44,4 +47,7 @@ def verify_outputs(
         if any(not m.path.endswith(".parquet") for m in found):
             withdraw_packed_keys(root, partition)
         mismatches += found
+        for shard, problem in damaged_export_shards(root, partition):
+            remove(shard)
+            mismatches.append(Mismatch(str(shard), f"{problem}; removed, re-export to repair"))
     return mismatches

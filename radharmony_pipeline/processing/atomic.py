@@ -17,6 +17,10 @@ TEMP_MARKER = ".partial-"
 # `.partial-<pid>@<host>-<random>-<name>`: the writer is named so that a clean-up never
 # removes a file whose writer is still alive (another run of the same partition, say).
 _TEMP_NAME = re.compile(rf"^{re.escape(TEMP_MARKER)}(\d+)@(.*)-[0-9a-f]{{32}}-")
+# Names this process gave to files that other processes write (a Dask chunk's shard) and no
+# longer waits for: a worker that outlives the failed step may still publish one, and that
+# file has no writer left although the process it names is alive.
+_RELEASED: set[str] = set()
 
 
 def temporary_sibling(path: Any) -> Any:
@@ -30,7 +34,8 @@ def writer_is_gone(temp: Path) -> bool:
     """Whether the process that named this temporary file can no longer be writing it.
 
     Names without an owner (written by older versions) count as gone; names from another
-    host never do, as that host's processes cannot be checked from here.
+    host never do, as that host's processes cannot be checked from here. This process's own
+    names are live until it releases them (release_temporaries).
     """
     match = _TEMP_NAME.match(temp.name)
     if match is None:
@@ -38,7 +43,15 @@ def writer_is_gone(temp: Path) -> bool:
     pid, host = int(match.group(1)), match.group(2)
     if host != socket.gethostname():
         return False
-    return pid != os.getpid() and not psutil.pid_exists(pid)
+    if pid == os.getpid():
+        return temp.name in _RELEASED
+    return not psutil.pid_exists(pid)
+
+
+def release_temporaries(temporaries: Iterable[Any]) -> None:
+    """Declare that this process no longer waits for these names (see temporary_sibling)
+    it handed to other processes: from now on a clean-up may remove them, here too."""
+    _RELEASED.update(temp.name for temp in temporaries)
 
 
 def remove_orphaned_temporaries(folder: Any, pattern: str = "*") -> list[Any]:

@@ -18,6 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import storage
 from .atomic import remove_orphaned_temporaries
 from .geometry import GEOMETRIES, ResizeGeometry, resize_mask
 from .masks import MASK_FOREGROUND
@@ -195,10 +196,23 @@ def register_object_store_scheme(scheme: str) -> None:
 
 def read_shard_index(path: OutputPath) -> dict[str, Any] | None:
     try:
-        with path.open("rb") as handle:
-            return json.load(handle)
+        return json.loads(storage.read_bytes(path))
     except FileNotFoundError:
         return None
+
+
+def shard_problem(folder: OutputPath, shard: Mapping[str, Any]) -> str | None:
+    """How a shard listed in its folder's index differs from the index's entry (missing, its
+    size, its SHA-256), or None."""
+    try:
+        content = storage.read_bytes(folder / shard["name"])
+    except FileNotFoundError:
+        return "missing (listed in its shard index)"
+    if len(content) != shard["bytes"]:
+        return f"{len(content):,} bytes, its shard index lists {shard['bytes']:,} (truncated?)"
+    if hashlib.sha256(content).hexdigest() != shard["sha256"]:
+        return f"SHA-256 differs from its shard index's ({shard['sha256']})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -296,8 +310,7 @@ class Payload:
 
 
 def read_bytes(path: OutputPath) -> bytes:
-    with path.open("rb") as handle:
-        return handle.read()
+    return storage.read_bytes(path)
 
 
 def resized_class_mask(sample: ExportSample, mask_class: str) -> bytes:
@@ -388,9 +401,12 @@ def export_partition(
         return ExportResult(existing, reused=True)
     shards = []
     payloads = _loaded(samples, export.load, workers)
+    # A shard the previous index lists with the same bytes is left in place: after
+    # `radharmony verify` removed a damaged one, only that one is written again.
+    listed = {shard["name"]: shard for shard in (existing or {}).get("shards", [])}
     for number, shard in enumerate(_shards(payloads, max_shard_bytes)):
         name = shard_names.name(number)
-        shards.append(_publish_shard(folder / name, shard, export.write))
+        shards.append(_publish_shard(folder / name, shard, export.write, listed.get(name)))
     index = {
         "format": export.name,
         "index_version": INDEX_VERSION,
@@ -405,7 +421,7 @@ def export_partition(
     for name in present:
         # Shards of an earlier, larger export of this partition.
         if shard_names.matches(name) and name not in kept:
-            (folder / name).unlink(missing_ok=True)
+            storage.remove(folder / name)
     return ExportResult(index, reused=False)
 
 
@@ -426,19 +442,39 @@ def _shards(payloads: Iterable[Payload], max_bytes: int) -> Iterator[list[Payloa
         yield shard
 
 
-def _publish_shard(path: OutputPath, payloads: Sequence[Payload], write: ShardWriter) -> dict:
+def _publish_shard(
+    path: OutputPath,
+    payloads: Sequence[Payload],
+    write: ShardWriter,
+    listed: Mapping[str, Any] | None,
+) -> dict:
+    """Write the shard unless `listed` (its previous index entry) has the same bytes and
+    the file there still has that size."""
     buffer = io.BytesIO()
     write(payloads, buffer)
     content = buffer.getvalue()
-    publish(path, lambda handle: handle.write(content))
+    digest = hashlib.sha256(content).hexdigest()
+    if not _still_listed(path, listed, len(content), digest):
+        publish(path, lambda handle: handle.write(content))
     return {
         "name": path.name,
         "bytes": len(content),
-        "sha256": hashlib.sha256(content).hexdigest(),
+        "sha256": digest,
         "samples": [
             {"key": p.sample.key, "image_id": p.sample.record["image_id"]} for p in payloads
         ],
     }
+
+
+def _still_listed(
+    path: OutputPath, listed: Mapping[str, Any] | None, size: int, digest: str
+) -> bool:
+    if listed is None or listed["bytes"] != size or listed["sha256"] != digest:
+        return False
+    try:
+        return storage.file_size(path) == size
+    except FileNotFoundError:
+        return False
 
 
 # -- Hugging Face Parquet ---------------------------------------------------------------------

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from .atomic import remove_orphaned_siblings, temporary_sibling
+from .atomic import release_temporaries, remove_orphaned_siblings, temporary_sibling
 from .cluster import (
     DaskCluster,
     Executor,
@@ -433,6 +433,9 @@ def _run_on_dask(
         results = map_on_dask(process_image_chunk, chunks, cluster.address, 1, chunk_progress)
         _assemble(chunks, scratch)
     finally:
+        # A worker may still publish its shard after a failure here (lost scheduler): the
+        # next run's clean-up removes it, also when that run is in this process.
+        release_temporaries(chunk.shard for chunk in chunks)
         for chunk in chunks:
             remove(chunk.shard)
     return [row for rows in results for row in rows]

@@ -1,5 +1,6 @@
 """What `radharmony verify` checks: that each output still holds what its recorded key claims
-(table checksums, PNG chunk checksums and pixel digests, packed-array rows)."""
+(table checksums, PNG chunk checksums and pixel digests, packed-array rows, export shards
+against their shard indexes)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,15 @@ import pandas as pd
 import pyarrow.parquet as pq
 from PIL import Image
 
+from .exports import (
+    HUGGINGFACE_FOLDER,
+    HUGGINGFACE_SPLITS,
+    WEBDATASET_FOLDER,
+    WEBDATASET_INDEX_NAME,
+    huggingface_index_name,
+    read_shard_index,
+    shard_problem,
+)
 from .perceptual_hash import pixels_sha256
 from .storage import OutputPath, exists, is_local, read_bytes, remove
 from .tagged_png import png_problem
@@ -55,6 +65,23 @@ def verify_partition(
     if "images" in tables:
         mismatches += _packed_mismatches(root / "images" / f"{partition}.npy", tables["images"])
     return mismatches
+
+
+def damaged_export_shards(root: OutputPath, partition: str) -> list[tuple[OutputPath, str]]:
+    """(shard, problem) for every shard of the partition's exports (WebDataset, Hugging Face
+    Parquet) whose size or SHA-256 differs from its shard index's entry, or that is missing."""
+    dataset, _, split = partition.partition(".")
+    indexes = [root / WEBDATASET_FOLDER / partition / WEBDATASET_INDEX_NAME]
+    if split in HUGGINGFACE_SPLITS:
+        indexes.append(root / HUGGINGFACE_FOLDER / dataset / huggingface_index_name(split))
+    damaged = []
+    for index_path in indexes:
+        index = read_shard_index(index_path)
+        for shard in (index or {}).get("shards", []):
+            problem = shard_problem(index_path.parent, shard)
+            if problem:
+                damaged.append((index_path.parent / shard["name"], problem))
+    return damaged
 
 
 def withdraw_packed_keys(root: OutputPath, partition: str) -> None:

@@ -96,16 +96,21 @@ class ObjectStoreError(RuntimeError):
     turns it into an error row or a "missing, write it again": it stops the step."""
 
 
+# The local roots this process was given (output_path): a full or read-only volume is reported
+# with the output root the failing file is under.
+_LOCAL_OUTPUT_ROOTS: set[Path] = set()
+
+
 def output_path(
     root: str | os.PathLike, retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY
 ) -> OutputPath:
     """`root` as a Path (local folder or file:// URL) or a UPath (any other scheme) whose
     requests follow `retry_policy`."""
     text = str(root)
-    if "://" not in text:
-        return Path(text)
-    if text.startswith("file://"):
-        return Path(text.removeprefix("file://"))
+    if "://" not in text or text.startswith("file://"):
+        local = Path(text.removeprefix("file://"))
+        _LOCAL_OUTPUT_ROOTS.add(Path(os.path.abspath(local)))
+        return local
     if not text.startswith(("s3://", "s3a://")):
         return UPath(text)
     return StoreS3Path(text, **_s3_options(retry_policy))
@@ -362,7 +367,32 @@ def allocate_array(scratch: Path, final: OutputPath, shape: tuple[int, ...]) -> 
 
 class OutputWriteError(RuntimeError):
     """The output volume takes no more writes (full, or read-only). Not an OSError, so that
-    it stops the step instead of becoming an error row per image."""
+    it stops the step instead of becoming an error row per image.
+
+    The message is composed where it is shown: an error raised in a worker process reaches
+    the step's process, which knows the output root the file is under."""
+
+    def __init__(self, path: Path, volume: Path, needed: int, free: int, read_only: bool):
+        super().__init__(path, volume, needed, free, read_only)
+        self.path, self.volume, self.needed, self.free = path, volume, needed, free
+        self.read_only = read_only
+
+    def __str__(self) -> str:
+        root = _output_root_of(self.path)
+        where = f" under the output root {root}" if root is not None else ""
+        if self.read_only:
+            problem = f"the output root's volume (mounted at {self.volume}) is read-only"
+            fix = "Make it writable (or choose another output root)"
+        else:
+            problem = (
+                f"no space left on the output root's volume (mounted at {self.volume}): "
+                f"{self.needed:,} bytes needed, {self.free:,} bytes free"
+            )
+            fix = "Free space there (or choose another output root)"
+        return (
+            f"cannot write {self.path}{where}: {problem}. {fix}, then run the same command "
+            "again: finished outputs are kept and nothing partial was left"
+        )
 
 
 _VOLUME_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
@@ -371,7 +401,8 @@ _VOLUME_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 @contextlib.contextmanager
 def output_write_errors(path: Path, needed: int) -> Iterator[None]:
     """A full or read-only volume under a local write of `needed` bytes at `path` becomes
-    one OutputWriteError naming the volume, the bytes needed and the free space."""
+    one OutputWriteError naming the output root, its volume, the bytes needed and the free
+    space."""
     try:
         yield
     except OSError as error:
@@ -379,19 +410,15 @@ def output_write_errors(path: Path, needed: int) -> Iterator[None]:
             raise
         volume = _mount_point(path)
         free = shutil.disk_usage(volume).free
-        if error.errno == errno.EROFS:
-            problem = f"the output root's volume (mounted at {volume}) is read-only"
-            fix = "Make it writable (or choose another output root)"
-        else:
-            problem = (
-                f"no space left on the output root's volume (mounted at {volume}): "
-                f"{needed:,} bytes needed, {free:,} bytes free"
-            )
-            fix = "Free space there (or choose another output root)"
-        raise OutputWriteError(
-            f"cannot write {path}: {problem}. {fix}, then run the same command again: "
-            "finished outputs are kept and nothing partial was left"
-        ) from error
+        read_only = error.errno == errno.EROFS
+        raise OutputWriteError(Path(path), volume, needed, free, read_only) from error
+
+
+def _output_root_of(path: Path) -> Path | None:
+    """The innermost output root of this process that holds `path`."""
+    absolute = Path(os.path.abspath(path))
+    holding = [root for root in _LOCAL_OUTPUT_ROOTS if absolute.is_relative_to(root)]
+    return max(holding, key=lambda root: len(root.parts), default=None)
 
 
 def _mount_point(path: Path) -> Path:

@@ -9,6 +9,7 @@ from ...processing.duplicates import (
     partition_pair_counts,
     train_test_leaks,
 )
+from ...processing.storage import exists
 from ..assets.near_duplicates import SHEET
 from ..resources import OutputsResource
 
@@ -33,7 +34,7 @@ def _spanning(members: pd.DataFrame) -> dict:
 
 def _sheet(outputs: OutputsResource) -> dict:
     path = outputs.root() / SHEET
-    return {"examples": dg.MetadataValue.path(str(path))} if path.is_file() else {}
+    return {"examples": dg.MetadataValue.path(str(path))} if exists(path) else {}
 
 
 @dg.asset_check(
