@@ -6,8 +6,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from .defs.recovery import executor_freeing_dead_runs_slots
 from .defs.resources import pipeline_resources
+from .operations.recovery import executor_freeing_dead_runs_slots
 from .processing.settings import validate_settings
 
 # Dagster's default executor (a run config may still choose `multiprocess` or `in_process`), but

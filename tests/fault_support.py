@@ -17,7 +17,7 @@ from PIL import Image
 
 from radharmony_pipeline.definitions import defs
 from radharmony_pipeline.defs.assets.source_files import source_files
-from radharmony_pipeline.defs.jobs import PARTITION_STAGES
+from radharmony_pipeline.defs.groups import PARTITION_STAGES
 from radharmony_pipeline.defs.resources import DatasetsResource, pipeline_resources
 from radharmony_pipeline.processing.atomic import TEMP_MARKER
 

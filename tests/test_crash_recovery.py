@@ -268,7 +268,7 @@ def test_free_slots_command_reports_when_nothing_is_held(tmp_path):
 
 
 def test_a_waiting_run_is_told_who_holds_the_slot_and_dead_holders_are_freed():
-    from radharmony_pipeline.defs.recovery import (
+    from radharmony_pipeline.operations.recovery import (
         HEAVY_POOL,
         free_slots_of_dead_runs,
         waiting_message,
@@ -368,7 +368,7 @@ def test_a_stopped_image_job_removes_only_its_dead_writers_temporaries(tmp_path)
 
 @pytest.mark.timeout(120)
 def test_only_runs_whose_worker_on_this_host_is_gone_are_freed_and_failed():
-    from radharmony_pipeline.defs.recovery import (
+    from radharmony_pipeline.operations.recovery import (
         HEAVY_POOL,
         WORKER_TAG,
         RunWorker,
