@@ -173,10 +173,9 @@ def test_kill_9_then_same_command_on_same_instance_is_byte_identical(
     # The scenario is real: the dead run still holds the heavy pool's slot.
     assert runs_holding_the_pool(home), "the killed run should still hold its pool slot"
 
-    started = time.monotonic()
+    # The resumed run is bounded by run_to_end's timeout (it raises when the run outlives it).
     done = run_to_end(tiny_root, environment(tmp_path, home, output, None), timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert time.monotonic() - started < 240
     # Said by the first run of the command (observing the sources): its executor frees them.
     assert "freed the pool slots of run" in done.stdout + done.stderr
     wait_for_orphans(output)
