@@ -12,9 +12,10 @@ from .processing.settings import validate_settings
 
 # Dagster's default executor (a run config may still choose `multiprocess` or `in_process`), but
 # running every step in the run's own process unless told otherwise. A step started in a
-# process of its own re-imports Dagster and the definitions first (about 2 s of CPU, a quarter
-# of the `raw_index,labels` CLI run), and parallel steps gain little: the heavy ones spread
-# their images over every core themselves and share one pool slot (dagster_home/dagster.yaml).
+# process of its own re-imports Dagster and the definitions first (a large share of the
+# `raw_index,labels` CLI run, benchmarks/bench_checks.py), and parallel steps gain little:
+# the heavy ones spread their images over every core themselves and share one pool slot
+# (dagster_home/dagster.yaml).
 STEPS_IN_RUN_PROCESS = dg.ExecutorDefinition(
     name=dg.multi_or_in_process_executor.name,
     config_schema=dg.Field(
