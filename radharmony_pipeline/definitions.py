@@ -23,7 +23,7 @@ STEPS_IN_RUN_PROCESS = dg.ExecutorDefinition(
         default_value={"in_process": {}},
     ),
     requirements=dg.multi_or_in_process_executor.get_requirements,
-    # Every run, however launched, frees the pool slots of killed runs first (recovery.py).
+    # Every run, however launched, first frees the slots of killed runs (operations/recovery.py).
     executor_creation_fn=executor_freeing_dead_runs_slots(
         dg.multi_or_in_process_executor.executor_creation_fn
     ),
