@@ -13,7 +13,7 @@ CHROMIUM ?= /usr/bin/chromium
 APT_GET ?= apt-get
 CHROMIUM_INSTALL := $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -q chromium
 
-.PHONY: install install-dev install-bench chromium demo test ui lint bench clean-demo
+.PHONY: install install-dev install-bench chromium demo test ui docs lint bench clean-demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,10 @@ test: install-dev chromium
 ## VIRTUAL_ENV tells it the project's .venv is the one in use.
 ui: install
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/dg dev --host $(HOST) --port $(PORT)
+
+## docs/tables.md from the declared table schemas (tests/test_tables_doc.py checks it).
+docs: install
+	$(BIN)/python -m radharmony_pipeline.processing.tables_doc
 
 lint: install-dev
 	$(BIN)/ruff check .

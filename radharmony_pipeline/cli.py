@@ -186,8 +186,8 @@ def _check_data(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.partition or ()) - set(partition_keys()))
     if unknown:
         raise UserError(f"unknown partition(s) {', '.join(unknown)}; known: {partition_keys()}")
-    from .defs.data_check import any_unusable, check_partitions
     from .defs.resources import DatasetsResource
+    from .operations.data_check import any_unusable, check_partitions
     from .sources.location import data_root
 
     print(f"data root: {data_root(os.environ)}")
@@ -268,7 +268,7 @@ def _demo(args: argparse.Namespace) -> int:
     import dagster as dg
 
     from .defs.resources import default_output_root
-    from .defs.runner import (
+    from .operations.runner import (
         format_summary,
         materialize_manifest,
         materialize_partitions,
@@ -317,7 +317,7 @@ def _free_slots(args: argparse.Namespace) -> int:
     os.environ.setdefault("DAGSTER_HOME", str(Path("dagster_home").resolve()))
     import dagster as dg
 
-    from .defs.recovery import free_slots_of_dead_runs, slot_holders
+    from .operations.recovery import free_slots_of_dead_runs, slot_holders
 
     with dg.DagsterInstance.get() as instance:
         for run_id in args.run_id:
@@ -358,7 +358,7 @@ def _verify(args: argparse.Namespace) -> int:
     import dagster as dg
 
     from .defs.resources import OutputsResource
-    from .defs.verify import verify_outputs
+    from .operations.verify import verify_outputs
     from .sources import partition_keys
 
     outputs = (

@@ -6,15 +6,16 @@ from pathlib import Path
 
 import dagster as dg
 
-from .defs.recovery import executor_freeing_dead_runs_slots
 from .defs.resources import pipeline_resources
 from .defs.run_settings import validate_environment
+from .operations.recovery import executor_freeing_dead_runs_slots
 
 # Dagster's default executor (a run config may still choose `multiprocess` or `in_process`), but
 # running every step in the run's own process unless told otherwise. A step started in a
-# process of its own re-imports Dagster and the definitions first (about 2 s of CPU, a quarter
-# of the `raw_index,labels` CLI run), and parallel steps gain little: the heavy ones spread
-# their images over every core themselves and share one pool slot (dagster_home/dagster.yaml).
+# process of its own re-imports Dagster and the definitions first (a large share of the
+# `raw_index,labels` CLI run, benchmarks/bench_checks.py), and parallel steps gain little:
+# the heavy ones spread their images over every core themselves and share one pool slot
+# (dagster_home/dagster.yaml).
 STEPS_IN_RUN_PROCESS = dg.ExecutorDefinition(
     name=dg.multi_or_in_process_executor.name,
     config_schema=dg.Field(
@@ -22,7 +23,7 @@ STEPS_IN_RUN_PROCESS = dg.ExecutorDefinition(
         default_value={"in_process": {}},
     ),
     requirements=dg.multi_or_in_process_executor.get_requirements,
-    # Every run, however launched, frees the pool slots of killed runs first (recovery.py).
+    # Every run, however launched, first frees the slots of killed runs (operations/recovery.py).
     executor_creation_fn=executor_freeing_dead_runs_slots(
         dg.multi_or_in_process_executor.executor_creation_fn
     ),

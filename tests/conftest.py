@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import subprocess
@@ -19,27 +18,36 @@ from radharmony_pipeline.synthetic import generate_datasets
 warnings.filterwarnings("ignore", message=".*preview.*", category=Warning)
 
 # `make test` runs two pytest processes (`pytest -n 2 --dist loadfile`, pytest-xdist). A work
-# unit goes to one process: a test module, or every module that uses one of the costly session
-# fixtures below (so it is built once), and the long units are handed out first so that
+# unit goes to one process: a test module, or every module listed below for one of the costly
+# session fixtures (so it is built once), and the long units are handed out first so that
 # neither process is left with one at the end. (xdist's own `loadgroup` marks do not reach
-# the scheduler under pytest 9.2, hence this hook.)
-SHARED_SESSION_FIXTURES = ("tiny_corpus", "tiny_demo")
+# the scheduler under pytest 9.2, hence this hook.) Collection fails when a module uses one of
+# these fixtures without being listed with it.
+SHARED_SESSION_FIXTURES = {
+    "tiny_corpus": (
+        "test_automation.py",
+        "test_exports.py",
+        "test_fault_injection.py",
+        "test_images_and_manifest.py",
+        "test_masks_and_boxes_stage.py",
+        "test_outputs_contract.py",
+    ),
+    "tiny_demo": ("test_cli.py", "test_e2e_ui.py"),
+}
 LONG_UNITS = ("test_cluster.py", "tiny_corpus", "test_crash_recovery.py", "tiny_demo")
-TESTS = Path(__file__).parent
+_UNIT_OF_MODULE = {
+    module: fixture for fixture, modules in SHARED_SESSION_FIXTURES.items() for module in modules
+}
+
+
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
 
 
 def work_unit(nodeid: str) -> str:
-    """The module's session fixture group if it uses one, else the module's file name."""
-    return _work_unit_of_module(nodeid.split("::", 1)[0].rsplit("/", 1)[-1])
-
-
-@functools.cache
-def _work_unit_of_module(module: str) -> str:
-    try:
-        source = (TESTS / module).read_text()
-    except OSError:
-        return module
-    return next((name for name in SHARED_SESSION_FIXTURES if name in source), module)
+    """The session fixture whose group lists the module, else the module's file name."""
+    module = module_of(nodeid)
+    return _UNIT_OF_MODULE.get(module, module)
 
 
 def long_units_first(nodeid: str) -> int:
@@ -61,6 +69,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in SHARED_SESSION_FIXTURES:
+            if fixture in getattr(item, "fixturenames", ()) and work_unit(item.nodeid) != fixture:
+                raise pytest.UsageError(
+                    f"{module_of(item.nodeid)} uses the session fixture {fixture}: add it to "
+                    "SHARED_SESSION_FIXTURES in tests/conftest.py so it shares one process"
+                )
     if hasattr(config, "workerinput"):  # an xdist worker: the long units first (stable sort)
         items.sort(key=lambda item: long_units_first(item.nodeid))
 

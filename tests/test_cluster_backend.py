@@ -121,12 +121,11 @@ def child_pid(_value: int) -> int:
 LIMIT = TimeLimit(LIMIT_SECONDS, stopped)
 
 
+@pytest.mark.timeout(60, func_only=True)
 def test_a_stuck_item_on_dask_becomes_its_timeout_result(scheduler):
-    start = time.monotonic()
     result = map_on_dask_with_time_limit(
         square_or_hang, list(range(20)), scheduler, LIMIT, chunk_size=4
     )
-    assert time.monotonic() - start < 60
     assert result[13].startswith(f"stopped 13: took longer than {LIMIT_SECONDS:g} s")
     assert result[:13] + result[14:] == [v * v for v in range(20) if v != 13]
 

@@ -24,9 +24,9 @@ import psutil
 import pytest
 from dagster_graphql import DagsterGraphQLClient
 from e2e_support import REPOSITORY_NAME, DagsterDev, free_port
+from radharmony_pipeline.operations.recovery import WORKER_TAG, RunWorker
 
 from radharmony_pipeline.defs.jobs import ALL_STAGES_JOB
-from radharmony_pipeline.defs.recovery import WORKER_TAG, RunWorker
 from radharmony_pipeline.processing.atomic import TEMP_MARKER
 
 PARTITION = "chestx_det.test"  # has masks, boxes and images
@@ -200,10 +200,9 @@ def test_kill_9_then_same_command_on_same_instance_is_byte_identical(
     # The scenario is real: the dead run still holds the heavy pool's slot.
     assert runs_holding_the_pool(home), "the killed run should still hold its pool slot"
 
-    started = time.monotonic()
+    # The resumed run is bounded by run_to_end's timeout (it raises when the run outlives it).
     done = run_to_end(tiny_root, environment(tmp_path, home, output, None), timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert time.monotonic() - started < 240
     # Said by the first run of the command (observing the sources): its executor frees them.
     assert "freed the pool slots of run" in done.stdout + done.stderr
     wait_for_orphans(output)
@@ -295,7 +294,7 @@ def test_free_slots_command_reports_when_nothing_is_held(tmp_path):
 
 
 def test_a_waiting_run_is_told_who_holds_the_slot_and_dead_holders_are_freed():
-    from radharmony_pipeline.defs.recovery import (
+    from radharmony_pipeline.operations.recovery import (
         HEAVY_POOL,
         free_slots_of_dead_runs,
         waiting_message,
@@ -395,7 +394,7 @@ def test_a_stopped_image_job_removes_only_its_dead_writers_temporaries(tmp_path)
 
 @pytest.mark.timeout(120)
 def test_only_runs_whose_worker_on_this_host_is_gone_are_freed_and_failed():
-    from radharmony_pipeline.defs.recovery import (
+    from radharmony_pipeline.operations.recovery import (
         HEAVY_POOL,
         WORKER_TAG,
         RunWorker,

@@ -4,6 +4,7 @@ deliberately altered copy of the tiny data; MS-CXR view positions and phrase lis
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import io
 import json
@@ -18,8 +19,13 @@ from corpus import check_evaluations, materialize_corpus
 from PIL import Image
 
 from radharmony_pipeline.defs.assets.index_and_labels import raw_index_and_labels
+from radharmony_pipeline.defs.checks.dataset_figures import (
+    card_figures,
+    dataset_figures_match_documentation,
+)
 from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.processing.masks import rasterize_polygons
+from radharmony_pipeline.sources.chestx_det import ChestXDetSource
 from radharmony_pipeline.sources.ms_cxr import CSV_NAME
 
 METADATA_CSV = "mimic-cxr-2.0.0-metadata.csv.gz"
@@ -280,3 +286,19 @@ def test_a_failed_count_check_in_the_step_blocks_downstream_stages(tiny_copy, tm
     }
     assert materialized == {"raw_index", "labels"}
     assert not (tmp_path / "out" / "tables" / "masks" / "chexlocalize.test.parquet").exists()
+
+
+def test_the_card_figures_in_the_check_description_come_from_the_documented_counts():
+    documented = ChestXDetSource.documented_counts
+    text = card_figures(documented)
+    for figure in ("2,006 multi-class", "1,357 with pixel overlap", "IoU 0.272", "22.1 %"):
+        assert figure in text
+    assert "consolidation+pleural_effusion 770 of 1,028" in text
+    assert "42 RGBA source PNGs (37 train / 5 test)" in text
+    (spec,) = dataset_figures_match_documentation.check_specs
+    assert text in spec.description
+    # A figure changed where it is declared changes what the description says.
+    changed = dataclasses.replace(
+        documented, total={**documented.total, "overlap.multi_class_images": 2007}
+    )
+    assert "2,007 multi-class" in card_figures(changed)

@@ -47,15 +47,15 @@ CHROMIUM_ARGS = [
 # above its assets, so an asset named like its group appears twice.
 ASSET_GROUPS = {
     "source_files": "sources",
-    "raw_index": "index",
-    "labels": "labels",
-    "masks": "masks",
-    "bboxes": "bboxes",
-    "images": "images",
-    "unified_manifest": "manifest",
-    "near_duplicates": "manifest",
-    "corpus_profile": "manifest",
-    "partition_profile": "profile",
+    "raw_index": "annotations",
+    "labels": "annotations",
+    "masks": "annotations",
+    "bboxes": "annotations",
+    "images": "pixels",
+    "unified_manifest": "corpus",
+    "near_duplicates": "corpus",
+    "corpus_profile": "corpus",
+    "partition_profile": "corpus",
 }
 CHECKED_ASSETS = ("raw_index", "labels", "masks", "bboxes", "images")
 RUN_TIMEOUT = 240.0

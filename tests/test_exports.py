@@ -532,7 +532,7 @@ def export_files(root: Path, folder: str) -> dict[Path, bytes]:
 def test_verify_finds_damaged_shards_and_the_next_export_rewrites_exactly_them(
     tiny_root, exported, exported_copy
 ):
-    from radharmony_pipeline.defs.verify import verify_outputs
+    from radharmony_pipeline.operations.verify import verify_outputs
 
     partition = "chestx_det.train"
     tar_folder = exported_copy / WEBDATASET_FOLDER / partition

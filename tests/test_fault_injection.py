@@ -24,6 +24,7 @@ import pandas as pd
 import pydicom
 import pytest
 from fault_support import (
+    BUILD_SECONDS,
     assert_error_row,
     assert_other_rows_identical,
     assert_outputs_load,
@@ -44,6 +45,10 @@ from radharmony_pipeline.sources import MetadataError, SourceLocation, open_sour
 
 PARTITIONS = ("chexlocalize.test", "chestx_det.train", "rexgradient.val", "ms_cxr.train")
 REX_METADATA = ("rexgradient", "download", "metadata")
+# A hang fails the test instead of stalling the suite: one build's bound (fault_support), the
+# shared fixtures' setup excluded; tests that build twice carry twice the bound.
+pytestmark = pytest.mark.timeout(BUILD_SECONDS, func_only=True)
+TWO_BUILDS = pytest.mark.timeout(2 * BUILD_SECONDS, func_only=True)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +133,6 @@ def test_hostile_rle_text_becomes_mask_error_rows_without_hanging(
         entry[pathology]["counts"] = counts
         victims[f"chexlocalize/{cxr_id}"] = (cxr_id, pathology)
     path.write_text(json.dumps(segmentations))
-    started = time.monotonic()
     built = check_contained(
         clean["chexlocalize.test"],
         tiny_copy,
@@ -137,7 +141,6 @@ def test_hostile_rle_text_becomes_mask_error_rows_without_hanging(
         set(victims),
         outside,
     )
-    assert time.monotonic() - started < 120
     for image_id, (cxr_id, pathology) in victims.items():
         assert_error_row(built["masks"], image_id, path, f"entry {cxr_id!r}", f"{pathology}.counts")
     # Only the masks are affected: the images themselves are fine.
@@ -152,11 +155,10 @@ def hang(item: int) -> int:
     return item * 10
 
 
+@pytest.mark.timeout(30)
 def test_one_stuck_or_dead_item_is_stopped_and_the_pool_continues():
     limit = TimeLimit(1.0, lambda item, reason: f"error {item}: {reason}")
-    started = time.monotonic()
     results = map_with_time_limit(hang, list(range(7)), workers=2, time_limit=limit)
-    assert time.monotonic() - started < 30
     assert results[:2] == [0, 10] and results[3] == 30 and results[5:] == [50, 60]
     assert results[2].startswith("error 2: took longer than 1 s")
     assert results[4].startswith("error 4: worker process died (exit code 9)")
@@ -312,6 +314,7 @@ def replace_with_link(path: Path, target: Path) -> None:
     path.symlink_to(target)
 
 
+@TWO_BUILDS
 def test_symlinks_leaving_the_image_folder_are_error_rows_never_opened(
     clean, tiny_copy, tmp_path, outside
 ):
@@ -489,6 +492,7 @@ def test_dicom_bombs_in_a_partition_are_error_rows(clean, tiny_copy, tmp_path, o
 # --- strict mode and checks -------------------------------------------------------------------
 
 
+@TWO_BUILDS
 def test_strict_mode_fails_on_the_first_bad_row_with_the_same_message(tiny_copy, tmp_path):
     path = tiny_copy / "chestx-det" / "ChestX_Det_train.json"
     entries = json.loads(path.read_text())
@@ -515,6 +519,7 @@ def test_strict_mode_reads_the_environment(monkeypatch):
     assert DatasetsResource().strict is False
 
 
+@TWO_BUILDS
 def test_error_rows_warn_and_good_images_still_flow(tiny_copy, tmp_path):
     path, segmentations = chexlocalize_segmentations(tiny_copy)
     cxr_id = next(iter(segmentations))

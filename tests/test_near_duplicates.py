@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from radharmony_pipeline.definitions import build_definitions
-from radharmony_pipeline.defs.jobs import PARTITION_STAGES
+from radharmony_pipeline.defs.groups import CORPUS_JOINS, PARTITION_STAGES
 from radharmony_pipeline.loader import ManifestDataset
 from radharmony_pipeline.processing.decode import decode_grayscale
 from radharmony_pipeline.processing.duplicates import (
@@ -57,7 +57,7 @@ def _built(tmp_path_factory, plants):
                     "partitions",
                     selection=PARTITION_STAGES,
                 ),
-                dg.define_asset_job("joined", selection=dg.AssetSelection.groups("manifest")),
+                dg.define_asset_job("joined", selection=CORPUS_JOINS),
             ]
         ),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -176,8 +177,12 @@ def test_a_supervised_pool_keeps_its_workers_between_maps() -> None:
 def test_a_worker_that_died_while_idle_is_replaced_at_the_next_map() -> None:
     with SupervisedPool(tag_with_pid, 1, LIMIT, process_context()) as pool:
         [(_, pid)] = pool.map([1])
+        exited = os.pidfd_open(pid)  # readable once the process has exited (not reaped)
         os.kill(pid, 9)
-        time.sleep(0.2)
+        try:
+            assert select.select([exited], [], [], 30)[0], f"worker {pid} outlived kill -9"
+        finally:
+            os.close(exited)
         again = pool.map([2, 3])
     assert [number for number, _ in again] == [2, 3]
     assert {worker for _, worker in again} != {pid}

@@ -13,7 +13,7 @@ import pytest
 
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.defs.checks.parents import _result
-from radharmony_pipeline.defs.jobs import PARTITION_STAGES
+from radharmony_pipeline.defs.groups import CORPUS_JOINS, PARTITION_STAGES
 from radharmony_pipeline.defs.resources import DatasetsResource
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
 from radharmony_pipeline.loader import ManifestDataset
@@ -62,7 +62,7 @@ def _built(tmp_path_factory, parents: bool):
                     "partitions",
                     selection=PARTITION_STAGES,
                 ),
-                dg.define_asset_job("joined", selection=dg.AssetSelection.groups("manifest")),
+                dg.define_asset_job("joined", selection=CORPUS_JOINS),
             ]
         ),
     )

@@ -18,7 +18,7 @@ def boxes(tiny_root):
 
 
 def test_csv_is_the_real_column_order(boxes):
-    # As documented for MS_CXR_Local_Alignment_v1.1.0.csv (FORMATS.md), not the constant the
+    # As the MS-CXR release documents MS_CXR_Local_Alignment_v1.1.0.csv, not the constant the
     # generator writes from.
     assert list(boxes.columns) == [
         "dicom_id",

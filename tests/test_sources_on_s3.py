@@ -25,6 +25,7 @@ from upath import UPath
 
 from radharmony_pipeline.definitions import defs
 from radharmony_pipeline.defs.assets.source_files import observe_partition, source_files
+from radharmony_pipeline.defs.groups import PUBLISHING
 from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.processing import image_jobs
 from radharmony_pipeline.processing.decode import DecodeError, decode_grayscale
@@ -89,7 +90,7 @@ def materialize(data_root: str | Path, output: Path) -> list[dg.ExecuteInProcess
     """Every stage of PARTITIONS, then the manifest (assets only: the checks read outputs)."""
     instance = dg.DagsterInstance.ephemeral()
     stages = (
-        dg.AssetSelection.all() - MANIFEST - dg.AssetSelection.groups("exports", "card")
+        dg.AssetSelection.all() - MANIFEST - dg.AssetSelection.groups(PUBLISHING)
     ).without_checks()
     runs = [
         dg.materialize(

@@ -13,7 +13,7 @@ from fault_support import _ASSETS, STAGES
 
 from radharmony_pipeline import cli
 from radharmony_pipeline.defs.resources import pipeline_resources
-from radharmony_pipeline.defs.verify import verify_outputs
+from radharmony_pipeline.operations.verify import verify_outputs
 from radharmony_pipeline.synthetic import generate_datasets
 
 PARTITION = "chestx_det.test"

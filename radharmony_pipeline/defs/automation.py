@@ -1,13 +1,9 @@
-"""Incremental rebuilds: observe the downloads on a schedule, rebuild what changed eagerly."""
-
-import os
+"""Incremental rebuilds: the conditions under which a stage is rebuilt, and the sensor that
+requests those runs."""
 
 import dagster as dg
 
-from .jobs import observe_source_files_job
-
-OBSERVE_CRON_ENV = "RADHARMONY_OBSERVE_CRON"
-DEFAULT_OBSERVE_CRON = "0 2 * * *"  # nightly, 02:00
+from .groups import CORPUS_JOINS
 
 # Downstream stages run when an upstream partition's data version changes (or is newly
 # materialized), once each upstream is present; code_version changes count as changes too.
@@ -23,22 +19,13 @@ _REBUILD_DUE = (
 
 # The manifest joins every partition: it is rebuilt once, after the changed partitions'
 # stages have all finished — not alongside them, and not again for each stage that lands.
-# Joiners over every partition (the manifest group: near_duplicates, corpus_profile, the
-# manifest) do not wait for one another: requested in the same tick, they run as one run.
+# Joiners over every partition (groups.CORPUS_JOINS: the manifest, near_duplicates, the
+# corpus profile, the parents tables) do not wait for one another: requested in the same
+# tick, they run as one run.
 REBUILD_WHEN_PARTITIONS_SETTLE = (
     dg.AutomationCondition.eager()
-    & ~dg.AutomationCondition.any_deps_match(_REBUILD_DUE).ignore(
-        dg.AssetSelection.groups("manifest")
-    )
+    & ~dg.AutomationCondition.any_deps_match(_REBUILD_DUE).ignore(CORPUS_JOINS)
 ).with_label("eager, once no upstream partition is being or due to be rebuilt")
-
-nightly_observation = dg.ScheduleDefinition(
-    name="observe_source_files_nightly",
-    job=observe_source_files_job,
-    cron_schedule=os.environ.get(OBSERVE_CRON_ENV) or DEFAULT_OBSERVE_CRON,
-    default_status=dg.DefaultScheduleStatus.RUNNING,
-    description=f"Fingerprint every partition's downloads (cron from {OBSERVE_CRON_ENV}).",
-)
 
 rebuild_sensor = dg.AutomationConditionSensorDefinition(
     "rebuild_changed_partitions",

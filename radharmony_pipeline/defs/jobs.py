@@ -2,7 +2,9 @@
 
 import dagster as dg
 
+from .assets.card import corpus_card
 from .assets.source_files import source_files
+from .groups import CORPUS_JOINS, PARTITION_STAGES, PUBLISHING
 
 OBSERVE_JOB = "observe_source_files"
 
@@ -14,12 +16,9 @@ observe_source_files_job = dg.define_asset_job(
 
 ALL_STAGES_JOB = "all_stages"
 
-# Every stage of one partition. Observing the downloads is its own job (a partition's run
-# should not re-fingerprint all ten); the joins over every partition, the exports and the
-# card run after the stages, in their own jobs.
-PARTITION_STAGES = dg.AssetSelection.all() - dg.AssetSelection.groups(
-    "sources", "manifest", "exports", "card"
-)
+# Every stage of one partition (groups.PARTITION_STAGES). Observing the downloads is its own
+# job (a partition's run should not re-fingerprint all ten); the joins over every partition,
+# the exports and the card run after the stages, in their own jobs.
 
 all_stages_job = dg.define_asset_job(
     ALL_STAGES_JOB,
@@ -31,7 +30,7 @@ EXPORTS_JOB = "exports"
 
 exports_job = dg.define_asset_job(
     EXPORTS_JOB,
-    selection=dg.AssetSelection.groups("exports"),
+    selection=dg.AssetSelection.groups(PUBLISHING) - dg.AssetSelection.assets(corpus_card),
     description="One partition's Hugging Face and WebDataset shards (docs/exports.md).",
 )
 
@@ -39,13 +38,13 @@ MANIFEST_JOB = "manifest"
 
 manifest_job = dg.define_asset_job(
     MANIFEST_JOB,
-    selection=dg.AssetSelection.groups("manifest"),
+    selection=CORPUS_JOINS,
     description="Join every materialized partition into the unified manifest.",
 )
 
 index_and_labels_job = dg.define_asset_job(
     "index_and_labels",
-    selection=dg.AssetSelection.groups("index", "labels"),
+    selection=dg.AssetSelection.assets("raw_index", "labels"),
     description="Read the native metadata of a partition into raw_index and labels.",
 )
 
@@ -53,6 +52,6 @@ CARD_JOB = "dataset_card"
 
 corpus_card_job = dg.define_asset_job(
     CARD_JOB,
-    selection=dg.AssetSelection.groups("card"),
+    selection=dg.AssetSelection.assets(corpus_card),
     description="Write DATASET_CARD.md and croissant.json from the manifest and the checks.",
 )

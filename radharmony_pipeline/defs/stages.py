@@ -13,6 +13,7 @@ from .partitions import OWNERS, dataset_split_partitions
 
 def checked_stage(
     name: str,
+    group: str,
     table: TableSchema,
     code_version: str,
     check_specs: list[dg.AssetCheckSpec],
@@ -20,7 +21,7 @@ def checked_stage(
     pool: str | None = None,
     **out: Any,
 ) -> Callable[..., dg.AssetsDefinition]:
-    """A stage of one asset in the group of its name, rebuilt when its inputs change, with
+    """A stage of one asset in `group`, rebuilt when its inputs change, with
     `table`'s declared schema.
 
     A multi-asset of one output, only so its checks can be deselected (`can_subset`): a plain
@@ -32,7 +33,7 @@ def checked_stage(
             name: dg.AssetOut(
                 is_required=False,
                 owners=OWNERS,
-                group_name=name,
+                group_name=group,
                 automation_condition=REBUILD_WHEN_CHANGED,
                 code_version=table_code_version(code_version),
                 metadata=definition_metadata(table),

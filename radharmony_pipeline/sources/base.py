@@ -253,10 +253,11 @@ def index_frame(dataset: str, split: str, columns: Mapping[str, object]) -> pd.D
 def image_keys(image_ids: pd.Series) -> pd.Series:
     """Filesystem-safe form of image ids: `/` becomes `__`, other unsafe characters `_`."""
     ids = arrow_strings(image_ids)
-    # Split-and-join, not replace_substring: same result, measured ~5x faster (pyarrow 26).
+    # Split-and-join, not replace_substring: same result, several times faster
+    # (benchmarks/bench_index.py measures this step).
     keys = pc.binary_join(pc.split_pattern(ids, "/"), pa.scalar("__", ids.type))
-    # The regex rewrite scans every character (~0.2 s for ReXGradient's 239k train ids); a
-    # regex search is several times faster, and ids seldom hold an unsafe character.
+    # The regex rewrite scans every character of every id; a regex search is several times
+    # faster, and ids seldom hold an unsafe character.
     if pc.any(pc.match_substring_regex(keys, _UNSAFE_KEY_CHARACTER)).as_py():
         keys = pc.replace_substring_regex(keys, _UNSAFE_KEY_CHARACTER, "_")
     return string_series(keys, image_ids.index)
@@ -341,8 +342,8 @@ def confine_paths(
     text = relative.astype("string")
     paths = arrow_strings(text)
     escapes = pc.starts_with(paths, "/")
-    # The exact `..` segment regex costs ~0.1 s on ReXGradient's 239k long paths; a plain
-    # `..` search is several times faster, so only files that have one pay for the regex.
+    # The exact `..` segment regex is costly on a split of long paths; a plain `..` search is
+    # several times faster, so only files that have one pay for the regex.
     if pc.any(pc.match_substring_regex(paths, r"\.\.")).as_py():
         escapes = pc.or_(escapes, pc.match_substring_regex(paths, r"(?:^|/)\.\.(?:/|$)"))
     escapes = pc.or_(escapes, pc.match_substring(paths, "\0"))

@@ -9,11 +9,12 @@ from ...processing.boxes import normalize_xywh
 from ...processing.table_schemas import BBOXES
 from ...sources import parse_partition_key
 from ..checks.bboxes import CHECK_SPECS, check_results
+from ..groups import ANNOTATIONS
 from ..metadata import status_counts
+from ..previews import box_preview
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
 from ..stages import checked_stage
-from .previews import box_preview
 
 CODE_VERSION = "1"
 BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")
@@ -21,6 +22,7 @@ BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")
 
 @checked_stage(
     "bboxes",
+    ANNOTATIONS,
     BBOXES,
     CODE_VERSION,
     check_specs=CHECK_SPECS,

@@ -24,6 +24,7 @@ from ...processing.storage import OutputPath, publish
 from ...processing.table_schemas import SCHEMA_VERSION
 from ...sources import SOURCE_TYPES, parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
+from ..groups import PUBLISHING
 from ..partitions import OWNERS, every_partition_of
 from ..resources import DatasetsResource, OutputsResource
 from .source_files import SNAPSHOT_FOLDER, observe_partition
@@ -34,7 +35,7 @@ RUNS_READ = 2_000
 
 
 @dg.asset(
-    group_name="card",
+    group_name=PUBLISHING,
     owners=OWNERS,
     ins={
         "unified_manifest": dg.AssetIn("unified_manifest"),

@@ -29,6 +29,7 @@ from ...processing.storage import OutputPath
 from ...processing.vocabulary import UNIFIED_LABELS
 from ...sources import SOURCE_TYPES, parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
+from ..groups import PUBLISHING
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import OutputsResource
 from ..run_settings import RunSettingsResource
@@ -55,7 +56,7 @@ def _export_asset(name: str, description: str, kinds: set[str]):
     return dg.asset(
         name=name,
         partitions_def=dataset_split_partitions,
-        group_name="exports",
+        group_name=PUBLISHING,
         owners=OWNERS,
         ins={stage: dg.AssetIn(stage) for stage in STAGES},
         description=description,

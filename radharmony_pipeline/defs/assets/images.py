@@ -24,6 +24,7 @@ from ...processing.storage import OutputPath, glob, make_folder, remove
 from ...processing.table_schemas import IMAGES
 from ...sources import parse_partition_key
 from ..checks.images import CHECK_SPECS, check_results
+from ..groups import PIXELS
 from ..metadata import status_counts
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_mostly_unreadable, fail_if_strict
@@ -47,6 +48,7 @@ class ImagesConfig(dg.Config):
 
 @checked_stage(
     "images",
+    PIXELS,
     IMAGES,
     IMAGE_CODE_VERSION,
     check_specs=CHECK_SPECS,

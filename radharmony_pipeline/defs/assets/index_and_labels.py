@@ -16,6 +16,7 @@ from ...sources.base import arrow_system_allocator
 from ...sources.preflight import ImagePresence, image_presence, missing_images_problem
 from ..automation import REBUILD_WHEN_CHANGED
 from ..checks.index_and_labels import CHECK_SPECS, check_results
+from ..groups import ANNOTATIONS
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import DatasetsResource
@@ -31,7 +32,7 @@ _OUTPUT_ORDER = ("raw_index", "labels")
 @dg.multi_asset(
     outs={
         "raw_index": dg.AssetOut(
-            group_name="index",
+            group_name=ANNOTATIONS,
             description=(
                 "One row per image that the dataset's metadata names: image_id "
                 "(`<dataset>/<native id>`), image_key, patient/study ids, image_path relative "
@@ -46,7 +47,7 @@ _OUTPUT_ORDER = ("raw_index", "labels")
             metadata=definition_metadata(RAW_INDEX),
         ),
         "labels": dg.AssetOut(
-            group_name="labels",
+            group_name=ANNOTATIONS,
             description=(
                 "Per image: the dataset's native label columns, report text (null, never "
                 "'None'), phrases, and the 21 unified tri-state label_* columns "

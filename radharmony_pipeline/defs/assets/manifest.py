@@ -9,6 +9,7 @@ from ...processing.parents import PARENT_IDENTITY, with_parent_columns
 from ...processing.table_schemas import UNIFIED_MANIFEST
 from ...processing.vocabulary import LABEL_COLUMNS
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
+from ..groups import CORPUS
 from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS, every_partition_of
 
@@ -80,7 +81,7 @@ def column_lineage_markdown() -> str:
 
 
 @dg.asset(
-    group_name="manifest",
+    group_name=CORPUS,
     owners=OWNERS,
     ins=every_partition_of(*UPSTREAM)
     | {

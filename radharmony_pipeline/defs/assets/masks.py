@@ -20,16 +20,18 @@ from ...processing.progress import ProgressLog
 from ...processing.table_schemas import MASKS
 from ...sources import parse_partition_key
 from ..checks.masks import CHECK_SPECS, check_results
+from ..groups import ANNOTATIONS
 from ..metadata import status_counts
+from ..previews import mask_preview
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
 from ..stages import checked_stage
-from .previews import mask_preview
 
 
 @checked_stage(
     "masks",
+    ANNOTATIONS,
     MASKS,
     MASK_CODE_VERSION,
     check_specs=CHECK_SPECS,

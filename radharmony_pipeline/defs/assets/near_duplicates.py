@@ -15,20 +15,20 @@ from ...processing.storage import open_for_reading
 from ...processing.table_schemas import NEAR_DUPLICATES
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
+from ..groups import CORPUS
 from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS, every_partition_of
+from ..previews import NEAR_DUPLICATES_SHEET, inline_sheet
 from ..resources import OutputsResource
-from .previews import _inline_markdown
 
 CODE_VERSION = "1"
-SHEET = "previews/near_duplicates/examples.png"
 SHEET_GROUPS = 6
 SHEET_MEMBERS = 4
 _KIND_LABELS = {"identical_file": "same file", "identical_pixels": "same pixels", "near": "near"}
 
 
 @dg.asset(
-    group_name="manifest",
+    group_name=CORPUS,
     owners=OWNERS,
     ins=every_partition_of("images"),
     description=(
@@ -110,8 +110,8 @@ def example_sheet(members: pd.DataFrame, root: Path) -> dict:
             SHEET_MEMBERS - len(group)
         )
     sheet = contact_sheet(samples, columns=SHEET_MEMBERS, tile=224)
-    save_png(sheet, root / SHEET)
+    save_png(sheet, root / NEAR_DUPLICATES_SHEET)
     return {
-        "examples": dg.MetadataValue.path(str(root / SHEET)),
-        "examples_inline": dg.MetadataValue.md(_inline_markdown(sheet)),
+        "examples": dg.MetadataValue.path(str(root / NEAR_DUPLICATES_SHEET)),
+        "examples_inline": dg.MetadataValue.md(inline_sheet(sheet)),
     }

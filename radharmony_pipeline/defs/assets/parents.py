@@ -28,6 +28,7 @@ from ...processing.table_schemas import NIH_FINGERPRINTS, NIH_PARENT_LINKS, PARE
 from ...sources import SOURCE_TYPES, SourceError
 from ...sources.nih_chestxray14 import LAYOUT
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
+from ..groups import PARENTS
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, every_partition_of
 from ..resources import DatasetsResource, OutputsResource
@@ -52,7 +53,7 @@ class NihFingerprintsConfig(dg.Config):
 
 
 @dg.asset(
-    group_name="manifest",
+    group_name=PARENTS,
     owners=OWNERS,
     description=(
         "Every NIH ChestX-ray14 image fingerprinted as `images` fingerprints its own (source "
@@ -125,7 +126,7 @@ def _previous_table(outputs: OutputsResource, name: str) -> pd.DataFrame | None:
 
 
 @dg.asset(
-    group_name="manifest",
+    group_name=PARENTS,
     owners=OWNERS,
     ins={
         "images": dg.AssetIn(
@@ -213,7 +214,7 @@ def _versions(paths: list) -> dict[str, str | None]:
 
 
 @dg.asset(
-    group_name="manifest",
+    group_name=PARENTS,
     owners=OWNERS,
     ins=every_partition_of("raw_index") | {"nih_parent_links": dg.AssetIn("nih_parent_links")},
     description=(

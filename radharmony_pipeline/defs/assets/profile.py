@@ -10,6 +10,7 @@ from ...processing.profile_plots import CorpusTables, label_prevalence, profile_
 from ...processing.storage import publish
 from ...processing.table_schemas import CORPUS_PROFILE, PARTITION_PROFILE
 from ..automation import REBUILD_WHEN_CHANGED, REBUILD_WHEN_PARTITIONS_SETTLE
+from ..groups import CORPUS
 from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions, every_partition_of
 from ..resources import OutputsResource
@@ -31,7 +32,7 @@ DESCRIPTION = (
 @dg.asset(
     partitions_def=dataset_split_partitions,
     owners=OWNERS,
-    group_name="profile",
+    group_name=CORPUS,
     description=f"A visual profile of the partition: {DESCRIPTION}",
     automation_condition=REBUILD_WHEN_CHANGED,
     code_version=table_code_version(CODE_VERSION),
@@ -52,7 +53,7 @@ def partition_profile(
 
 
 @dg.asset(
-    group_name="manifest",
+    group_name=CORPUS,
     owners=OWNERS,
     ins=every_partition_of(*STAGES),
     description=f"A visual profile of every materialized partition together: {DESCRIPTION}",

@@ -1,5 +1,8 @@
 """`source_files`: the downloaded files of each partition, observed for changes."""
 
+import os
+from collections.abc import Mapping
+
 import dagster as dg
 
 from ...processing.source_snapshot import (
@@ -12,12 +15,12 @@ from ...processing.source_snapshot import (
     save_snapshot,
 )
 from ...processing.source_store import is_dir
-from ...sources import SourceError, parse_partition_key
+from ...sources import SOURCE_TYPES, SourceError, parse_partition_key
 from ...sources.base import DatasetSource
 from ...sources.preflight import PartitionReport, check_partition
-from ..data_check import dataset_configured
+from ..groups import SOURCES
 from ..partitions import dataset_split_partitions
-from ..resources import DatasetsResource, OutputsResource
+from ..resources import DatasetsResource, OutputsResource, SourceLocationConfig
 from ..run_settings import RunSettingsResource
 
 # The tag Dagster reads a source's data version from (what `DataVersionsByPartition` writes).
@@ -94,7 +97,7 @@ SOURCE_KINDS = ("jpeg", "png", "dicom", "json", "csv")
 
 @dg.observable_source_asset(
     partitions_def=dataset_split_partitions,
-    group_name="sources",
+    group_name=SOURCES,
     description=(
         "The dataset files as downloaded. Each partition's data version hashes its annotation "
         "files' content and fingerprints its image tree (names, sizes, modification times), "
@@ -146,3 +149,19 @@ def source_files(
     )
     # Every observation is already logged above, with its data version.
     return dg.DataVersionsByPartition({})
+
+
+def dataset_configured(
+    datasets: DatasetsResource, dataset: str, environ: Mapping[str, str] = os.environ
+) -> bool:
+    """Whether the user pointed the pipeline at this dataset: its resource config or a
+    variable is set, or its folder is under the data root."""
+    config = getattr(datasets, dataset, None) or SourceLocationConfig()
+    if any(config.model_dump().values()):
+        return True
+    if any(environ.get(var) for var in SOURCE_TYPES[dataset].env_vars.values()):
+        return True
+    try:
+        return is_dir(datasets.source(dataset).root)
+    except SourceError:
+        return True  # something is there, unreadable: report it

@@ -10,7 +10,7 @@ from ...processing.duplicates import (
     train_test_leaks,
 )
 from ...processing.storage import exists
-from ..assets.near_duplicates import SHEET
+from ..previews import NEAR_DUPLICATES_SHEET
 from ..resources import OutputsResource
 
 EXAMPLES = 20
@@ -33,7 +33,7 @@ def _spanning(members: pd.DataFrame) -> dict:
 
 
 def _sheet(outputs: OutputsResource) -> dict:
-    path = outputs.root() / SHEET
+    path = outputs.root() / NEAR_DUPLICATES_SHEET
     return {"examples": dg.MetadataValue.path(str(path))} if exists(path) else {}
 
 

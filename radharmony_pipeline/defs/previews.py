@@ -1,5 +1,5 @@
-"""Contact sheets of a partition's masks and boxes, written beside the tables and linked in
-materialization metadata so they open from the Dagster UI."""
+"""Contact sheets (a partition's masks and boxes, near-duplicate groups), written beside the
+tables and linked in materialization metadata so they open from the Dagster UI."""
 
 import base64
 from pathlib import Path
@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from ...processing.decode import decode_grayscale
-from ...processing.image_files import confined
-from ...processing.masks import read_mask_png
-from ...processing.previews import (
+from ..processing.decode import decode_grayscale
+from ..processing.image_files import confined
+from ..processing.masks import read_mask_png
+from ..processing.previews import (
     PreviewSample,
     choose_samples,
     contact_sheet,
@@ -20,12 +20,14 @@ from ...processing.previews import (
     save_png,
     small_jpeg,
 )
-from ...sources.base import DatasetSource
+from ..sources.base import DatasetSource
 
 SAMPLES = 16
 # Images are decoded for a tile of a few hundred pixels: JPEGs at a reduced DCT scale.
 PREVIEW_SIDE = 512
 INLINE_WIDTH = 640
+# The near-duplicate groups' sheet: written by `near_duplicates`, linked by its checks.
+NEAR_DUPLICATES_SHEET = "previews/near_duplicates/examples.png"
 
 
 def mask_preview(
@@ -116,11 +118,11 @@ def _write_sheet(source, split, index, root, relative, prefer, masks_of, boxes_o
     save_png(sheet, root / relative)
     return {
         "preview": dg.MetadataValue.path(str(root / relative)),
-        "preview_inline": dg.MetadataValue.md(_inline_markdown(sheet)),
+        "preview_inline": dg.MetadataValue.md(inline_sheet(sheet)),
     }
 
 
-def _inline_markdown(sheet: Image.Image) -> str:
+def inline_sheet(sheet: Image.Image) -> str:
     """A small JPEG of the sheet inside the metadata, so the UI shows it without file access."""
     encoded = base64.b64encode(small_jpeg(sheet, INLINE_WIDTH)).decode()
     return f"![contact sheet](data:image/jpeg;base64,{encoded})"

@@ -19,7 +19,7 @@ from dagster._core.remote_representation.code_location import CodeLocation
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster._utils.hosted_user_process import recon_job_from_origin
 
-from .jobs import ALL_STAGES_JOB, MANIFEST_JOB, OBSERVE_JOB
+from ..defs.jobs import ALL_STAGES_JOB, MANIFEST_JOB, OBSERVE_JOB
 from .recovery import free_slots_of_dead_runs
 
 # The code location and repository names `make ui` (workspace.yaml) shows the project under.

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
+from ..defs.io_managers import TABLE_CHECKSUM
 from ..processing.integrity import (
     PARTITION_TABLES,
     Mismatch,
@@ -15,7 +16,6 @@ from ..processing.integrity import (
     withdraw_packed_keys,
 )
 from ..processing.storage import OutputPath, remove
-from .io_managers import TABLE_CHECKSUM
 
 
 def recorded_table_checksums(instance: dg.DagsterInstance, partition: str) -> dict[str, str | None]:
