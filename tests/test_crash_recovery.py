@@ -24,9 +24,9 @@ import psutil
 import pytest
 from dagster_graphql import DagsterGraphQLClient
 from e2e_support import REPOSITORY_NAME, DagsterDev, free_port
-from radharmony_pipeline.operations.recovery import WORKER_TAG, RunWorker
 
 from radharmony_pipeline.defs.jobs import ALL_STAGES_JOB
+from radharmony_pipeline.operations.recovery import WORKER_TAG, RunWorker
 from radharmony_pipeline.processing.atomic import TEMP_MARKER
 
 PARTITION = "chestx_det.test"  # has masks, boxes and images
