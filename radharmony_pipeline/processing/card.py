@@ -10,13 +10,14 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from .output_layout import RESIZED_PNG_GLOB
 from .table_schemas import UNIFIED_MANIFEST
 from .vocabulary import LABEL_COLUMNS, UNIFIED_LABELS
 
 CARD_NAME = "DATASET_CARD.md"
 CROISSANT_NAME = "croissant.json"
 MANIFEST_FILE = "tables/unified_manifest.parquet"
-IMAGE_FILES = "images/*/*.png"
+IMAGE_FILES = RESIZED_PNG_GLOB
 
 
 @dataclass(frozen=True)

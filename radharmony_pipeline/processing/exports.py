@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from .atomic import remove_orphaned_temporaries
 from .geometry import GEOMETRIES, ResizeGeometry, resize_mask
 from .masks import MASK_FOREGROUND
+from .output_layout import HUGGINGFACE_EXPORT, WEBDATASET_EXPORT
 from .parents import PARENT_IDENTITY
 from .storage import OutputPath, is_local, listing, make_folder, output_path, publish
 from .table_schemas import BOOL, UNIFIED_MANIFEST, Column, TableSchema, col, conform
@@ -32,8 +33,8 @@ INDEX_VERSION = 1
 DEFAULT_MAX_SHARD_BYTES = 256 * 2**20
 
 # The output layout of the exports, relative to the output root.
-HUGGINGFACE_FOLDER = "exports/huggingface"
-WEBDATASET_FOLDER = "exports/webdataset"
+HUGGINGFACE_FOLDER = HUGGINGFACE_EXPORT
+WEBDATASET_FOLDER = WEBDATASET_EXPORT
 # The split names `datasets` gives special meaning to (`val` is spelled `validation`).
 HUGGINGFACE_SPLITS = {"train": "train", "val": "validation", "test": "test"}
 

@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 
 import great_expectations.expectations as gxe
 
-from .mask_jobs import MASK_COLUMNS
-from .vocabulary import IMAGE_FORMATS, INDEX_COLUMNS, SPLITS, UNIFIED_LABELS, VIEW_POSITIONS
+from .table_schemas import INDEX_COLUMNS, MASKS, PARTITION_COLUMNS
+from .vocabulary import IMAGE_FORMATS, SPLITS, UNIFIED_LABELS, VIEW_POSITIONS
 
 IMAGE_KEY_REGEX = r"^[A-Za-z0-9._-]+$"
 MAX_IMAGE_SIDE = 100_000
@@ -75,8 +75,8 @@ def masks() -> list[gxe.Expectation]:
     return [
         gxe.ExpectTableColumnsToMatchSet(
             column_set=[
-                # The table as the step yields it: without its `written` bookkeeping.
-                *(column for column in MASK_COLUMNS if column != "written"),
+                # The table as the step yields it, before the partition columns are added.
+                *(column for column in MASKS.names if column not in PARTITION_COLUMNS),
                 "mask_file_exists",
                 "class_area_fraction",
                 "image_class",

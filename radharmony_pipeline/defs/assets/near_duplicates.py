@@ -9,6 +9,7 @@ import pandas as pd
 from PIL import Image
 
 from ...processing.duplicates import near_duplicate_members
+from ...processing.output_layout import NEAR_DUPLICATE_SHEET
 from ...processing.perceptual_hash import DEFAULT_RADIUS, HASH_BITS
 from ...processing.previews import PreviewSample, contact_sheet, save_png
 from ...processing.storage import open_for_reading
@@ -21,7 +22,6 @@ from ..resources import OutputsResource
 from .previews import _inline_markdown
 
 CODE_VERSION = "1"
-SHEET = "previews/near_duplicates/examples.png"
 SHEET_GROUPS = 6
 SHEET_MEMBERS = 4
 _KIND_LABELS = {"identical_file": "same file", "identical_pixels": "same pixels", "near": "near"}
@@ -110,8 +110,8 @@ def example_sheet(members: pd.DataFrame, root: Path) -> dict:
             SHEET_MEMBERS - len(group)
         )
     sheet = contact_sheet(samples, columns=SHEET_MEMBERS, tile=224)
-    save_png(sheet, root / SHEET)
+    save_png(sheet, root / NEAR_DUPLICATE_SHEET)
     return {
-        "examples": dg.MetadataValue.path(str(root / SHEET)),
+        "examples": dg.MetadataValue.path(str(root / NEAR_DUPLICATE_SHEET)),
         "examples_inline": dg.MetadataValue.md(_inline_markdown(sheet)),
     }

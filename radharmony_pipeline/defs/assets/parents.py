@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 from pydantic import Field
 
 from ...processing.cluster import worker_slots
+from ...processing.output_layout import table_file
 from ...processing.parent_fingerprints import (
     fingerprint_parent_images,
     fingerprint_table,
@@ -113,7 +114,7 @@ def nih_fingerprints(
 
 def _previous_table(outputs: OutputsResource, name: str) -> pd.DataFrame | None:
     """The asset's last output (where the IO manager keeps it), for per-row re-use."""
-    path = outputs.root() / "tables" / f"{name}.parquet"
+    path = table_file(outputs.root(), name)
     try:
         with path.open("rb") as handle:
             return pq.read_table(handle).to_pandas()

@@ -12,11 +12,12 @@ from PIL import Image
 from ...processing.decode import decode_grayscale
 from ...processing.image_files import confined
 from ...processing.masks import read_mask_png
+from ...processing.output_layout import preview
 from ...processing.previews import (
     PreviewSample,
     choose_samples,
     contact_sheet,
-    resized_mask,
+    mask_at_shape,
     save_png,
     small_jpeg,
 )
@@ -44,7 +45,7 @@ def mask_preview(
 
     def masks_of(image_id: str, shape: tuple[int, int]) -> dict[str, np.ndarray]:
         return {
-            class_by_path[path]: resized_mask(read_mask_png(root / path), shape)
+            class_by_path[path]: mask_at_shape(read_mask_png(root / path), shape)
             for path in masks_by_image.get(image_id, [])
         }
 
@@ -53,7 +54,7 @@ def mask_preview(
         split,
         index,
         root,
-        f"previews/masks/{partition}.png",
+        preview("masks", partition),
         prefer=index["image_id"].isin(masks_by_image),
         masks_of=masks_of,
         boxes_of=lambda image_id: [],
@@ -81,7 +82,7 @@ def box_preview(
         split,
         index,
         root,
-        f"previews/bboxes/{partition}.png",
+        preview("bboxes", partition),
         prefer=index["image_id"].isin(boxes),
         masks_of=lambda image_id, shape: {},
         boxes_of=lambda image_id: boxes.get(image_id, []),

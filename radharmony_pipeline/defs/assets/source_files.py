@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from ...processing.output_layout import source_snapshot
 from ...processing.settings import unreadable_limit
 from ...processing.source_snapshot import (
     ABSENT,
@@ -22,8 +23,6 @@ from ..resources import DatasetsResource, OutputsResource
 
 # The tag Dagster reads a source's data version from (what `DataVersionsByPartition` writes).
 DATA_VERSION_TAG = "dagster/data_version"
-# Where the previous observation of each partition is kept, under the output root.
-SNAPSHOT_FOLDER = "observations/source_files"
 # File names listed per kind of change in the metadata (the counts are always complete).
 NAMES_SHOWN = 20
 
@@ -109,7 +108,6 @@ SOURCE_KINDS = ("jpeg", "png", "dicom", "json", "csv")
 def source_files(
     context: dg.AssetExecutionContext, datasets: DatasetsResource, outputs: OutputsResource
 ) -> dg.DataVersionsByPartition:
-    snapshots = outputs.root() / SNAPSHOT_FOLDER
     changed = []
     limit = unreadable_limit()
     configured: dict[str, bool] = {}
@@ -121,7 +119,7 @@ def source_files(
             configured[dataset] = dataset_configured(datasets, dataset)
         # What `radharmony check-data` says about the partition, where the user looks first.
         check = check_partition(source, split, configured[dataset], limit)
-        path = snapshots / f"{partition_key}.json.gz"
+        path = outputs.root() / source_snapshot(partition_key)
         previous = load_snapshot(path)
         version = current.data_version()
         # Logged here rather than returned: `DataVersionsByPartition` carries no metadata, and

@@ -13,6 +13,7 @@ from ...processing.mask_overlap import (
     overlap_figures,
     overlap_of_files,
 )
+from ...processing.output_layout import table_file
 from ...processing.parallel import map_in_chunks, worker_count
 from ...processing.storage import open_for_reading
 from ...sources.base import DatasetSource
@@ -83,8 +84,7 @@ def _read_table(path: Any) -> pd.DataFrame:
 
 def _overlap(source: DatasetSource, root: Path) -> dict[str, int]:
     tables = [
-        _read_table(root / "tables" / "masks" / f"{source.key}.{split}.parquet")
-        for split in source.splits
+        _read_table(table_file(root, "masks", f"{source.key}.{split}")) for split in source.splits
     ]
     masks = pd.concat(tables, ignore_index=True)
     classes = masks[(masks["status"] == "ok") & (masks["mask_class"] != "any")]

@@ -9,7 +9,7 @@ from ...processing.duplicates import (
     partition_pair_counts,
     train_test_leaks,
 )
-from ..assets.near_duplicates import SHEET
+from ...processing.output_layout import NEAR_DUPLICATE_SHEET
 from ..resources import OutputsResource
 
 EXAMPLES = 20
@@ -32,7 +32,7 @@ def _spanning(members: pd.DataFrame) -> dict:
 
 
 def _sheet(outputs: OutputsResource) -> dict:
-    path = outputs.root() / SHEET
+    path = outputs.root() / NEAR_DUPLICATE_SHEET
     return {"examples": dg.MetadataValue.path(str(path))} if path.is_file() else {}
 
 

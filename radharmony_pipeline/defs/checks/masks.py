@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 import dagster as dg
 import pandas as pd
 
+from ...processing.output_layout import mask_folder
 from ...processing.storage import OutputPath, listing
 from ...sources import DatasetSource
 from ...sources.counts import MASK_METRICS, compare_counts
@@ -131,9 +132,9 @@ def _with_derived_columns(masks: pd.DataFrame, root: OutputPath) -> pd.DataFrame
     # One listing of the partition's folder, not one request per mask on object storage.
     partitions = {path.split("/")[1] for path in masks["mask_path"].dropna()}
     listed = {
-        f"masks/{partition}/{name}"
+        f"{mask_folder(partition)}/{name}"
         for partition in partitions
-        for name in listing(root / "masks" / partition)
+        for name in listing(root / mask_folder(partition))
     }
     return masks.assign(
         mask_file_exists=masks["mask_path"].map(lambda path: path in listed, na_action="ignore"),
