@@ -63,6 +63,7 @@ from radharmony_pipeline.processing.duplicates import (
     without_cross_split_groups,
 )
 from radharmony_pipeline.processing.manifest import PARTITION_MANIFEST_COLUMNS
+from radharmony_pipeline.processing.output_layout import root_of_table_file
 from radharmony_pipeline.processing.parents import (
     PARENT_IDENTITY,
     patient_disjoint_by_parent,
@@ -211,11 +212,10 @@ def _output_root(manifest: str | Path | pd.DataFrame, output_root: str | Path | 
             "a manifest given as a DataFrame needs output_root: the folder its "
             "image_path, tensor_path and mask_path are relative to"
         )
-    # The manifest lives at <output>/tables/unified_manifest.parquet.
     location = output_path(manifest)
     if is_local(location):
-        return Path(location).resolve().parent.parent
-    return location.parent.parent
+        return root_of_table_file(Path(location).resolve())
+    return root_of_table_file(location)
 
 
 def _read_manifest(

@@ -54,7 +54,7 @@ def write_dicom(path: Path, pixels: np.ndarray, transfer_syntax: UID) -> None:
     ds.save_as(path, enforce_file_format=True)
 
 
-# --- header_image_size ----------------------------------------------------------------------------
+# --- header_image_size ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("suffix", [".jpg", ".jpeg", ".JPG"])

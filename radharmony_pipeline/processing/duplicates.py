@@ -10,24 +10,11 @@ import numpy as np
 import pandas as pd
 
 from .perceptual_hash import DEFAULT_RADIUS, group_fingerprints, hamming, hashes_to_words
+from .table_schemas import NEAR_DUPLICATES, pandas_dtype
 
 KINDS = ("identical_file", "identical_pixels", "near")
 
-NEAR_DUPLICATE_COLUMNS = (
-    "image_id",
-    "dataset",
-    "split",
-    "image_path",
-    "group_id",
-    "group_size",
-    "group_datasets",
-    "group_splits",
-    "representative_id",
-    "distance_to_representative",
-    "kind",
-    "source_sha256",
-    "pixels_sha256",
-)
+NEAR_DUPLICATE_COLUMNS: tuple[str, ...] = tuple(NEAR_DUPLICATES.names)
 
 
 def near_duplicate_members(images: pd.DataFrame, radius: int = DEFAULT_RADIUS) -> pd.DataFrame:
@@ -84,21 +71,7 @@ def _group_id(representative_id: str) -> str:
 
 def _empty_members() -> pd.DataFrame:
     frame = pd.DataFrame({column: pd.Series([], dtype=object) for column in NEAR_DUPLICATE_COLUMNS})
-    return frame.astype(
-        {
-            "image_id": "string",
-            "dataset": "string",
-            "split": "string",
-            "image_path": "string",
-            "group_id": "string",
-            "group_size": "int64",
-            "representative_id": "string",
-            "distance_to_representative": "int64",
-            "kind": "string",
-            "source_sha256": "string",
-            "pixels_sha256": "string",
-        }
-    )
+    return frame.astype({c.name: pandas_dtype(c.type) for c in NEAR_DUPLICATES.columns})
 
 
 @dataclass(frozen=True)

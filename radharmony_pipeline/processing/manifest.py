@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from .boxes import NORMALIZED_COLUMNS
 from .geometry import GEOMETRIES, boxes_to_resized_frame
 from .output_layout import packed_images
 from .reasons import error_reasons
@@ -99,7 +100,7 @@ def _box_lists(bboxes: pd.DataFrame) -> pd.DataFrame:
                 "label_text": [],
             }
         )
-    coordinates = ok[["y_min", "y_max", "x_min", "x_max"]].to_numpy(dtype=float).tolist()
+    coordinates = ok[list(NORMALIZED_COLUMNS)].to_numpy(dtype=float).tolist()
     frame = pd.DataFrame(
         {
             "image_id": ok["image_id"].to_numpy(),

@@ -27,11 +27,24 @@ def tables_folder(root: Any) -> Any:
     return root / TABLES
 
 
-def table_file(root: Any, table: str, partition: str | None = None) -> Any:
-    """`tables/<table>.parquet`, or `tables/<table>/<partition>.parquet` for a partition."""
+def table_path(table: str, partition: str | None = None) -> str:
+    """`tables/<table>.parquet`, or `tables/<table>/<partition>.parquet` for a partition
+    (where the Parquet IO manager keeps them under `tables_folder`)."""
     if partition is None:
-        return tables_folder(root) / f"{table}.parquet"
-    return tables_folder(root) / table / f"{partition}.parquet"
+        return f"{TABLES}/{table}.parquet"
+    return f"{TABLES}/{table}/{partition}.parquet"
+
+
+def table_file(root: Any, table: str, partition: str | None = None) -> Any:
+    return root / table_path(table, partition)
+
+
+def root_of_table_file(path: Any) -> Any:
+    """The output root a whole table's file (`tables/<table>.parquet`) lies under."""
+    return path.parent.parent
+
+
+MANIFEST = table_path("unified_manifest")
 
 
 def resized_image_folder(partition: str) -> str:

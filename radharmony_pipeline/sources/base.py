@@ -22,7 +22,7 @@ from ..processing import source_store
 from ..processing.mask_jobs import MaskJob, MaskTarget
 from ..processing.parents import parent_identity
 from ..processing.source_store import FileState, SourcePath
-from ..processing.table_schemas import INDEX_COLUMNS, Column
+from ..processing.table_schemas import INDEX_COLUMNS, RAW_INDEX, Column, pandas_dtype
 from ..processing.vocabulary import FORMAT_BY_SUFFIX, LABEL_COLUMNS
 from .counts import ExpectedCounts, load_expected_counts
 from .errors import DatasetLayoutError, MetadataError
@@ -237,19 +237,9 @@ def index_frame(dataset: str, split: str, columns: Mapping[str, object]) -> pd.D
     frame.insert(2, "dataset", dataset)
     frame.insert(3, "split", split)
     frame["image_format"] = image_formats(frame["image_path"])
-    frame[["source_height", "source_width"]] = frame[["source_height", "source_width"]].astype(
-        "Int64"
-    )
-    for column in (
-        "dataset",
-        "split",
-        "patient_id",
-        "study_id",
-        "image_path",
-        "view_position",
-        "view_position_raw",
-    ):
-        frame[column] = frame[column].astype("string")
+    for column in RAW_INDEX.columns:
+        if column.required and column.name in frame:
+            frame[column.name] = frame[column.name].astype(pandas_dtype(column.type))
     extras = [c for c in frame.columns if c not in INDEX_COLUMNS]
     return frame[list(INDEX_COLUMNS) + extras].reset_index(drop=True)
 

@@ -3,6 +3,7 @@
 import dagster as dg
 import pandas as pd
 
+from ...processing.boxes import NORMALIZED_COLUMNS
 from ...processing.duplicates import with_duplicate_groups
 from ...processing.manifest import PARTITION_MANIFEST_COLUMNS, combine, partition_manifest
 from ...processing.parents import PARENT_IDENTITY, with_parent_columns
@@ -20,7 +21,7 @@ from ..partitions import OWNERS, every_partition_of
 CODE_VERSION = "3"  # 2: duplicate_group from near_duplicates; 3: parent identity
 UPSTREAM = ("raw_index", "labels", "masks", "bboxes", "images")
 
-_BOX_EDGES = ("y_min", "y_max", "x_min", "x_max")
+_BOX_EDGES = NORMALIZED_COLUMNS
 # Manifest columns copied unchanged from `images` (the partition columns aside) and from
 # `raw_index` (the rest it holds; parent identity is joined from parent_provenance).
 _IMAGES_COLUMNS = tuple(

@@ -5,7 +5,6 @@ from typing import Literal
 
 import dagster as dg
 import pandas as pd
-import pyarrow.parquet as pq
 from pydantic import Field
 
 from ...processing.cluster import worker_slots
@@ -30,6 +29,7 @@ from ...processing.table_schemas import NIH_FINGERPRINTS, NIH_PARENT_LINKS, PARE
 from ...sources import SOURCE_TYPES, SourceError
 from ...sources.nih_chestxray14 import LAYOUT
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
+from ..io_managers import read_table_file
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, every_partition_of
 from ..resources import DatasetsResource, OutputsResource
@@ -114,10 +114,8 @@ def nih_fingerprints(
 
 def _previous_table(outputs: OutputsResource, name: str) -> pd.DataFrame | None:
     """The asset's last output (where the IO manager keeps it), for per-row re-use."""
-    path = table_file(outputs.root(), name)
     try:
-        with path.open("rb") as handle:
-            return pq.read_table(handle).to_pandas()
+        return read_table_file(table_file(outputs.root(), name))
     except (OSError, ValueError):
         return None
 

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
+from ...processing.boxes import NORMALIZED_COLUMNS
 from ...processing.decode import decode_grayscale
 from ...processing.image_files import confined
 from ...processing.masks import read_mask_png
@@ -72,9 +73,7 @@ def box_preview(
     """Sheet of ~16 images with their boxes and labels drawn."""
     ok = table[table["status"] == "ok"]
     boxes = {
-        image_id: list(
-            group[["y_min", "y_max", "x_min", "x_max", "label"]].itertuples(index=False, name=None)
-        )
+        image_id: list(group[[*NORMALIZED_COLUMNS, "label"]].itertuples(index=False, name=None))
         for image_id, group in ok.groupby("image_id")
     }
     return _write_sheet(

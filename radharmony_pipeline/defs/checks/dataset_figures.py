@@ -2,7 +2,6 @@
 measured on the pipeline's own per-class masks, and the count of RGBA source images."""
 
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import pandas as pd
@@ -15,9 +14,9 @@ from ...processing.mask_overlap import (
 )
 from ...processing.output_layout import table_file
 from ...processing.parallel import map_in_chunks, worker_count
-from ...processing.storage import open_for_reading
 from ...sources.base import DatasetSource
 from ...sources.counts import CountComparison, compare_counts, is_dataset_metric
+from ..io_managers import read_table_file
 from ..resources import DatasetsResource, OutputsResource
 from .manifest import complete_datasets, figures_result
 
@@ -76,15 +75,10 @@ def measured_figures(
     return found
 
 
-def _read_table(path: Any) -> pd.DataFrame:
-    # A handle, so that an object-store root (a UPath) is read like a local one.
-    with open_for_reading(path) as handle:
-        return pd.read_parquet(handle)
-
-
 def _overlap(source: DatasetSource, root: Path) -> dict[str, int]:
     tables = [
-        _read_table(table_file(root, "masks", f"{source.key}.{split}")) for split in source.splits
+        read_table_file(table_file(root, "masks", f"{source.key}.{split}"))
+        for split in source.splits
     ]
     masks = pd.concat(tables, ignore_index=True)
     classes = masks[(masks["status"] == "ok") & (masks["mask_class"] != "any")]

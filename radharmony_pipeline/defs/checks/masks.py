@@ -11,11 +11,10 @@ from ...processing.storage import OutputPath, listing
 from ...sources import DatasetSource
 from ...sources.counts import MASK_METRICS, compare_counts
 from ..partitions import blocking_partition_check, dataset_split_partitions
-from ..row_errors import row_errors_result
+from ..row_errors import error_rows_check, row_errors_result
 from .counts import comparison_result
 from .expectations import suite_check, suite_result
 from .in_step import selected_results
-from .row_errors import error_rows_check
 
 MASKS = dg.AssetKey("masks")
 # Ids written into a warning's description; the metadata lists up to 200.
