@@ -123,4 +123,5 @@ def fingerprint_parent_images(
 
 def fingerprint_table(rows: list) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=list(FINGERPRINT_COLUMNS))
-    return frame.astype({c.name: pandas_dtype(c.type) for c in NIH_FINGERPRINTS.columns})
+    types = {c.name: pandas_dtype(c.type) for c in NIH_FINGERPRINTS.columns}
+    return frame.astype(types | {"size": "int64"})  # every row, error rows too, has a size
