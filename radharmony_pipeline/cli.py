@@ -275,6 +275,7 @@ def _demo(args: argparse.Namespace) -> int:
         observe_sources,
         project_location,
     )
+    from .processing import output_layout as layout
 
     every_partition = partition_keys()
     chosen = args.partition or every_partition
@@ -301,13 +302,16 @@ def _demo(args: argparse.Namespace) -> int:
     manifest = next((o for o in outcomes if o.partition == "unified_manifest"), None)
     if manifest is not None and manifest.success:
         print(
-            f"Manifest: {output}/tables/unified_manifest.parquet (load it with "
+            f"Manifest: {output}/{layout.MANIFEST} (load it with "
             "radharmony_pipeline.loader.ManifestDataset)"
         )
     else:
         print("No manifest was joined (it needs every partition, each run successfully).")
     if any(o.success for o in outcomes):
-        print(f"Tables: {output}/tables/   Images: {output}/images/   Previews: {output}/previews/")
+        print(
+            f"Tables: {output}/{layout.TABLES}/   Images: {output}/{layout.IMAGES}/   "
+            f"Previews: {output}/{layout.PREVIEWS}/"
+        )
     print("Open the UI with `make ui`, then http://127.0.0.1:3000 (same DAGSTER_HOME).")
     return 0 if all(o.success for o in outcomes) else 1
 

@@ -62,6 +62,8 @@ from radharmony_pipeline.processing.duplicates import (
     one_per_duplicate_group,
     without_cross_split_groups,
 )
+from radharmony_pipeline.processing.manifest import PARTITION_MANIFEST_COLUMNS
+from radharmony_pipeline.processing.output_layout import root_of_table_file
 from radharmony_pipeline.processing.parents import (
     PARENT_IDENTITY,
     patient_disjoint_by_parent,
@@ -87,22 +89,6 @@ except ImportError:
 
 Filter = str | Collection[str] | None
 
-MANIFEST_COLUMNS: tuple[str, ...] = (
-    "image_id",
-    "dataset",
-    "split",
-    "view_position",
-    "image_path",
-    "tensor_path",
-    "tensor_index",
-    "mask_path",
-    "has_mask",
-    "bboxes_resized",
-    "bbox_labels",
-    "label_text",
-    "report",
-    *LABEL_COLUMNS,
-)
 TENSOR_FIELDS: tuple[str, ...] = ("img", "mask", "cls", "bboxes")
 # Needed only by the duplicate options (manifests built before issue 11 lack it).
 DUPLICATE_COLUMNS: tuple[str, ...] = ("duplicate_group",)
@@ -232,17 +218,16 @@ def _output_root(manifest: str | Path | pd.DataFrame, output_root: str | Path | 
             "a manifest given as a DataFrame needs output_root: the folder its "
             "image_path, tensor_path and mask_path are relative to"
         )
-    # The manifest lives at <output>/tables/unified_manifest.parquet.
     location = output_path(manifest)
     if is_local(location):
-        return Path(location).resolve().parent.parent
-    return location.parent.parent
+        return root_of_table_file(Path(location).resolve())
+    return root_of_table_file(location)
 
 
 def _read_manifest(
     manifest: str | Path | pd.DataFrame, extra: tuple[str, ...] = ()
 ) -> pd.DataFrame:
-    wanted = [*MANIFEST_COLUMNS, *extra]
+    wanted = [*PARTITION_MANIFEST_COLUMNS, *extra]
     if isinstance(manifest, pd.DataFrame):
         table = manifest
     else:

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from PIL import Image, ImageDraw
-from toy_dataset import CSV_NAME, FOLDER, IMAGES, write_toy_dataset
+from toy_dataset import CSV_NAME, FOLDER, IMAGES, NATIVE_COLUMN, nodule_size, write_toy_dataset
 
 from radharmony_pipeline.sources import partition_keys
 
@@ -100,3 +102,19 @@ def test_the_manifest_holds_every_toy_image_with_its_box_and_mask(toy):
         assert np.abs(got.astype(int) - np.asarray(reference)).sum() <= 2 * (w + h) + 4
         with Image.open(output / row["image_path"]) as image:
             assert image.size == (224, 224)
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_the_datasets_own_label_column_reaches_its_labels_table(toy, split):
+    """Declared only in the toy's module, the native column is written with its values, as
+    a nullable column of the one `labels` table (whose other partitions are null there)."""
+    folder, _ = toy
+    path = folder / "out" / "tables" / "labels" / f"toy_cxr.{split}.parquet"
+    labels = pd.read_parquet(path).set_index("image_id")
+    assert pq.read_schema(path).field(NATIVE_COLUMN).type == pa.string()
+    columns = list(labels.columns)
+    assert columns.index(NATIVE_COLUMN) < columns.index("status")
+    expected = {f"toy_cxr/{name}": nodule_size(w, h) for name, s, *_, w, h in IMAGES if s == split}
+    got = {image_id: (None if pd.isna(v) else v) for image_id, v in labels[NATIVE_COLUMN].items()}
+    assert got == expected
+    assert {"large", "small"} & set(got.values()), "the toy data grades at least one nodule"

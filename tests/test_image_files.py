@@ -18,7 +18,7 @@ from pydicom.uid import (
 
 from radharmony_pipeline.processing.image_files import (
     ImageFileError,
-    image_size,
+    header_image_size,
     read_grayscale_png,
 )
 
@@ -54,14 +54,14 @@ def write_dicom(path: Path, pixels: np.ndarray, transfer_syntax: UID) -> None:
     ds.save_as(path, enforce_file_format=True)
 
 
-# --- image_size ----------------------------------------------------------------------------
+# --- header_image_size ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("suffix", [".jpg", ".jpeg", ".JPG"])
 def test_jpeg_size(tmp_path: Path, suffix: str) -> None:
     path = tmp_path / f"view1_frontal{suffix}"
     Image.fromarray(gradient()).save(path, format="JPEG")
-    assert image_size(path) == (HEIGHT, WIDTH)
+    assert header_image_size(path) == (HEIGHT, WIDTH)
 
 
 def test_png_sizes_8_and_16_bit(tmp_path: Path) -> None:
@@ -69,8 +69,8 @@ def test_png_sizes_8_and_16_bit(tmp_path: Path) -> None:
     sixteen = tmp_path / "sixteen.PNG"
     Image.fromarray(gradient()).save(eight)
     Image.fromarray(gradient(np.uint16, 65535)).save(sixteen)
-    assert image_size(eight) == (HEIGHT, WIDTH)
-    assert image_size(sixteen) == (HEIGHT, WIDTH)
+    assert header_image_size(eight) == (HEIGHT, WIDTH)
+    assert header_image_size(sixteen) == (HEIGHT, WIDTH)
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_png_sizes_8_and_16_bit(tmp_path: Path) -> None:
 def test_dicom_size(tmp_path: Path, transfer_syntax: UID) -> None:
     path = tmp_path / "image.dcm"
     write_dicom(path, gradient(np.uint16, 4095), transfer_syntax)
-    assert image_size(path) == (HEIGHT, WIDTH)
+    assert header_image_size(path) == (HEIGHT, WIDTH)
 
 
 def test_size_does_not_decode_pixels(tmp_path: Path) -> None:
@@ -90,13 +90,13 @@ def test_size_does_not_decode_pixels(tmp_path: Path) -> None:
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (HEIGHT, WIDTH), np.uint8)).save(path)
     data = path.read_bytes()
     path.write_bytes(data[: data.index(b"IDAT") + 20])
-    assert image_size(path) == (HEIGHT, WIDTH)
+    assert header_image_size(path) == (HEIGHT, WIDTH)
 
 
 def test_missing_file_error_names_the_path(tmp_path: Path) -> None:
     path = tmp_path / "absent.jpg"
     with pytest.raises(ImageFileError, match="not found") as raised:
-        image_size(path)
+        header_image_size(path)
     assert str(path) in str(raised.value)
     assert isinstance(raised.value, ValueError)
 
@@ -106,7 +106,7 @@ def test_unreadable_file_error_names_the_path(tmp_path: Path, name: str) -> None
     path = tmp_path / name
     path.write_bytes(b"this is not an image at all")
     with pytest.raises(ImageFileError) as raised:
-        image_size(path)
+        header_image_size(path)
     assert str(path) in str(raised.value)
 
 
@@ -114,7 +114,7 @@ def test_unsupported_extension_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "image.tif"
     Image.fromarray(gradient()).save(path)
     with pytest.raises(ImageFileError, match="unsupported extension"):
-        image_size(path)
+        header_image_size(path)
 
 
 # --- read_grayscale_png --------------------------------------------------------------------

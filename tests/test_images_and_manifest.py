@@ -10,7 +10,7 @@ from PIL import Image
 
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.loader import ManifestDataset
-from radharmony_pipeline.processing.manifest import MANIFEST_COLUMNS
+from radharmony_pipeline.processing.manifest import PARTITION_MANIFEST_COLUMNS
 from radharmony_pipeline.processing.parents import PARENT_IDENTITY
 from radharmony_pipeline.processing.table_schemas import UNIFIED_MANIFEST
 from radharmony_pipeline.sources import parse_partition_key
@@ -148,7 +148,11 @@ def test_manifest_has_the_contract_columns_and_every_usable_image(corpus):
     assert "manifest_totals_match_documentation" in {e.check_name for e in blocking}
     assert [(e.check_name, e.metadata) for e in blocking if not e.passed] == []
     manifest = pd.read_parquet(output / "tables" / "unified_manifest.parquet")
-    assert list(manifest.columns) == [*MANIFEST_COLUMNS, "duplicate_group", *PARENT_IDENTITY]
+    assert list(manifest.columns) == [
+        *PARTITION_MANIFEST_COLUMNS,
+        "duplicate_group",
+        *PARENT_IDENTITY,
+    ]
     images = sum(
         len(pd.read_parquet(output / "tables" / "raw_index" / f"{k}.parquet")) for k in first
     )

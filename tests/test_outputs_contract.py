@@ -16,10 +16,11 @@ from corpus import check_evaluations
 from PIL import Image, ImageDraw
 
 from radharmony_pipeline.loader import ManifestDataset
-from radharmony_pipeline.processing.manifest import MANIFEST_COLUMNS
+from radharmony_pipeline.processing.manifest import PARTITION_MANIFEST_COLUMNS
 from radharmony_pipeline.processing.parents import PARENT_IDENTITY
 from radharmony_pipeline.processing.previews import TITLE_LINES, _font, title_lines
 from radharmony_pipeline.processing.table_schemas import (
+    INDEX_COLUMNS,
     RAW_INDEX,
     SCHEMA_VERSION,
     SCHEMA_VERSION_KEY,
@@ -27,7 +28,7 @@ from radharmony_pipeline.processing.table_schemas import (
     SchemaMismatchError,
     conform,
 )
-from radharmony_pipeline.processing.vocabulary import INDEX_COLUMNS, LABEL_COLUMNS
+from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
 from radharmony_pipeline.sources import partition_keys
 
 PARTITIONED = ("raw_index", "labels", "masks", "bboxes", "images")
@@ -150,7 +151,7 @@ def test_declarations_agree_with_the_vocabulary_and_the_index_contract():
     # duplicate_group and the parent identity are joined from near_duplicates and
     # parent_provenance after the partitions are assembled.
     assert tuple(TABLE_SCHEMAS["unified_manifest"].names) == (
-        *MANIFEST_COLUMNS,
+        *PARTITION_MANIFEST_COLUMNS,
         "duplicate_group",
         *PARENT_IDENTITY,
     )

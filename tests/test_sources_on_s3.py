@@ -29,7 +29,7 @@ from radharmony_pipeline.defs.groups import PUBLISHING
 from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.processing import image_jobs
 from radharmony_pipeline.processing.decode import DecodeError, decode_grayscale
-from radharmony_pipeline.processing.image_files import ImageFileError, confined, image_size
+from radharmony_pipeline.processing.image_files import ImageFileError, confined, header_image_size
 from radharmony_pipeline.processing.image_jobs import ImageJob
 from radharmony_pipeline.processing.source_snapshot import compare
 from radharmony_pipeline.processing.source_store import (
@@ -381,7 +381,7 @@ def test_a_missing_image_object_is_an_error_naming_its_url(store, datasets):
         decode_grayscale(missing, target_size=32)
     assert str(missing) in str(raised.value)
     with pytest.raises(ImageFileError, match="file not found"):
-        image_size(source_path(f"{url}/chexlocalize/CheXpert/val/missing.jpg"))
+        header_image_size(source_path(f"{url}/chexlocalize/CheXpert/val/missing.jpg"))
 
 
 def test_a_missing_dataset_prefix_names_the_url_and_the_variable(store):

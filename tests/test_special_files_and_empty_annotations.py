@@ -25,7 +25,7 @@ from fault_support import (
 )
 
 from radharmony_pipeline.processing import table_schemas
-from radharmony_pipeline.processing.image_files import ImageFileError, image_size
+from radharmony_pipeline.processing.image_files import ImageFileError, header_image_size
 from radharmony_pipeline.processing.settings import UNREADABLE_LIMIT_VARIABLE
 from radharmony_pipeline.processing.source_store import (
     NotARegularFile,
@@ -168,7 +168,7 @@ def test_the_check_refuses_each_kind_before_opening(tmp_path):
         with pytest.raises(NotARegularFile, match=r"named pipe \(FIFO\)"):
             read_source_bytes(path)
         with pytest.raises(ImageFileError, match=NOT_OPENED):
-            image_size(path)
+            header_image_size(path)
     with pytest.raises(FileNotFoundError):
         require_regular_file(tmp_path / "missing.png")
     with pytest.raises(FileNotFoundError):

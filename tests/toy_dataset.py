@@ -18,6 +18,7 @@ import pandas as pd
 from PIL import Image
 
 from radharmony_pipeline.processing.mask_jobs import MaskTarget, PolygonMaskJob
+from radharmony_pipeline.processing.table_schemas import STRING, extra
 from radharmony_pipeline.sources import SOURCE_TYPES, SourceLocation
 from radharmony_pipeline.sources.base import (
     DatasetSource,
@@ -40,6 +41,15 @@ IMAGES = (
     ("b1", "test", 320, 200, 20, 200, 80, 60),
     ("b2", "test", 240, 300, 150, 90, 40, 40),
 )
+# The dataset's own label column, which the shared labels declaration does not name.
+NATIVE_COLUMN = "nodule_size"
+
+
+def nodule_size(w: int, h: int) -> str | None:
+    """The toy's native grading of a nodule box: `large` from 2500 px², null without one."""
+    if w == 0:
+        return None
+    return "large" if w * h >= 2500 else "small"
 
 
 def write_toy_dataset(data_root: Path) -> Path:
@@ -61,6 +71,7 @@ def write_toy_dataset(data_root: Path) -> Path:
                 "y": y,
                 "w": w,
                 "h": h,
+                NATIVE_COLUMN: nodule_size(w, h),
             }
         )
     pd.DataFrame(rows).to_csv(root / CSV_NAME, index=False)
@@ -91,6 +102,7 @@ class ToySource(DatasetSource):
     )
     mask_classes = ("nodule",)
     has_boxes = True
+    label_extras = (extra(NATIVE_COLUMN, STRING, "Toy CXR: the nodule's size grade, as given"),)
 
     def __init__(self, location: SourceLocation, data_root: Path):
         self._root = location.root or data_root / FOLDER
@@ -133,6 +145,7 @@ class ToySource(DatasetSource):
             {
                 "report": pd.array([None] * len(rows), dtype="string"),
                 "label_text": empty_phrase_lists(len(rows)),
+                NATIVE_COLUMN: rows[NATIVE_COLUMN].astype("string"),
                 "label_nodule": (rows["w"] > 0).astype(int).to_numpy(),
             },
         )

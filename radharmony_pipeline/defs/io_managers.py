@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 from upath import UPath
 
 from ..processing.atomic import remove_orphaned_siblings
+from ..processing.output_layout import tables_folder
 from ..processing.storage import (
     exists,
     make_folder,
@@ -17,8 +18,8 @@ from ..processing.storage import (
     remove,
     with_retries,
 )
-from ..processing.table_schemas import PARTITION_COLUMNS, TABLE_SCHEMAS, conform
-from ..sources import parse_partition_key
+from ..processing.table_schemas import PARTITION_COLUMNS, conform
+from ..sources import declared_schema, parse_partition_key
 from .metadata import table_metadata
 
 # The materialization metadata key of a table file's SHA-256, which `radharmony verify` checks.
@@ -42,8 +43,7 @@ class ParquetTableIOManager(dg.UPathIOManager):
         context.add_output_metadata({TABLE_CHECKSUM: hashlib.sha256(content).hexdigest()})
 
     def load_from_path(self, context: dg.InputContext, path: UPath) -> pd.DataFrame:
-        with open_for_reading(path) as handle:
-            return pq.read_table(handle, page_checksum_verification=True).to_pandas()
+        return read_table_file(path)
 
     # Through the storage layer, so these requests follow its retry policy too.
     def path_exists(self, path: UPath) -> bool:
@@ -67,12 +67,19 @@ class ParquetTableIOManager(dg.UPathIOManager):
         )
 
     def get_metadata(self, context: dg.OutputContext, obj: pd.DataFrame) -> dict:
-        return table_metadata(obj, TABLE_SCHEMAS.get(_table_name(context)))
+        return table_metadata(obj, declared_schema(_table_name(context)))
+
+
+def read_table_file(path: UPath) -> pd.DataFrame:
+    """A table file as every input reads it (page checksums verified): checks that read a
+    table outside an input (another asset's partitions) read it through here."""
+    with open_for_reading(path) as handle:
+        return pq.read_table(handle, page_checksum_verification=True).to_pandas()
 
 
 def declared_table(context: dg.OutputContext, frame: pd.DataFrame) -> pa.Table:
     """The frame conformed to its table's schema; a partition's dataset and split filled in."""
-    schema = TABLE_SCHEMAS.get(_table_name(context))
+    schema = declared_schema(_table_name(context))
     if schema is None:
         return pa.Table.from_pandas(frame, preserve_index=False)
     constants = {}
@@ -98,4 +105,4 @@ def parquet_io_manager(context: dg.InitResourceContext) -> ParquetTableIOManager
     under the same root whatever the launchpad sets. A resource dependency rather than a nested
     resource: Dagster 1.13 initializes nested resources through a deprecated API.
     """
-    return ParquetTableIOManager(base_path=UPath(context.resources.outputs.root()) / "tables")
+    return ParquetTableIOManager(base_path=tables_folder(UPath(context.resources.outputs.root())))

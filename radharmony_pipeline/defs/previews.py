@@ -9,14 +9,16 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
+from ..processing.boxes import NORMALIZED_COLUMNS
 from ..processing.decode import decode_grayscale
 from ..processing.image_files import confined
 from ..processing.masks import read_mask_png
+from ..processing.output_layout import preview
 from ..processing.previews import (
     PreviewSample,
     choose_samples,
     contact_sheet,
-    resized_mask,
+    mask_at_shape,
     save_png,
     small_jpeg,
 )
@@ -26,8 +28,6 @@ SAMPLES = 16
 # Images are decoded for a tile of a few hundred pixels: JPEGs at a reduced DCT scale.
 PREVIEW_SIDE = 512
 INLINE_WIDTH = 640
-# The near-duplicate groups' sheet: written by `near_duplicates`, linked by its checks.
-NEAR_DUPLICATES_SHEET = "previews/near_duplicates/examples.png"
 
 
 def mask_preview(
@@ -46,7 +46,7 @@ def mask_preview(
 
     def masks_of(image_id: str, shape: tuple[int, int]) -> dict[str, np.ndarray]:
         return {
-            class_by_path[path]: resized_mask(read_mask_png(root / path), shape)
+            class_by_path[path]: mask_at_shape(read_mask_png(root / path), shape)
             for path in masks_by_image.get(image_id, [])
         }
 
@@ -55,7 +55,7 @@ def mask_preview(
         split,
         index,
         root,
-        f"previews/masks/{partition}.png",
+        preview("masks", partition),
         prefer=index["image_id"].isin(masks_by_image),
         masks_of=masks_of,
         boxes_of=lambda image_id: [],
@@ -73,9 +73,7 @@ def box_preview(
     """Sheet of ~16 images with their boxes and labels drawn."""
     ok = table[table["status"] == "ok"]
     boxes = {
-        image_id: list(
-            group[["y_min", "y_max", "x_min", "x_max", "label"]].itertuples(index=False, name=None)
-        )
+        image_id: list(group[[*NORMALIZED_COLUMNS, "label"]].itertuples(index=False, name=None))
         for image_id, group in ok.groupby("image_id")
     }
     return _write_sheet(
@@ -83,7 +81,7 @@ def box_preview(
         split,
         index,
         root,
-        f"previews/bboxes/{partition}.png",
+        preview("bboxes", partition),
         prefer=index["image_id"].isin(boxes),
         masks_of=lambda image_id, shape: {},
         boxes_of=lambda image_id: boxes.get(image_id, []),

@@ -11,6 +11,7 @@ import pandas as pd
 
 from ..processing.reasons import error_causes
 from .metadata import status_counts
+from .partitions import blocking_partition_check
 
 EXAMPLES = 20
 
@@ -66,4 +67,18 @@ def row_errors_result(table: pd.DataFrame, strict: bool) -> dg.AssetCheckResult:
             if len(errors)
             else "no error rows"
         ),
+    )
+
+
+ROW_ERRORS_DESCRIPTION = (
+    "Rows with status `error` (the reason names the file, the entry and the field), counted "
+    "by reason. A warning, so the good rows still flow; blocks downstream in strict mode "
+    "(RADHARMONY_STRICT=1)."
+)
+
+
+def error_rows_check(asset: dg.AssetKey) -> dg.AssetCheckSpec:
+    """`<asset>_error_rows`: blocking, so that in strict mode its ERROR stops downstream."""
+    return blocking_partition_check(
+        f"{asset.to_user_string()}_error_rows", asset=asset, description=ROW_ERRORS_DESCRIPTION
     )

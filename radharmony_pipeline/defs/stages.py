@@ -10,6 +10,9 @@ from .automation import REBUILD_WHEN_CHANGED
 from .metadata import definition_metadata, table_code_version
 from .partitions import OWNERS, dataset_split_partitions
 
+# The pool `masks` and `images` share: their per-image work fills the machine's cores.
+HEAVY_POOL = "heavy_image_work"
+
 
 def checked_stage(
     name: str,

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import dagster as dg
 import psutil
 
-HEAVY_POOL = "heavy_image_work"
+from ..defs.stages import HEAVY_POOL
+
 # The run tag naming the run worker: host, boot time, pid and process start time.
 WORKER_TAG = "radharmony/run_worker"
 # How often a run blocked on a pool says what it waits for (and re-checks for dead holders).

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 
+from .output_layout import MANIFEST, RESIZED_PNG_GLOB
 from .table_schemas import UNIFIED_MANIFEST
 from .vocabulary import LABEL_COLUMNS, UNIFIED_LABELS
 
 CARD_NAME = "DATASET_CARD.md"
 CROISSANT_NAME = "croissant.json"
-MANIFEST_FILE = "tables/unified_manifest.parquet"
-IMAGE_FILES = "images/*/*.png"
+MANIFEST_FILE = MANIFEST
+IMAGE_FILES = RESIZED_PNG_GLOB
 
 
 @dataclass(frozen=True)
@@ -345,7 +347,7 @@ def croissant_metadata(
         distribution=[
             mlc.FileObject(
                 id="unified_manifest_file",
-                name="unified_manifest.parquet",
+                name=PurePosixPath(MANIFEST).name,
                 content_url=MANIFEST_FILE,
                 encoding_formats=["application/x-parquet"],
                 sha256=manifest_sha256,

@@ -20,14 +20,14 @@ from radharmony_pipeline.processing.source_store import (
     as_source_path,
     readable,
 )
+from radharmony_pipeline.processing.vocabulary import FORMAT_BY_SUFFIX, suffixes_of
 
 # Pillow imports its common format plugins on the first open (~6 ms). Done here, at import,
 # it happens once in the pool's fork server instead of in every worker it starts.
 Image.preinit()
 
-JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
-PNG_SUFFIX = ".png"
-DICOM_SUFFIX = ".dcm"
+JPEG_SUFFIXES = suffixes_of("jpg")
+PNG_SUFFIXES = suffixes_of("png")
 
 GREY_MAX = 255
 
@@ -115,7 +115,7 @@ def decode_grayscale(
 
 def _require_known_extension(path: SourcePath) -> None:
     suffix = path.suffix.lower()
-    if suffix not in JPEG_SUFFIXES and suffix not in (PNG_SUFFIX, DICOM_SUFFIX):
+    if suffix not in FORMAT_BY_SUFFIX:
         raise DecodeError(path, f"unsupported extension {path.suffix!r}")
 
 
@@ -126,7 +126,7 @@ def _decode_by_extension(
     suffix = path.suffix.lower()
     if suffix in JPEG_SUFFIXES:
         return _decode_jpeg(path, source, target_size)
-    if suffix == PNG_SUFFIX:
+    if suffix in PNG_SUFFIXES:
         return _decode_png(path, source, target_size)
     # Imported here: pydicom takes ~0.3 s to import, which every process loading the
     # definitions (CLI, webserver, steps without DICOM) would otherwise pay.

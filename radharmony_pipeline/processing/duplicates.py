@@ -10,24 +10,13 @@ import numpy as np
 import pandas as pd
 
 from .perceptual_hash import DEFAULT_RADIUS, group_fingerprints, hamming, hashes_to_words
+from .table_schemas import NEAR_DUPLICATES, pandas_dtype
 
 KINDS = ("identical_file", "identical_pixels", "near")
 
-NEAR_DUPLICATE_COLUMNS = (
-    "image_id",
-    "dataset",
-    "split",
-    "image_path",
-    "group_id",
-    "group_size",
-    "group_datasets",
-    "group_splits",
-    "representative_id",
-    "distance_to_representative",
-    "kind",
-    "source_sha256",
-    "pixels_sha256",
-)
+NEAR_DUPLICATE_COLUMNS: tuple[str, ...] = tuple(NEAR_DUPLICATES.names)
+# Counts every member has (never null): plain integers, empty table or not.
+_COUNTS = {"group_size": "int64", "distance_to_representative": "int64"}
 
 
 def near_duplicate_members(images: pd.DataFrame, radius: int = DEFAULT_RADIUS) -> pd.DataFrame:
@@ -63,9 +52,7 @@ def near_duplicate_members(images: pd.DataFrame, radius: int = DEFAULT_RADIUS) -
     )
     members["kind"] = _kinds(members)
     ordered = members.sort_values(["group_id", "image_id"]).reset_index(drop=True)
-    return ordered[list(NEAR_DUPLICATE_COLUMNS)].astype(
-        {"group_size": "int64", "distance_to_representative": "int64"}
-    )
+    return ordered[list(NEAR_DUPLICATE_COLUMNS)].astype(_COUNTS)
 
 
 def _kinds(members: pd.DataFrame) -> list[str]:
@@ -84,21 +71,7 @@ def _group_id(representative_id: str) -> str:
 
 def _empty_members() -> pd.DataFrame:
     frame = pd.DataFrame({column: pd.Series([], dtype=object) for column in NEAR_DUPLICATE_COLUMNS})
-    return frame.astype(
-        {
-            "image_id": "string",
-            "dataset": "string",
-            "split": "string",
-            "image_path": "string",
-            "group_id": "string",
-            "group_size": "int64",
-            "representative_id": "string",
-            "distance_to_representative": "int64",
-            "kind": "string",
-            "source_sha256": "string",
-            "pixels_sha256": "string",
-        }
-    )
+    return frame.astype({c.name: pandas_dtype(c.type) for c in NEAR_DUPLICATES.columns} | _COUNTS)
 
 
 @dataclass(frozen=True)

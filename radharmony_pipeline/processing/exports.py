@@ -22,9 +22,17 @@ from . import storage
 from .atomic import remove_orphaned_temporaries
 from .geometry import GEOMETRIES, ResizeGeometry, resize_mask
 from .masks import MASK_FOREGROUND
-from .parents import PARENT_IDENTITY
+from .output_layout import HUGGINGFACE_EXPORT, WEBDATASET_EXPORT
 from .storage import OutputPath, is_local, listing, make_folder, output_path, publish
-from .table_schemas import BOOL, UNIFIED_MANIFEST, Column, TableSchema, col, conform
+from .table_schemas import (
+    BOOL,
+    CORPUS_WIDE_COLUMNS,
+    UNIFIED_MANIFEST,
+    Column,
+    TableSchema,
+    col,
+    conform,
+)
 from .tagged_png import MASK_FILTER, grayscale_png
 
 # Bumped when the bytes of a shard would change for the same inputs.
@@ -33,8 +41,8 @@ INDEX_VERSION = 1
 DEFAULT_MAX_SHARD_BYTES = 256 * 2**20
 
 # The output layout of the exports, relative to the output root.
-HUGGINGFACE_FOLDER = "exports/huggingface"
-WEBDATASET_FOLDER = "exports/webdataset"
+HUGGINGFACE_FOLDER = HUGGINGFACE_EXPORT
+WEBDATASET_FOLDER = WEBDATASET_EXPORT
 # The split names `datasets` gives special meaning to (`val` is spelled `validation`).
 HUGGINGFACE_SPLITS = {"train": "train", "val": "validation", "test": "test"}
 
@@ -48,8 +56,7 @@ IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 RECORD_COLUMNS = tuple(
     name
     for name in UNIFIED_MANIFEST.names
-    if name not in ("tensor_path", "tensor_index", "mask_path", "duplicate_group")
-    and name not in PARENT_IDENTITY
+    if name not in ("tensor_path", "tensor_index", "mask_path") and name not in CORPUS_WIDE_COLUMNS
 )
 
 

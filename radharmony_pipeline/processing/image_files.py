@@ -21,9 +21,14 @@ from .source_store import (
     readable,
     require_regular_file,
 )
+from .vocabulary import FORMAT_BY_SUFFIX, suffixes_of
 
-PILLOW_FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
-DICOM_SUFFIX = ".dcm"
+# The Pillow plugin of each source format Pillow reads (DICOM goes to pydicom).
+_PILLOW_PLUGINS = {"jpg": "JPEG", "png": "PNG"}
+PILLOW_FORMATS = {
+    s: _PILLOW_PLUGINS[f] for s, f in FORMAT_BY_SUFFIX.items() if f in _PILLOW_PLUGINS
+}
+DICOM_SUFFIXES = suffixes_of("dcm")
 UINT16_MAX = np.iinfo(np.uint16).max
 # The PNG kinds pyspng decodes here, by IHDR (colour type, bit depth), with the mode Pillow
 # gives them; pyspng decodes radiograph PNGs ~10 % (grey) to 2x (RGBA) faster than Pillow.
@@ -117,14 +122,14 @@ def _dicom_size(path: SourcePath) -> tuple[int, int]:
         raise ImageFileError(path, f"cannot read DICOM Rows/Columns: {error!r}") from error
 
 
-def image_size(path: SourcePath) -> tuple[int, int]:
+def header_image_size(path: SourcePath) -> tuple[int, int]:
     """(height, width) of a JPEG, PNG or DICOM file, from its header, chosen by extension."""
     path = as_source_path(path)
     suffix = path.suffix.lower()
-    if suffix not in PILLOW_FORMATS and suffix != DICOM_SUFFIX:
+    if suffix not in FORMAT_BY_SUFFIX:
         raise ImageFileError(path, f"unsupported extension {path.suffix!r}")
     _require_file(path)
-    if suffix == DICOM_SUFFIX:
+    if suffix in DICOM_SUFFIXES:
         return _dicom_size(path)
     return _pillow_size(path, PILLOW_FORMATS[suffix])
 

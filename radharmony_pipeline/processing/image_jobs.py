@@ -15,7 +15,7 @@ import hashlib
 import io
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from .decode import DecodeError, decode_grayscale
 from .geometry import GEOMETRIES, ResizeGeometry, resize_image, resize_mask
 from .image_files import confined
 from .masks import mask_input_key, read_mask_png, write_mask_png
+from .output_layout import packed_keys
 from .parallel import (
     Progress,
     default_chunk_size,
@@ -65,6 +66,7 @@ from .storage import (
     remove,
 )
 from .supervised import TimeLimit
+from .table_schemas import IMAGES, WorkingField, row_type, rows_frame
 from .tagged_png import (
     INPUT_KEY_TAG,
     png_problem,
@@ -83,25 +85,8 @@ IMAGE_CODE_VERSION = "3"
 MAX_IMAGES_PER_CHUNK = 256
 
 
-@dataclass
-class ImageRow:
-    image_id: str
-    image_path: str | None
-    mask_path: str | None
-    size: int
-    orig_height: int | None
-    orig_width: int | None
-    scale: float | None
-    pad_top: int | None
-    pad_left: int | None
-    tensor_index: int
-    source_sha256: str | None
-    resize: str
-    perceptual_hash: str | None = None
-    pixels_sha256: str | None = None
-    status: str = "ok"
-    error: str | None = None
-    decoded: bool = False
+# `decoded`: whether the source was decoded (else re-used), for the step's metadata.
+ImageRow = row_type(IMAGES, "ImageRow", __name__, (WorkingField("decoded", bool, False),))
 
 
 @dataclass(frozen=True)
@@ -226,16 +211,8 @@ class ImageJob:
     def _error_row(self, message: str) -> ImageRow:
         return ImageRow(
             image_id=self.image_id,
-            image_path=None,
-            mask_path=None,
             size=self.size,
-            orig_height=None,
-            orig_width=None,
-            scale=None,
-            pad_top=None,
-            pad_left=None,
             tensor_index=self.row,
-            source_sha256=None,
             resize=self.resize,
             status="error",
             error=message,
@@ -353,7 +330,7 @@ def build_packed_images(
     and write straight into the scratch file; on a Dask cluster chunks of jobs write shards
     that are copied into it one at a time. `time_limit` bounds each image in both places.
     """
-    keys_file = packed.with_name(packed.name + ".keys.json")
+    keys_file = packed_keys(packed)
     keys = _input_keys(jobs, packed, executor)
     if _has_size(packed, len(jobs), size) and _recorded_keys(keys_file) == keys:
         rows = _current_rows(jobs, keys, packed, executor)
@@ -504,48 +481,6 @@ def _recorded_keys(path: Any) -> list | None:
         return None
 
 
-IMAGE_COLUMNS = (
-    "image_id",
-    "image_path",
-    "mask_path",
-    "size",
-    "orig_height",
-    "orig_width",
-    "scale",
-    "pad_top",
-    "pad_left",
-    "tensor_index",
-    "source_sha256",
-    "resize",
-    "perceptual_hash",
-    "pixels_sha256",
-    "status",
-    "error",
-    "decoded",
-)
-
-
 def image_table(rows: Sequence[ImageRow]) -> pd.DataFrame:
     """The `images` table (see table_schemas.py); `decoded` says whether the source was decoded."""
-    frame = pd.DataFrame([asdict(row) for row in rows], columns=list(IMAGE_COLUMNS))
-    return frame.astype(
-        {
-            "image_id": "string",
-            "image_path": "string",
-            "mask_path": "string",
-            "size": "int64",
-            "orig_height": "Int64",
-            "orig_width": "Int64",
-            "scale": "float64",
-            "pad_top": "Int64",
-            "pad_left": "Int64",
-            "tensor_index": "int64",
-            "source_sha256": "string",
-            "resize": "string",
-            "perceptual_hash": "string",
-            "pixels_sha256": "string",
-            "status": "string",
-            "error": "string",
-            "decoded": "bool",
-        }
-    )
+    return rows_frame(rows, ImageRow, IMAGES)

@@ -24,6 +24,7 @@ from .exports import (
     read_shard_index,
     shard_problem,
 )
+from .output_layout import packed_images, packed_keys, table_file
 from .perceptual_hash import pixels_sha256
 from .storage import OutputPath, exists, is_local, read_bytes, remove
 from .tagged_png import png_problem
@@ -51,7 +52,7 @@ def verify_partition(
     mismatches: list[Mismatch] = []
     tables = {}
     for name in PARTITION_TABLES:
-        path = root / "tables" / name / f"{partition}.parquet"
+        path = table_file(root, name, partition)
         if not exists(path):
             continue
         table, problem = _read_table(path, table_checksums.get(name))
@@ -63,7 +64,7 @@ def verify_partition(
         if name in tables:
             mismatches += _png_mismatches(root, tables[name], columns)
     if "images" in tables:
-        mismatches += _packed_mismatches(root / "images" / f"{partition}.npy", tables["images"])
+        mismatches += _packed_mismatches(root / packed_images(partition), tables["images"])
     return mismatches
 
 
@@ -87,8 +88,8 @@ def damaged_export_shards(root: OutputPath, partition: str) -> list[tuple[Output
 def withdraw_packed_keys(root: OutputPath, partition: str) -> None:
     """Remove the key record of a partition's packed array, so that the next materialize
     checks every image and rebuilds the array instead of trusting them from their headers."""
-    packed = root / "images" / f"{partition}.npy"
-    remove(packed.with_name(packed.name + ".keys.json"))
+    packed = root / packed_images(partition)
+    remove(packed_keys(packed))
 
 
 def _read_table(path: OutputPath, recorded: str | None) -> tuple[pd.DataFrame | None, str | None]:

@@ -7,38 +7,23 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from .boxes import NORMALIZED_COLUMNS
 from .geometry import GEOMETRIES, boxes_to_resized_frame
+from .output_layout import packed_images
 from .reasons import error_reasons
+from .table_schemas import CORPUS_WIDE_COLUMNS, RAW_INDEX, UNIFIED_MANIFEST, pandas_dtype
 from .vocabulary import LABEL_COLUMNS
 
-MANIFEST_COLUMNS = (
-    "image_id",
-    "dataset",
-    "split",
-    "patient_id",
-    "study_id",
-    "view_position",
-    "source_image_path",
-    "image_path",
-    "tensor_path",
-    "tensor_index",
-    "orig_height",
-    "orig_width",
-    "mask_path",
-    "has_mask",
-    "mask_classes",
-    "bboxes",
-    "bboxes_resized",
-    "bbox_labels",
-    "label_text",
-    "report",
-    *LABEL_COLUMNS,
-    "patient_sex",
-    "patient_age_years",
-    "study_date",
+# One partition's manifest rows: every declared column but those joined over the corpus.
+PARTITION_MANIFEST_COLUMNS: tuple[str, ...] = tuple(
+    name for name in UNIFIED_MANIFEST.names if name not in CORPUS_WIDE_COLUMNS
 )
-# Demographics only some datasets have, with the type they take when absent.
-_EXTRAS = {"patient_sex": "string", "patient_age_years": "float64", "study_date": "datetime64[ms]"}
+# Columns only some datasets' raw_index has (demographics), typed as declared when absent.
+_EXTRAS = {
+    c.name: pandas_dtype(c.type)
+    for c in RAW_INDEX.columns
+    if not c.required and c.name in PARTITION_MANIFEST_COLUMNS
+}
 
 
 def partition_manifest(
@@ -65,7 +50,7 @@ def partition_manifest(
     usable = rows["status"] == "ok"
     excluded = error_reasons(rows.loc[~usable, "error"].fillna("image stage did not run"))
     rows = rows.loc[usable].copy()
-    rows["tensor_path"] = f"images/{partition}.npy"
+    rows["tensor_path"] = packed_images(partition)
     rows = rows.merge(
         labels[["image_id", "report", *LABEL_COLUMNS]],
         on="image_id",
@@ -89,7 +74,7 @@ def partition_manifest(
             strict=True,
         )
     ]
-    return rows[list(MANIFEST_COLUMNS)].reset_index(drop=True), excluded
+    return rows[list(PARTITION_MANIFEST_COLUMNS)].reset_index(drop=True), excluded
 
 
 def _mask_classes(masks: pd.DataFrame) -> pd.DataFrame:
@@ -115,7 +100,7 @@ def _box_lists(bboxes: pd.DataFrame) -> pd.DataFrame:
                 "label_text": [],
             }
         )
-    coordinates = ok[["y_min", "y_max", "x_min", "x_max"]].to_numpy(dtype=float).tolist()
+    coordinates = ok[list(NORMALIZED_COLUMNS)].to_numpy(dtype=float).tolist()
     frame = pd.DataFrame(
         {
             "image_id": ok["image_id"].to_numpy(),
@@ -151,5 +136,5 @@ def combine(parts: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """All partitions' rows, in partition order."""
     frames = [parts[key] for key in sorted(parts)]
     if not frames:
-        return pd.DataFrame(columns=list(MANIFEST_COLUMNS))
+        return pd.DataFrame(columns=list(PARTITION_MANIFEST_COLUMNS))
     return pd.concat(frames, ignore_index=True)

@@ -10,14 +10,14 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from .atomic import remove_orphaned_temporaries
-from .image_files import ImageFileError, confined, image_size, read_grayscale_png
+from .image_files import ImageFileError, confined, header_image_size, read_grayscale_png
 from .masks import (
     MaskSizeError,
     area_fraction,
@@ -28,24 +28,15 @@ from .masks import (
     union_rle_masks,
     write_mask_png,
 )
+from .table_schemas import MASKS, WorkingField, row_type, rows_frame
 
 UNION_CLASS = "any"
 # Bumped when the way masks are computed changes, so every mask is rewritten once.
 MASK_CODE_VERSION = "1"
 
 
-@dataclass
-class MaskRow:
-    image_id: str
-    mask_class: str
-    mask_path: str | None
-    height: int | None
-    width: int | None
-    area_fraction: float | None
-    source: str | None
-    written: bool = False
-    status: str = "ok"
-    error: str | None = None
+# `written`: whether the PNG was (re)written, else already current, for the step's metadata.
+MaskRow = row_type(MASKS, "MaskRow", __name__, (WorkingField("written", bool, False),))
 
 
 @dataclass(frozen=True)
@@ -79,7 +70,7 @@ class RleMaskJob:
         if self.problem is not None:
             return [_error_row(self.image_id, self.problem)]
         try:
-            height, width = image_size(confined(self.image_file, self.image_root))
+            height, width = header_image_size(confined(self.image_file, self.image_root))
             present = {name: rle for name, rle in self.rles.items() if rle_area(rle) > 0}
             union = union_rle_masks(list(self.rles.values()), height, width)
         except (ImageFileError, MaskSizeError) as exc:
@@ -166,37 +157,9 @@ def carried_index_errors(index_errors: pd.DataFrame) -> list[MaskRow]:
     ]
 
 
-MASK_COLUMNS = (
-    "image_id",
-    "mask_class",
-    "mask_path",
-    "height",
-    "width",
-    "area_fraction",
-    "source",
-    "status",
-    "error",
-    "written",
-)
-
-
 def mask_table(rows: Sequence[MaskRow]) -> pd.DataFrame:
     """The `masks` table (declared in table_schemas.py), typed even when empty."""
-    frame = pd.DataFrame([asdict(row) for row in rows], columns=list(MASK_COLUMNS))
-    return frame.astype(
-        {
-            "image_id": "string",
-            "mask_class": "string",
-            "mask_path": "string",
-            "height": "Int64",
-            "width": "Int64",
-            "area_fraction": "float64",
-            "source": "string",
-            "status": "string",
-            "error": "string",
-            "written": "bool",
-        }
-    )
+    return rows_frame(rows, MaskRow, MASKS)
 
 
 def _mask_row(job, mask_class: str, mask: np.ndarray, key: str, source: str) -> MaskRow:
@@ -214,14 +177,4 @@ def _mask_row(job, mask_class: str, mask: np.ndarray, key: str, source: str) -> 
 
 
 def _error_row(image_id: str, message: str) -> MaskRow:
-    return MaskRow(
-        image_id=image_id,
-        mask_class=UNION_CLASS,
-        mask_path=None,
-        height=None,
-        width=None,
-        area_fraction=None,
-        source=None,
-        status="error",
-        error=message,
-    )
+    return MaskRow(image_id=image_id, mask_class=UNION_CLASS, status="error", error=message)

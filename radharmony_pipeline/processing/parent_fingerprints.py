@@ -15,21 +15,11 @@ from .geometry import GEOMETRIES, resize_image
 from .image_jobs import IMAGE_CODE_VERSION, content_fingerprints, read_source
 from .parallel import Progress, map_in_chunks
 from .source_store import FileState, SourcePath
+from .table_schemas import NIH_FINGERPRINTS, pandas_dtype
 
 # Bumped when what is fingerprinted changes, so every parent image is redone once.
 PARENT_FINGERPRINT_VERSION = "1"
-FINGERPRINT_COLUMNS = (
-    "parent_image_id",
-    "image_path",
-    "input_key",
-    "size",
-    "resize",
-    "source_sha256",
-    "pixels_sha256",
-    "perceptual_hash",
-    "status",
-    "error",
-)
+FINGERPRINT_COLUMNS: tuple[str, ...] = tuple(NIH_FINGERPRINTS.names)
 
 
 @dataclass(frozen=True)
@@ -50,17 +40,15 @@ class ParentImageJob:
         )
 
     def row(self, **values: object) -> dict[str, object]:
+        """The image's row: what the job knows, `values`, and null for every other column."""
         return {
+            **dict.fromkeys(FINGERPRINT_COLUMNS),
             "parent_image_id": self.parent_image_id,
             "image_path": self.image_path,
             "input_key": self.input_key(),
             "size": self.size,
             "resize": self.resize,
-            "source_sha256": None,
-            "pixels_sha256": None,
-            "perceptual_hash": None,
             "status": "ok",
-            "error": None,
             **values,
         }
 
@@ -135,6 +123,5 @@ def fingerprint_parent_images(
 
 def fingerprint_table(rows: list) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=list(FINGERPRINT_COLUMNS))
-    types = {column: "string" for column in FINGERPRINT_COLUMNS}
-    types["size"] = "int64"
-    return frame.astype(types)
+    types = {c.name: pandas_dtype(c.type) for c in NIH_FINGERPRINTS.columns}
+    return frame.astype(types | {"size": "int64"})  # every row, error rows too, has a size

@@ -10,15 +10,9 @@ import numpy as np
 import pandas as pd
 
 from .perceptual_hash import BLOCKS, block_values, hamming, hashes_to_words
+from .table_schemas import PARENT_COLUMNS
 
-PARENT_IDENTITY = (
-    "parent_dataset",
-    "parent_image_id",
-    "parent_patient_id",
-    "parent_study_id",
-    "parent_split",
-    "parent_patient_splits",
-)
+PARENT_IDENTITY: tuple[str, ...] = tuple(column.name for column in PARENT_COLUMNS)
 # Conservative: re-encodes, resizes and brightness changes of one film stay within 7 bits of
 # a 256-bit dHash, distinct radiographs are 34 or more apart (docs/design-notes.md).
 PARENT_MATCH_RADIUS = 10

@@ -143,7 +143,7 @@ def save_png(image: Image.Image, path: Path | str) -> None:
     publish(target, lambda handle: image.save(handle, format="PNG"))
 
 
-def resized_mask(mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+def mask_at_shape(mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     """`mask` at `shape`, nearest neighbour so class values stay class values."""
     if mask.shape == shape:
         return mask
@@ -182,8 +182,7 @@ def _draw_cell(
     gray = display_gray(sample.image)  # first: it refuses anything but a 2-D image
     fit = _letterbox(gray.shape, tile)
     masks = {
-        name: _resized_mask(sample.masks[name], gray.shape, fit, name)
-        for name in sorted(sample.masks)
+        name: _tile_mask(sample.masks[name], gray.shape, fit, name) for name in sorted(sample.masks)
     }
     pixels = _render_tile(gray, masks, sample.boxes, fit, tile)
     sheet.paste(Image.fromarray(pixels), (x0, y0 + TITLE_BAND))
@@ -212,9 +211,7 @@ def _resize(values: np.ndarray, fit: _Fit) -> np.ndarray:
     return cv2.resize(values, (fit.width, fit.height), interpolation=interpolation)
 
 
-def _resized_mask(
-    mask: np.ndarray, image_shape: tuple[int, ...], fit: _Fit, name: str
-) -> np.ndarray:
+def _tile_mask(mask: np.ndarray, image_shape: tuple[int, ...], fit: _Fit, name: str) -> np.ndarray:
     """Boolean mask at tile resolution: pixels at least half covered by the class."""
     mask = np.asarray(mask)
     if mask.shape != tuple(image_shape):

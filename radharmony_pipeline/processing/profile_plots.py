@@ -15,6 +15,7 @@ import pandas as pd
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
+from .boxes import NORMALIZED_COLUMNS
 from .vocabulary import LABEL_COLUMNS
 
 COLUMNS = 4
@@ -187,7 +188,7 @@ def _box_heat_map(ax: Axes, bboxes: pd.DataFrame, cells: int = 32) -> None:
     if ok.empty:
         return _empty(ax, "no boxes")
     coverage = np.zeros((cells, cells))
-    for y0, y1, x0, x1 in ok[["y_min", "y_max", "x_min", "x_max"]].to_numpy(dtype=float):
+    for y0, y1, x0, x1 in ok[list(NORMALIZED_COLUMNS)].to_numpy(dtype=float):
         rows = slice(int(y0 * cells), max(math.ceil(y1 * cells), int(y0 * cells) + 1))
         columns = slice(int(x0 * cells), max(math.ceil(x1 * cells), int(x0 * cells) + 1))
         coverage[rows, columns] += 1

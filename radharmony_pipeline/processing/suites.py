@@ -8,8 +8,9 @@ from collections.abc import Callable, Sequence
 
 import great_expectations.expectations as gxe
 
-from .mask_jobs import MASK_COLUMNS
-from .vocabulary import IMAGE_FORMATS, INDEX_COLUMNS, SPLITS, UNIFIED_LABELS, VIEW_POSITIONS
+from .boxes import NORMALIZED_COLUMNS
+from .table_schemas import BBOXES, INDEX_COLUMNS, MASKS, PARTITION_COLUMNS
+from .vocabulary import IMAGE_FORMATS, SPLITS, UNIFIED_LABELS, VIEW_POSITIONS
 
 IMAGE_KEY_REGEX = r"^[A-Za-z0-9._-]+$"
 MAX_IMAGE_SIDE = 100_000
@@ -75,8 +76,8 @@ def masks() -> list[gxe.Expectation]:
     return [
         gxe.ExpectTableColumnsToMatchSet(
             column_set=[
-                # The table as the step yields it: without its `written` bookkeeping.
-                *(column for column in MASK_COLUMNS if column != "written"),
+                # The table as the step yields it, before the partition columns are added.
+                *(column for column in MASKS.names if column not in PARTITION_COLUMNS),
                 "mask_file_exists",
                 "class_area_fraction",
                 "image_class",
@@ -99,23 +100,16 @@ def masks() -> list[gxe.Expectation]:
     ]
 
 
-_BOX_EDGES = ("y_min", "y_max", "x_min", "x_max")
+_BOX_EDGES = NORMALIZED_COLUMNS
 
 
 def bboxes() -> list[gxe.Expectation]:
     """Valid rows of the bboxes table."""
     return [
         gxe.ExpectTableColumnsToMatchSet(
+            # The table's own columns (the partition's and the row status are added later).
             column_set=[
-                "image_id",
-                "box_index",
-                "label",
-                "label_text",
-                *_BOX_EDGES,
-                "x_px",
-                "y_px",
-                "w_px",
-                "h_px",
+                c for c in BBOXES.names if c not in (*PARTITION_COLUMNS, "status", "error")
             ],
             exact_match=False,
         ),

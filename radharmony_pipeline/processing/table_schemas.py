@@ -8,7 +8,8 @@ partitions. Adding a column is one line here (then bump SCHEMA_VERSION).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -65,6 +66,17 @@ class TableSchema:
         """The Arrow schema with the pandas and schema-version metadata every file carries."""
         return _arrow_schema(self)
 
+    def with_extras(self, extras: Sequence[Column]) -> TableSchema:
+        """This table with dataset-specific `extras` it does not declare yet, placed before
+        `status` (so the columns every table ends with stay last)."""
+        new = [c for c in dict((c.name, c) for c in extras).values() if c.name not in self.names]
+        if not new:
+            return self
+        if any(c.required for c in new):
+            raise ValueError(f"{self.name}: a dataset's own columns must be extras (nullable)")
+        at = self.names.index("status") if "status" in self.names else len(self.columns)
+        return TableSchema(self.name, (*self.columns[:at], *new, *self.columns[at:]))
+
 
 _IMAGE_ID = col("image_id", STRING, "`<dataset>/<native id>`, unique across the corpus")
 _DATASET = col("dataset", STRING, "Dataset key: chexlocalize, ms_cxr, chestx_det or rexgradient")
@@ -76,7 +88,7 @@ _PARTITION = (_IMAGE_ID, _DATASET, _SPLIT)
 
 # Where the image came from in the larger dataset it was carved out of (see processing/parents.py
 # for the parents and their split names); null where unknown, never guessed.
-PARENT_COLUMNS = (
+PARENT_COLUMNS: tuple[Column, ...] = (
     extra(
         "parent_dataset",
         STRING,
@@ -370,6 +382,13 @@ NIH_PARENT_LINKS = TableSchema(
     ),
 )
 
+# Manifest columns joined over the whole corpus once every partition's rows exist.
+CORPUS_WIDE_COLUMNS: tuple[str, ...] = ("duplicate_group", *(c.name for c in PARENT_COLUMNS))
+# The raw_index columns every dataset fills, in order (extras and status/error follow).
+INDEX_COLUMNS: tuple[str, ...] = tuple(
+    c.name for c in RAW_INDEX.columns if c.required and c.name not in ("status", "error")
+)
+
 PARENT_PROVENANCE = TableSchema("parent_provenance", (_IMAGE_ID, _DATASET, _SPLIT, *PARENT_COLUMNS))
 
 TABLE_SCHEMAS: dict[str, TableSchema] = {
@@ -391,6 +410,8 @@ TABLE_SCHEMAS: dict[str, TableSchema] = {
 }
 # Partitioned tables carry the partition's dataset and split in every row.
 PARTITION_COLUMNS = ("dataset", "split")
+# The columns that say which image of which partition a row is about.
+PARTITION_KEY_COLUMNS: tuple[str, ...] = tuple(c.name for c in _PARTITION)
 
 
 class SchemaMismatchError(ValueError):
@@ -516,11 +537,11 @@ def pandas_types(type_: pa.DataType) -> object:
     return _PANDAS_NULLABLE.get(type_)
 
 
-_ARROW_SCHEMAS: dict[str, pa.Schema] = {}
+_ARROW_SCHEMAS: dict[TableSchema, pa.Schema] = {}
 
 
 def _arrow_schema(schema: TableSchema) -> pa.Schema:
-    if schema.name not in _ARROW_SCHEMAS:
+    if schema not in _ARROW_SCHEMAS:
         plain = pa.schema([pa.field(c.name, c.type, nullable=True) for c in schema.columns])
         # pandas metadata from an empty frame of the nullable dtypes, so pandas readers get
         # Int8/boolean/string columns back instead of float and object.
@@ -531,5 +552,68 @@ def _arrow_schema(schema: TableSchema) -> pa.Schema:
             SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode(),
             TABLE_NAME_KEY: schema.name.encode(),
         }
-        _ARROW_SCHEMAS[schema.name] = plain.with_metadata(metadata)
-    return _ARROW_SCHEMAS[schema.name]
+        _ARROW_SCHEMAS[schema] = plain.with_metadata(metadata)
+    return _ARROW_SCHEMAS[schema]
+
+
+@dataclass(frozen=True)
+class WorkingField:
+    """A value a stage's job reports beside its table row and drops before writing."""
+
+    name: str
+    type: type
+    default: object
+
+
+_PYTHON_TYPES = {"number": float, "string": str, "list": list, "time": object}
+
+
+def row_type(
+    schema: TableSchema, name: str, module: str, working: Sequence[WorkingField] = ()
+) -> type:
+    """A dataclass with one field per column of `schema` a job fills, plus `working` fields.
+
+    Every field defaults to null (status to `ok`), so an error row names only what it knows.
+    The partition's dataset and split are left out: `conform` fills them. `module` is the
+    module the class is bound in, so rows pickle to and from worker processes.
+    """
+    fields = [
+        (c.name, _python_type(c.type) | None, dataclasses.field(default=_default(c)))
+        for c in schema.columns
+        if c.name not in PARTITION_COLUMNS
+    ]
+    fields += [(w.name, w.type, dataclasses.field(default=w.default)) for w in working]
+    cls = dataclasses.make_dataclass(name, fields)
+    cls.__module__ = module
+    cls.__doc__ = f"One row of `{schema.name}` as a job produces it (see table_schemas.py)."
+    return cls
+
+
+def rows_frame(rows: Iterable[object], row_class: type, schema: TableSchema) -> pd.DataFrame:
+    """Rows of a `row_type` class as a frame typed like the declared columns, even when empty."""
+    fields = dataclasses.fields(row_class)
+    names = [f.name for f in fields]
+    frame = pd.DataFrame([[getattr(row, n) for n in names] for row in rows], columns=names)
+    dtypes = {
+        f.name: pandas_dtype(schema.column(f.name).type) if f.name in schema.names else f.type
+        for f in fields
+    }
+    return frame.astype(dtypes)
+
+
+def pandas_dtype(type_: pa.DataType) -> object:
+    """The pandas dtype a declared column is held in before writing (nullable where Arrow is)."""
+    nullable = pandas_types(type_)
+    return nullable if nullable is not None else type_.to_pandas_dtype()
+
+
+def _python_type(type_: pa.DataType) -> type:
+    if pa.types.is_integer(type_):
+        return int
+    if pa.types.is_boolean(type_):
+        return bool
+    return _PYTHON_TYPES.get(_kind(type_), object)
+
+
+def _default(column: Column) -> object:
+    return "ok" if column.name == "status" else None

@@ -33,22 +33,15 @@ LABEL_COLUMNS: tuple[str, ...] = tuple(f"label_{name}" for name in UNIFIED_LABEL
 # Normalized values every table uses.
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 VIEW_POSITIONS: tuple[str, ...] = ("PA", "AP", "LATERAL", "LL", "OTHER", "UNKNOWN")
-IMAGE_FORMATS: tuple[str, ...] = ("jpg", "png", "dcm")
-# The raw_index contract's columns, in order (datasets may add documented extras after them).
-INDEX_COLUMNS: tuple[str, ...] = (
-    "image_id",
-    "image_key",
-    "dataset",
-    "split",
-    "patient_id",
-    "study_id",
-    "image_path",
-    "image_format",
-    "view_position",
-    "view_position_raw",
-    "source_height",
-    "source_width",
-)
+# Source image formats by file suffix (lower case): the one table of known extensions.
+FORMAT_BY_SUFFIX: dict[str, str] = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".dcm": "dcm"}
+IMAGE_FORMATS: tuple[str, ...] = tuple(dict.fromkeys(FORMAT_BY_SUFFIX.values()))
+
+
+def suffixes_of(image_format: str) -> frozenset[str]:
+    """The file suffixes of one source format: `jpg` -> {".jpg", ".jpeg"}."""
+    return frozenset(s for s, f in FORMAT_BY_SUFFIX.items() if f == image_format)
+
 
 # Names whose snake_case form is not already a unified name.
 _SYNONYMS = {

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from ..processing.storage import DEFAULT_RETRY_POLICY, RetryPolicy
+from ..processing.table_schemas import LABELS, TABLE_SCHEMAS, TableSchema
 from .base import DatasetSource, SplitTables
 from .chestx_det import ChestXDetSource
 from .chexlocalize import CheXlocalizeSource
@@ -19,6 +20,14 @@ SOURCE_TYPES: dict[str, type[DatasetSource]] = {
     source.key: source
     for source in (CheXlocalizeSource, MsCxrSource, ChestXDetSource, ReXGradientSource)
 }
+
+
+def declared_schema(table: str) -> TableSchema | None:
+    """The table's declared schema with the columns registered datasets add to it."""
+    schema = TABLE_SCHEMAS.get(table)
+    if schema is LABELS:
+        return schema.with_extras([c for s in SOURCE_TYPES.values() for c in s.label_extras])
+    return schema
 
 
 def partition_keys() -> list[str]:

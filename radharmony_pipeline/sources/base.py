@@ -22,12 +22,12 @@ from ..processing import source_store
 from ..processing.mask_jobs import MaskJob, MaskTarget
 from ..processing.parents import parent_identity
 from ..processing.source_store import FileState, SourcePath
-from ..processing.vocabulary import INDEX_COLUMNS, LABEL_COLUMNS
+from ..processing.table_schemas import INDEX_COLUMNS, RAW_INDEX, Column, pandas_dtype
+from ..processing.vocabulary import FORMAT_BY_SUFFIX, LABEL_COLUMNS
 from .counts import ExpectedCounts, load_expected_counts
 from .errors import DatasetLayoutError, MetadataError
 from .layouts import nearby
 
-IMAGE_FORMATS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".dcm": "dcm"}
 _UNSAFE_KEY_CHARACTER = r"[^A-Za-z0-9._-]"
 _TEXT_SLICE = 16384  # values per pyarrow conversion in text_column
 # What pandas infers for Python strings: `str` with pandas 3, object before.
@@ -153,6 +153,10 @@ class DatasetSource(ABC):
     # The dataset's own label classes, as it names them (the seed library's `cls` order is
     # these sorted by snake_case name); empty when it has no structured labels.
     native_classes: ClassVar[tuple[str, ...]] = ()
+    # Columns of the dataset's own in `labels` that table_schemas.LABELS does not declare
+    # (each an `extra`, null in other datasets' partitions): a new dataset declares its
+    # native columns here, in its own module.
+    label_extras: ClassVar[tuple[Column, ...]] = ()
     # Title, page, licence and citation for the corpus card.
     card: ClassVar[SourceCard | None] = None
     # Images the dataset's documentation says have a positive localizable label but no mask,
@@ -200,7 +204,7 @@ class DatasetSource(ABC):
     def image_states(self, split: str) -> dict[str, FileState]:
         """Images of the split's tree by name relative to image_dir, with what changes when
         one is replaced (fingerprinted for data versions; no pixels read)."""
-        return source_store.tree_states(self.image_dir(split), IMAGE_FORMATS)
+        return source_store.tree_states(self.image_dir(split), FORMAT_BY_SUFFIX)
 
     def expected_counts(self) -> ExpectedCounts:
         return load_expected_counts(self.root, self.documented_counts)
@@ -233,19 +237,9 @@ def index_frame(dataset: str, split: str, columns: Mapping[str, object]) -> pd.D
     frame.insert(2, "dataset", dataset)
     frame.insert(3, "split", split)
     frame["image_format"] = image_formats(frame["image_path"])
-    frame[["source_height", "source_width"]] = frame[["source_height", "source_width"]].astype(
-        "Int64"
-    )
-    for column in (
-        "dataset",
-        "split",
-        "patient_id",
-        "study_id",
-        "image_path",
-        "view_position",
-        "view_position_raw",
-    ):
-        frame[column] = frame[column].astype("string")
+    for column in RAW_INDEX.columns:
+        if column.required and column.name in frame:
+            frame[column.name] = frame[column.name].astype(pandas_dtype(column.type))
     extras = [c for c in frame.columns if c not in INDEX_COLUMNS]
     return frame[list(INDEX_COLUMNS) + extras].reset_index(drop=True)
 
@@ -269,7 +263,7 @@ def image_formats(paths: pd.Series) -> pd.Series:
     # of whole paths saves most of the time on long paths.
     tails = pc.utf8_lower(pc.utf8_slice_codeunits(arrow_strings(paths), -5))
     formats = pa.nulls(len(tails), pa.large_string())
-    for suffix, name in IMAGE_FORMATS.items():
+    for suffix, name in FORMAT_BY_SUFFIX.items():
         formats = pc.if_else(pc.ends_with(tails, suffix), pa.scalar(name, formats.type), formats)
     return string_series(formats, paths.index)
 

@@ -19,6 +19,7 @@ from ...processing.card import (
     card_markdown,
     croissant_metadata,
 )
+from ...processing.output_layout import source_snapshot
 from ...processing.source_snapshot import load_snapshot
 from ...processing.storage import OutputPath, publish
 from ...processing.table_schemas import SCHEMA_VERSION
@@ -27,7 +28,7 @@ from ..automation import REBUILD_WHEN_CHANGED
 from ..groups import PUBLISHING
 from ..partitions import OWNERS, every_partition_of
 from ..resources import DatasetsResource, OutputsResource
-from .source_files import SNAPSHOT_FOLDER, observe_partition
+from .source_files import observe_partition
 
 CODE_VERSION = "1"
 # Runs whose check evaluations are read back, newest first: many rebuilds of every partition.
@@ -159,7 +160,7 @@ def _data_versions(
     now (the card must name the data it describes)."""
     versions = {}
     for partition in partitions:
-        snapshot = load_snapshot(root / SNAPSHOT_FOLDER / f"{partition}.json.gz")
+        snapshot = load_snapshot(root / source_snapshot(partition))
         if snapshot is None:
             dataset, split = parse_partition_key(partition)
             snapshot = observe_partition(datasets.source(dataset), split)

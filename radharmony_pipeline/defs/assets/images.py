@@ -16,6 +16,12 @@ from ...processing.image_jobs import (
     image_job_stopped,
     image_table,
 )
+from ...processing.output_layout import (
+    packed_images,
+    resized_image,
+    resized_image_folder,
+    resized_union_mask,
+)
 from ...processing.progress import ProgressLog
 from ...processing.settings import MAX_IMAGE_SIZE, UNREADABLE_LIMIT_VARIABLE
 from ...processing.settings import image_size as image_size_setting
@@ -29,7 +35,7 @@ from ..metadata import status_counts
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_mostly_unreadable, fail_if_strict
 from ..run_settings import RunSettingsResource, from_environment
-from ..stages import checked_stage
+from ..stages import HEAVY_POOL, checked_stage
 
 
 class ImagesConfig(dg.Config):
@@ -53,7 +59,7 @@ class ImagesConfig(dg.Config):
     IMAGE_CODE_VERSION,
     check_specs=CHECK_SPECS,
     ins={"raw_index": dg.AssetIn("raw_index"), "masks": dg.AssetIn("masks")},
-    pool="heavy_image_work",
+    pool=HEAVY_POOL,
     description=(
         "Every image of the partition decoded to 8-bit grayscale (JPEG at reduced DCT scale "
         "when much larger than S; PNG 8/16-bit; DICOM with modality and VOI LUTs, MONOCHROME1 "
@@ -76,8 +82,8 @@ def images(
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
     root = outputs.root()
-    folder = root / "images" / context.partition_key
-    packed = root / "images" / f"{context.partition_key}.npy"
+    folder = root / resized_image_folder(context.partition_key)
+    packed = root / packed_images(context.partition_key)
     make_folder(folder)
     _remove_interrupted_writes(folder, packed)
     unions = _union_masks(masks, root)
@@ -92,11 +98,9 @@ def images(
             source_file=base / relative,
             union_mask_file=unions.get(image_id),
             output_root=root,
-            image_relative=f"images/{context.partition_key}/{image_key}.png",
+            image_relative=resized_image(context.partition_key, image_key),
             mask_relative=(
-                f"images/{context.partition_key}/{image_key}.mask.png"
-                if image_id in unions
-                else None
+                resized_union_mask(context.partition_key, image_key) if image_id in unions else None
             ),
             size=config.size,
             resize=config.resize,

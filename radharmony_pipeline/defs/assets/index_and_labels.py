@@ -9,9 +9,15 @@ import dagster as dg
 import pandas as pd
 
 from ...processing.settings import UNREADABLE_LIMIT_VARIABLE
-from ...processing.table_schemas import LABELS, RAW_INDEX
+from ...processing.table_schemas import RAW_INDEX
 from ...processing.vocabulary import LABEL_COLUMNS
-from ...sources import DatasetSource, SourceError, SplitTables, parse_partition_key
+from ...sources import (
+    DatasetSource,
+    SourceError,
+    SplitTables,
+    declared_schema,
+    parse_partition_key,
+)
 from ...sources.base import arrow_system_allocator
 from ...sources.preflight import ImagePresence, image_presence, missing_images_problem
 from ..automation import REBUILD_WHEN_CHANGED
@@ -58,7 +64,7 @@ _OUTPUT_ORDER = ("raw_index", "labels")
             code_version=table_code_version(CODE_VERSION),
             automation_condition=REBUILD_WHEN_CHANGED,
             kinds={"parquet", "pandas"},
-            metadata=definition_metadata(LABELS),
+            metadata=definition_metadata(declared_schema("labels")),
         ),
     },
     internal_asset_deps={

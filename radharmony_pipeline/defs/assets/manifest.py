@@ -3,10 +3,16 @@
 import dagster as dg
 import pandas as pd
 
+from ...processing.boxes import NORMALIZED_COLUMNS
 from ...processing.duplicates import with_duplicate_groups
-from ...processing.manifest import combine, partition_manifest
+from ...processing.manifest import PARTITION_MANIFEST_COLUMNS, combine, partition_manifest
 from ...processing.parents import PARENT_IDENTITY, with_parent_columns
-from ...processing.table_schemas import UNIFIED_MANIFEST
+from ...processing.table_schemas import (
+    IMAGES,
+    PARTITION_KEY_COLUMNS,
+    RAW_INDEX,
+    UNIFIED_MANIFEST,
+)
 from ...processing.vocabulary import LABEL_COLUMNS
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import CORPUS
@@ -16,19 +22,15 @@ from ..partitions import OWNERS, every_partition_of
 CODE_VERSION = "3"  # 2: duplicate_group from near_duplicates; 3: parent identity
 UPSTREAM = ("raw_index", "labels", "masks", "bboxes", "images")
 
-_BOX_EDGES = ("y_min", "y_max", "x_min", "x_max")
-_RAW_INDEX_COLUMNS = (
-    "image_id",
-    "dataset",
-    "split",
-    "patient_id",
-    "study_id",
-    "view_position",
-    "patient_sex",
-    "patient_age_years",
-    "study_date",
+_BOX_EDGES = NORMALIZED_COLUMNS
+# Manifest columns copied unchanged from `images` (the partition columns aside) and from
+# `raw_index` (the rest it holds; parent identity is joined from parent_provenance).
+_IMAGES_COLUMNS = tuple(
+    c for c in PARTITION_MANIFEST_COLUMNS if c in IMAGES.names and c not in PARTITION_KEY_COLUMNS
 )
-_IMAGES_COLUMNS = ("image_path", "tensor_index", "orig_height", "orig_width", "mask_path")
+_RAW_INDEX_COLUMNS = tuple(
+    c for c in PARTITION_MANIFEST_COLUMNS if c in RAW_INDEX.names and c not in _IMAGES_COLUMNS
+)
 
 # Manifest column -> the upstream (asset, column) pairs it is computed from (column lineage).
 # Derived columns name every input: `bboxes_resized` is the boxes through each image's geometry.

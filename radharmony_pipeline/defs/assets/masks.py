@@ -16,6 +16,7 @@ from ...processing.mask_jobs import (
     mask_table,
     run_mask_job,
 )
+from ...processing.output_layout import image_mask_folder, mask_folder
 from ...processing.progress import ProgressLog
 from ...processing.table_schemas import MASKS
 from ...sources import parse_partition_key
@@ -26,7 +27,7 @@ from ..previews import mask_preview
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
-from ..stages import checked_stage
+from ..stages import HEAVY_POOL, checked_stage
 
 
 @checked_stage(
@@ -37,7 +38,7 @@ from ..stages import checked_stage
     check_specs=CHECK_SPECS,
     # labels: read only by the positives_without_masks check.
     ins={"raw_index": dg.AssetIn("raw_index"), "labels": dg.AssetIn("labels")},
-    pool="heavy_image_work",
+    pool=HEAVY_POOL,
     description=(
         "Binary masks at the source image's native resolution, written as 0/255 PNGs under "
         "`masks/<partition>/<image_key>/<class>.png`: one per class present (unified names, "
@@ -60,13 +61,17 @@ def masks(
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
     root = outputs.root()
-    folder = f"masks/{context.partition_key}"
+    folder = mask_folder(context.partition_key)
     remove_orphaned_temporaries(root / folder)
     usable = raw_index["status"] == "ok"
     # Only images the dataset segments get masks (and an `any` row): a lateral view or an
     # image of a dataset without masks is "not annotated", never an all-zero negative.
     segmented = raw_index[(usable & source.localizable_images(raw_index)).to_numpy()]
-    jobs = source.mask_jobs(split, segmented, lambda key: MaskTarget(root, f"{folder}/{key}"))
+    jobs = source.mask_jobs(
+        split,
+        segmented,
+        lambda key: MaskTarget(root, image_mask_folder(context.partition_key, key)),
+    )
     progress = ProgressLog(context.log, "images", len(jobs))
     # Bounds every image, on the local pool and on a Dask cluster alike.
     rows = map_per_image_with_time_limit(

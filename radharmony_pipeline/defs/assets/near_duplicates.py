@@ -9,6 +9,7 @@ import pandas as pd
 from PIL import Image
 
 from ...processing.duplicates import near_duplicate_members
+from ...processing.output_layout import NEAR_DUPLICATE_SHEET
 from ...processing.perceptual_hash import DEFAULT_RADIUS, HASH_BITS
 from ...processing.previews import PreviewSample, contact_sheet, save_png
 from ...processing.storage import open_for_reading
@@ -18,7 +19,7 @@ from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import CORPUS
 from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS, every_partition_of
-from ..previews import NEAR_DUPLICATES_SHEET, inline_sheet
+from ..previews import inline_sheet
 from ..resources import OutputsResource
 
 CODE_VERSION = "1"
@@ -110,8 +111,8 @@ def example_sheet(members: pd.DataFrame, root: Path) -> dict:
             SHEET_MEMBERS - len(group)
         )
     sheet = contact_sheet(samples, columns=SHEET_MEMBERS, tile=224)
-    save_png(sheet, root / NEAR_DUPLICATES_SHEET)
+    save_png(sheet, root / NEAR_DUPLICATE_SHEET)
     return {
-        "examples": dg.MetadataValue.path(str(root / NEAR_DUPLICATES_SHEET)),
+        "examples": dg.MetadataValue.path(str(root / NEAR_DUPLICATE_SHEET)),
         "examples_inline": dg.MetadataValue.md(inline_sheet(sheet)),
     }

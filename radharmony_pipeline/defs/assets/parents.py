@@ -5,9 +5,9 @@ from typing import Literal
 
 import dagster as dg
 import pandas as pd
-import pyarrow.parquet as pq
 from pydantic import Field
 
+from ...processing.output_layout import table_file
 from ...processing.parent_fingerprints import (
     fingerprint_parent_images,
     fingerprint_table,
@@ -29,6 +29,7 @@ from ...sources import SOURCE_TYPES, SourceError
 from ...sources.nih_chestxray14 import LAYOUT
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import PARENTS
+from ..io_managers import read_table_file
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, every_partition_of
 from ..resources import DatasetsResource, OutputsResource
@@ -117,10 +118,8 @@ def nih_fingerprints(
 
 def _previous_table(outputs: OutputsResource, name: str) -> pd.DataFrame | None:
     """The asset's last output (where the IO manager keeps it), for per-row re-use."""
-    path = outputs.root() / "tables" / f"{name}.parquet"
     try:
-        with path.open("rb") as handle:
-            return pq.read_table(handle).to_pandas()
+        return read_table_file(table_file(outputs.root(), name))
     except (OSError, ValueError):
         return None
 

@@ -6,6 +6,7 @@ import base64
 import dagster as dg
 import pandas as pd
 
+from ...processing.output_layout import preview
 from ...processing.profile_plots import CorpusTables, label_prevalence, profile_pngs
 from ...processing.storage import publish
 from ...processing.table_schemas import CORPUS_PROFILE, PARTITION_PROFILE
@@ -86,7 +87,7 @@ def corpus_profile(
 
 def _profile(tables: CorpusTables, name: str, outputs: OutputsResource) -> dg.Output:
     root = outputs.root()
-    path = root / "previews" / "profile" / f"{name}.png"
+    path = root / preview("profile", name)
     title = f"RadHarmony profile: {name} ({len(tables.raw_index):,} images)"
     png, small = profile_pngs(tables, title, dpis=(FILE_DPI, INLINE_DPI))
     publish(path, lambda handle: handle.write(png))

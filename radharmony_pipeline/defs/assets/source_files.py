@@ -5,6 +5,7 @@ from collections.abc import Mapping
 
 import dagster as dg
 
+from ...processing.output_layout import source_snapshot
 from ...processing.source_snapshot import (
     ABSENT,
     SourceSnapshot,
@@ -25,8 +26,6 @@ from ..run_settings import RunSettingsResource
 
 # The tag Dagster reads a source's data version from (what `DataVersionsByPartition` writes).
 DATA_VERSION_TAG = "dagster/data_version"
-# Where the previous observation of each partition is kept, under the output root.
-SNAPSHOT_FOLDER = "observations/source_files"
 # File names listed per kind of change in the metadata (the counts are always complete).
 NAMES_SHOWN = 20
 
@@ -115,7 +114,6 @@ def source_files(
     outputs: OutputsResource,
     run_settings: RunSettingsResource,
 ) -> dg.DataVersionsByPartition:
-    snapshots = outputs.root() / SNAPSHOT_FOLDER
     changed = []
     limit = run_settings.unreadable_limit
     configured: dict[str, bool] = {}
@@ -127,7 +125,7 @@ def source_files(
             configured[dataset] = dataset_configured(datasets, dataset)
         # What `radharmony check-data` says about the partition, where the user looks first.
         check = check_partition(source, split, configured[dataset], limit)
-        path = snapshots / f"{partition_key}.json.gz"
+        path = outputs.root() / source_snapshot(partition_key)
         previous = load_snapshot(path)
         version = current.data_version()
         # Logged here rather than returned: `DataVersionsByPartition` carries no metadata, and

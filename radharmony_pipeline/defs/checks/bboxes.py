@@ -12,11 +12,10 @@ import pandas as pd
 from ...sources import DatasetSource
 from ...sources.counts import compare_counts
 from ..partitions import blocking_partition_check
-from ..row_errors import row_errors_result
+from ..row_errors import error_rows_check, row_errors_result
 from .counts import comparison_result
 from .expectations import suite_check, suite_result
 from .in_step import selected_results
-from .row_errors import error_rows_check
 
 BBOXES = dg.AssetKey("bboxes")
 

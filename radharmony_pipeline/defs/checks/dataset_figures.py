@@ -2,7 +2,6 @@
 measured on the pipeline's own per-class masks, and the count of RGBA source images."""
 
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import pandas as pd
@@ -13,8 +12,8 @@ from ...processing.mask_overlap import (
     overlap_figures,
     overlap_of_files,
 )
+from ...processing.output_layout import table_file
 from ...processing.parallel import map_in_chunks
-from ...processing.storage import open_for_reading
 from ...sources.base import DatasetSource
 from ...sources.chestx_det import ChestXDetSource
 from ...sources.counts import (
@@ -23,6 +22,7 @@ from ...sources.counts import (
     compare_counts,
     is_dataset_metric,
 )
+from ..io_managers import read_table_file
 from ..resources import DatasetsResource, OutputsResource
 from ..run_settings import RunSettingsResource
 from .manifest import complete_datasets, figures_result
@@ -107,15 +107,9 @@ def measured_figures(
     return found
 
 
-def _read_table(path: Any) -> pd.DataFrame:
-    # A handle, so that an object-store root (a UPath) is read like a local one.
-    with open_for_reading(path) as handle:
-        return pd.read_parquet(handle)
-
-
 def _overlap(source: DatasetSource, root: Path, workers: int) -> dict[str, int]:
     tables = [
-        _read_table(root / "tables" / "masks" / f"{source.key}.{split}.parquet")
+        read_table_file(table_file(root, "masks", f"{source.key}.{split}"))
         for split in source.splits
     ]
     masks = pd.concat(tables, ignore_index=True)

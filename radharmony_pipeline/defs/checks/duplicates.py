@@ -9,8 +9,8 @@ from ...processing.duplicates import (
     partition_pair_counts,
     train_test_leaks,
 )
+from ...processing.output_layout import NEAR_DUPLICATE_SHEET
 from ...processing.storage import exists
-from ..previews import NEAR_DUPLICATES_SHEET
 from ..resources import OutputsResource
 
 EXAMPLES = 20
@@ -33,7 +33,7 @@ def _spanning(members: pd.DataFrame) -> dict:
 
 
 def _sheet(outputs: OutputsResource) -> dict:
-    path = outputs.root() / NEAR_DUPLICATES_SHEET
+    path = outputs.root() / NEAR_DUPLICATE_SHEET
     return {"examples": dg.MetadataValue.path(str(path))} if exists(path) else {}
 
 

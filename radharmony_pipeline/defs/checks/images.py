@@ -5,9 +5,8 @@ from collections.abc import Iterator
 import dagster as dg
 import pandas as pd
 
-from ..row_errors import row_errors_result
+from ..row_errors import error_rows_check, row_errors_result
 from .in_step import selected_results
-from .row_errors import error_rows_check
 
 CHECK_SPECS = [error_rows_check(dg.AssetKey("images"))]
 

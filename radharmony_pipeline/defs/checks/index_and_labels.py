@@ -14,11 +14,10 @@ from ...processing.vocabulary import LABEL_COLUMNS
 from ...sources import DatasetSource, SplitTables
 from ...sources.counts import MASK_METRICS, compare_counts, is_dataset_metric
 from ..partitions import blocking_partition_check
-from ..row_errors import row_errors_result
+from ..row_errors import error_rows_check, row_errors_result
 from .counts import comparison_result
 from .expectations import suite_check, suite_result
 from .in_step import selected_results
-from .row_errors import error_rows_check
 
 RAW_INDEX = dg.AssetKey("raw_index")
 LABELS = dg.AssetKey("labels")

@@ -6,15 +6,15 @@ from collections.abc import Callable, Iterator
 import dagster as dg
 import pandas as pd
 
+from ...processing.output_layout import mask_folder
 from ...processing.storage import OutputPath, listing
 from ...sources import DatasetSource
 from ...sources.counts import MASK_METRICS, compare_counts
 from ..partitions import blocking_partition_check, dataset_split_partitions
-from ..row_errors import row_errors_result
+from ..row_errors import error_rows_check, row_errors_result
 from .counts import comparison_result
 from .expectations import suite_check, suite_result
 from .in_step import selected_results
-from .row_errors import error_rows_check
 
 MASKS = dg.AssetKey("masks")
 # Ids written into a warning's description; the metadata lists up to 200.
@@ -131,9 +131,9 @@ def _with_derived_columns(masks: pd.DataFrame, root: OutputPath) -> pd.DataFrame
     # One listing of the partition's folder, not one request per mask on object storage.
     partitions = {path.split("/")[1] for path in masks["mask_path"].dropna()}
     listed = {
-        f"masks/{partition}/{name}"
+        f"{mask_folder(partition)}/{name}"
         for partition in partitions
-        for name in listing(root / "masks" / partition)
+        for name in listing(root / mask_folder(partition))
     }
     return masks.assign(
         mask_file_exists=masks["mask_path"].map(lambda path: path in listed, na_action="ignore"),
