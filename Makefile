@@ -71,7 +71,7 @@ ui: install
 
 ## docs/tables.md from the declared table schemas (tests/test_tables_doc.py checks it).
 docs: install
-	$(BIN)/python -m radharmony_pipeline.processing.tables_doc
+	$(BIN)/python -m radharmony_pipeline.processing.tables.tables_doc
 
 lint: install-dev
 	$(BIN)/ruff check .

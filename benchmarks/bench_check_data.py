@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from radharmony_pipeline.processing.source_store import existing_names
+from radharmony_pipeline.processing.storage.source_store import existing_names
 from radharmony_pipeline.sources import SourceLocation, open_source
 from radharmony_pipeline.sources.preflight import check_partition
 from radharmony_pipeline.synthetic import write_full_scale_rexgradient_metadata

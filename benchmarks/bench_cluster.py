@@ -36,7 +36,7 @@ from pathlib import Path
 from bench_images import DEFAULT_NOISE, WARMUP_IMAGES, machine_line, prepare_sources, run_stage
 
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
-from radharmony_pipeline.processing.settings import SCHEDULER_VARIABLE
+from radharmony_pipeline.settings import SCHEDULER_VARIABLE
 
 # One thread per worker process, on loopback; nothing else set (daemonic, as it ships).
 WORKER_OPTIONS = ("--nworkers", "1", "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard")

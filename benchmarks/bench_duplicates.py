@@ -26,7 +26,7 @@ import tracemalloc
 
 import numpy as np
 
-from radharmony_pipeline.processing.perceptual_hash import (
+from radharmony_pipeline.processing.imaging.perceptual_hash import (
     DEFAULT_RADIUS,
     brute_force_groups,
     group_fingerprints,

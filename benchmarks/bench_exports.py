@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from radharmony_pipeline.processing.exports import (
+from radharmony_pipeline.processing.annotations.masks import write_mask_png
+from radharmony_pipeline.processing.corpus.exports import (
     WEBDATASET,
     ExportSample,
     export_partition,
@@ -36,11 +37,14 @@ from radharmony_pipeline.processing.exports import (
     huggingface_shards,
     webdataset_shards,
 )
-from radharmony_pipeline.processing.geometry import letterbox_geometry, resize_image, resize_mask
-from radharmony_pipeline.processing.masks import write_mask_png
-from radharmony_pipeline.processing.tagged_png import RADIOGRAPH_FILTER, grayscale_png
-from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
+from radharmony_pipeline.processing.imaging.geometry import (
+    letterbox_geometry,
+    resize_image,
+    resize_mask,
+)
+from radharmony_pipeline.processing.imaging.tagged_png import RADIOGRAPH_FILTER, grayscale_png
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
+from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
 SIZE = 224
 TARGET = 1.5
@@ -93,7 +97,7 @@ def write_inputs(root: Path, count: int, rng: np.random.Generator) -> list[Expor
 
 
 def _complete(record: dict) -> dict:
-    from radharmony_pipeline.processing.exports import RECORD_COLUMNS
+    from radharmony_pipeline.processing.corpus.exports import RECORD_COLUMNS
 
     lists = ("bboxes", "bboxes_resized", "bbox_labels", "label_text")
     return {c: record.get(c, [] if c in lists else None) for c in RECORD_COLUMNS}

@@ -52,16 +52,16 @@ from pydicom.encaps import encapsulate, generate_frames
 from pydicom.pixels import apply_modality_lut, apply_voi_lut
 from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, JPEGLosslessSV1
 
-from radharmony_pipeline.processing.atomic import temporary_sibling
-from radharmony_pipeline.processing.cluster import LocalPool
-from radharmony_pipeline.processing.image_jobs import (
+from radharmony_pipeline.processing.execution.cluster import LocalPool
+from radharmony_pipeline.processing.execution.supervised import TimeLimit
+from radharmony_pipeline.processing.jobs.image_jobs import (
     ImageJob,
     build_packed_images,
     image_job_stopped,
     image_table,
 )
-from radharmony_pipeline.processing.settings import TIMEOUT_VARIABLE, job_timeout
-from radharmony_pipeline.processing.supervised import TimeLimit
+from radharmony_pipeline.processing.storage.atomic import temporary_sibling
+from radharmony_pipeline.settings import TIMEOUT_VARIABLE, job_timeout
 from radharmony_pipeline.sources import SOURCE_TYPES
 from radharmony_pipeline.synthetic.dicom import DicomIdentity, DicomVariant, dicom_bytes
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8, to_unsigned

@@ -52,19 +52,20 @@ import numpy as np
 import psutil
 from PIL import Image
 
-# Every pool worker re-imports this module (as __mp_main__) before it runs a job, so its top
-# level holds only imports and definitions; the benchmark itself runs under __main__.
-from radharmony_pipeline.processing.atomic import temporary_sibling
-from radharmony_pipeline.processing.image_jobs import (
+from radharmony_pipeline.processing.execution.parallel import map_with_time_limit
+from radharmony_pipeline.processing.execution.supervised import TimeLimit
+from radharmony_pipeline.processing.jobs.image_jobs import (
     ImageJob,
     ImageRow,
     build_packed_images,
     image_job_stopped,
     image_table,
 )
-from radharmony_pipeline.processing.parallel import map_with_time_limit
-from radharmony_pipeline.processing.settings import job_timeout
-from radharmony_pipeline.processing.supervised import TimeLimit
+
+# Every pool worker re-imports this module (as __mp_main__) before it runs a job, so its top
+# level holds only imports and definitions; the benchmark itself runs under __main__.
+from radharmony_pipeline.processing.storage.atomic import temporary_sibling
+from radharmony_pipeline.settings import job_timeout
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 
 SIZE = 224

@@ -30,7 +30,7 @@ import cv2
 import numpy as np
 from pycocotools import mask as coco_mask
 
-from radharmony_pipeline.processing.masks import decode_rle, union_rle_masks
+from radharmony_pipeline.processing.annotations.masks import decode_rle, union_rle_masks
 
 # CheXlocalize images are full-resolution CheXpert JPEGs; 2828 x 2320 is a common size.
 CHEXLOCALIZE_HEIGHT, CHEXLOCALIZE_WIDTH = 2828, 2320
@@ -164,10 +164,14 @@ def union_section(args: argparse.Namespace) -> list[str]:
 
 def chestx_det_section(args: argparse.Namespace) -> list[str]:
     """ChestX-Det masks (read PNG, fill polygons per class, write PNGs): 1 worker vs all cores."""
-    from radharmony_pipeline.processing.mask_jobs import MaskTarget, mask_job_stopped, run_mask_job
-    from radharmony_pipeline.processing.parallel import map_with_time_limit
-    from radharmony_pipeline.processing.settings import TIMEOUT_VARIABLE, job_timeout
-    from radharmony_pipeline.processing.supervised import TimeLimit
+    from radharmony_pipeline.processing.execution.parallel import map_with_time_limit
+    from radharmony_pipeline.processing.execution.supervised import TimeLimit
+    from radharmony_pipeline.processing.jobs.mask_jobs import (
+        MaskTarget,
+        mask_job_stopped,
+        run_mask_job,
+    )
+    from radharmony_pipeline.settings import TIMEOUT_VARIABLE, job_timeout
     from radharmony_pipeline.sources import open_source
     from radharmony_pipeline.synthetic import generate_datasets
 

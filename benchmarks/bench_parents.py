@@ -35,13 +35,13 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from radharmony_pipeline.processing.parent_fingerprints import (
+from radharmony_pipeline.processing.corpus.parent_fingerprints import (
     fingerprint_parent_image,
     parent_image_jobs,
 )
-from radharmony_pipeline.processing.parents import PARENT_MATCH_RADIUS, match_to_parents
-from radharmony_pipeline.processing.perceptual_hash import hamming
-from radharmony_pipeline.processing.source_store import tree_states
+from radharmony_pipeline.processing.corpus.parents import PARENT_MATCH_RADIUS, match_to_parents
+from radharmony_pipeline.processing.imaging.perceptual_hash import hamming
+from radharmony_pipeline.processing.storage.source_store import tree_states
 from radharmony_pipeline.synthetic.encoding import png_bytes
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 
@@ -128,7 +128,7 @@ def peak_bytes(children: pd.DataFrame, parents: pd.DataFrame) -> int:
 
 def brute_force_seconds(children: pd.DataFrame, parents: pd.DataFrame) -> float:
     """Every child hash against every parent hash (the baseline)."""
-    from radharmony_pipeline.processing.perceptual_hash import hashes_to_words
+    from radharmony_pipeline.processing.imaging.perceptual_hash import hashes_to_words
 
     start = time.perf_counter()
     parent_words = hashes_to_words(parents["perceptual_hash"])

@@ -39,8 +39,8 @@ from cluster_services import (  # noqa: E402
     wait_until,
 )
 
-from radharmony_pipeline.processing.atomic import temporary_sibling  # noqa: E402
-from radharmony_pipeline.processing.storage import output_path, publish, read_bytes  # noqa: E402
+from radharmony_pipeline.processing.storage.atomic import temporary_sibling  # noqa: E402
+from radharmony_pipeline.processing.storage.store import output_path, publish, read_bytes  # noqa: E402
 
 PARTITIONS = ["chestx_det.test", "chexlocalize.val"]
 

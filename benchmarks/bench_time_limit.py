@@ -20,10 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from radharmony_pipeline.processing.mask_jobs import MaskTarget, mask_job_stopped, run_mask_job
-from radharmony_pipeline.processing.parallel import map_in_chunks, map_with_time_limit
-from radharmony_pipeline.processing.settings import TIMEOUT_VARIABLE, job_timeout
-from radharmony_pipeline.processing.supervised import TimeLimit
+from radharmony_pipeline.processing.execution.parallel import map_in_chunks, map_with_time_limit
+from radharmony_pipeline.processing.execution.supervised import TimeLimit
+from radharmony_pipeline.processing.jobs.mask_jobs import MaskTarget, mask_job_stopped, run_mask_job
+from radharmony_pipeline.settings import TIMEOUT_VARIABLE, job_timeout
 from radharmony_pipeline.sources import SourceLocation, open_source
 from radharmony_pipeline.synthetic import generate_datasets
 

@@ -22,8 +22,8 @@ import imagehash
 import numpy as np
 from PIL import Image
 
-from radharmony_pipeline.processing.decode import decode_grayscale
-from radharmony_pipeline.processing.geometry import letterbox_geometry, resize_image
+from radharmony_pipeline.processing.imaging.decode import decode_grayscale
+from radharmony_pipeline.processing.imaging.geometry import letterbox_geometry, resize_image
 from radharmony_pipeline.synthetic import generate_datasets
 
 SIZE = 224

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         # Reported by the subcommand, with its own usage, not the top-level one.
         subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
-    from .processing.settings import ConfigurationError, validate_settings
+    from .settings import ConfigurationError, validate_settings
     from .sources import SourceError
 
     try:
@@ -169,7 +169,7 @@ def _add_check_data_arguments(check: argparse.ArgumentParser) -> None:
 
 
 def _check_data(args: argparse.Namespace) -> int:
-    from .processing.source_store import exists, is_remote, source_path
+    from .processing.storage.source_store import exists, is_remote, source_path
     from .sources import partition_keys
     from .sources.location import DATA_ROOT_ENV, expand_path
 
@@ -235,7 +235,7 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .processing.source_store import is_remote, source_path
+    from .processing.storage.source_store import is_remote, source_path
     from .sources import partition_keys
     from .sources.location import expand_path
 
@@ -275,7 +275,7 @@ def _demo(args: argparse.Namespace) -> int:
         observe_sources,
         project_location,
     )
-    from .processing import output_layout as layout
+    from .processing.storage import output_layout as layout
 
     every_partition = partition_keys()
     chosen = args.partition or every_partition

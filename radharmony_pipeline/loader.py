@@ -58,27 +58,27 @@ import pandas as pd
 import pyarrow.parquet as pq
 from PIL import Image
 
-from radharmony_pipeline.processing.duplicates import (
+from radharmony_pipeline.processing.corpus.duplicates import (
     one_per_duplicate_group,
     without_cross_split_groups,
 )
-from radharmony_pipeline.processing.manifest import PARTITION_MANIFEST_COLUMNS
-from radharmony_pipeline.processing.output_layout import root_of_table_file
-from radharmony_pipeline.processing.parents import (
+from radharmony_pipeline.processing.corpus.parents import (
     PARENT_IDENTITY,
     patient_disjoint_by_parent,
     without_parent_patient_leaks,
     without_parent_train_leaks,
 )
-from radharmony_pipeline.processing.storage import (
+from radharmony_pipeline.processing.storage.output_layout import root_of_table_file
+from radharmony_pipeline.processing.storage.store import (
     OutputPath,
     exists,
     is_local,
     open_for_reading,
     output_path,
 )
-from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS, snake_case, unified_class
+from radharmony_pipeline.processing.tables.manifest import PARTITION_MANIFEST_COLUMNS
 from radharmony_pipeline.sources import SOURCE_TYPES
+from radharmony_pipeline.vocabulary import LABEL_COLUMNS, snake_case, unified_class
 
 try:  # torch is optional: without it samples are numpy arrays.
     import torch

@@ -14,7 +14,7 @@ from PIL import Image
 from pydicom.pixels import apply_modality_lut, apply_voi_lut
 from pydicom.uid import JPEG2000TransferSyntaxes, JPEGLSTransferSyntaxes
 
-from radharmony_pipeline.processing.geometry import letterbox_geometry
+from radharmony_pipeline.processing.imaging.geometry import letterbox_geometry
 
 GREY_MAX = 255
 ROBUST_PERCENTILES = (0.5, 99.5)

@@ -18,7 +18,7 @@ from radharmony_pipeline.definitions import defs
 from radharmony_pipeline.defs.assets.source_files import source_files
 from radharmony_pipeline.defs.groups import PARTITION_STAGES
 from radharmony_pipeline.defs.resources import DatasetsResource, pipeline_resources
-from radharmony_pipeline.processing.atomic import TEMP_MARKER
+from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 
 TABLES = ("raw_index", "labels", "masks", "bboxes", "images")
 STAGES = PARTITION_STAGES

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from radharmony_pipeline.processing.boxes import BOX_COLUMNS, normalize_xywh
+from radharmony_pipeline.processing.annotations.boxes import BOX_COLUMNS, normalize_xywh
 
 
 def random_xywh_boxes(count: int, seed: int = 0) -> pd.DataFrame:

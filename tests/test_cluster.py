@@ -45,7 +45,7 @@ from radharmony_pipeline.defs.assets.parents import (
 )
 from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.loader import ManifestDataset
-from radharmony_pipeline.processing.atomic import TEMP_MARKER
+from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 
 pytestmark = pytest.mark.cluster
 
@@ -339,8 +339,8 @@ def test_webdataset_export_on_the_s3_output_root(cluster, tiny_root, tmp_path):
     import webdataset as wds
 
     from radharmony_pipeline.defs.assets.exports import webdataset_export
-    from radharmony_pipeline.processing.exports import WEBDATASET_FOLDER, webdataset_urls
-    from radharmony_pipeline.processing.storage import output_path
+    from radharmony_pipeline.processing.corpus.exports import WEBDATASET_FOLDER, webdataset_urls
+    from radharmony_pipeline.processing.storage.store import output_path
 
     partition = "chestx_det.test"
     export_config = {"ops": {"webdataset_export": {"config": {"max_shard_bytes": 30_000}}}}

@@ -13,27 +13,27 @@ import pytest
 from PIL import Image
 
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
-from radharmony_pipeline.processing import cluster
-from radharmony_pipeline.processing.atomic import TEMP_MARKER
-from radharmony_pipeline.processing.cluster import (
+from radharmony_pipeline.processing.execution import cluster
+from radharmony_pipeline.processing.execution.cluster import (
     DaskCluster,
     LocalPool,
     map_on_dask,
     map_on_dask_with_time_limit,
     map_per_image,
 )
-from radharmony_pipeline.processing.image_jobs import (
-    ImageJob,
-    build_packed_images,
-    image_job_stopped,
-)
-from radharmony_pipeline.processing.parallel import process_context
-from radharmony_pipeline.processing.supervised import (
+from radharmony_pipeline.processing.execution.parallel import process_context
+from radharmony_pipeline.processing.execution.supervised import (
     ChildProcessContext,
     SupervisedPool,
     TimeLimit,
     run_supervised,
 )
+from radharmony_pipeline.processing.jobs.image_jobs import (
+    ImageJob,
+    build_packed_images,
+    image_job_stopped,
+)
+from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 
 LIMIT_SECONDS = 3.0

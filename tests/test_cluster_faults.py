@@ -27,14 +27,14 @@ from PIL import Image
 
 from radharmony_pipeline.defs.assets.images import _remove_interrupted_writes
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
-from radharmony_pipeline.processing import cluster
-from radharmony_pipeline.processing.atomic import TEMP_MARKER, writer_is_gone
-from radharmony_pipeline.processing.image_jobs import (
+from radharmony_pipeline.processing.execution import cluster
+from radharmony_pipeline.processing.execution.supervised import TimeLimit
+from radharmony_pipeline.processing.jobs.image_jobs import (
     ImageJob,
     build_packed_images,
     image_job_stopped,
 )
-from radharmony_pipeline.processing.supervised import TimeLimit
+from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER, writer_is_gone
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 
 pytestmark = pytest.mark.cluster
@@ -46,7 +46,7 @@ IMAGES = 30
 SLOW = """
 import os, time
 if os.environ.get("SLOW_IMAGES"):
-    from radharmony_pipeline.processing import image_jobs
+    from radharmony_pipeline.processing.jobs import image_jobs
 
     def slowed(method):
         def run(self, *args, **kwargs):

@@ -12,8 +12,8 @@ from corpus import materialize_corpus
 
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.defs.jobs import CARD_JOB
-from radharmony_pipeline.processing.card import CARD_NAME, CROISSANT_NAME, MANIFEST_FILE
-from radharmony_pipeline.processing.vocabulary import UNIFIED_LABELS, snake_case, unified_class
+from radharmony_pipeline.processing.corpus.card import CARD_NAME, CROISSANT_NAME, MANIFEST_FILE
+from radharmony_pipeline.vocabulary import UNIFIED_LABELS, snake_case, unified_class
 
 PARTITIONS = ["ms_cxr.test", "chestx_det.test"]
 

@@ -27,7 +27,7 @@ from e2e_support import REPOSITORY_NAME, DagsterDev, free_port
 
 from radharmony_pipeline.defs.jobs import ALL_STAGES_JOB
 from radharmony_pipeline.operations.recovery import WORKER_TAG, RunWorker
-from radharmony_pipeline.processing.atomic import TEMP_MARKER
+from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 
 PARTITION = "chestx_det.test"  # has masks, boxes and images
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +36,8 @@ SLOW = """
 import os, time
 stage = os.environ.get("SLOW_STAGE")
 if stage:
-    from radharmony_pipeline.processing import image_jobs, mask_jobs
+    from radharmony_pipeline.processing.jobs import image_jobs
+    from radharmony_pipeline.processing.jobs import mask_jobs
 
     def slowed(method):
         def run(self, *args, **kwargs):
@@ -57,7 +58,7 @@ import os, time
 from pathlib import Path
 hold = os.environ.get("HOLD_IMAGES")
 if hold:
-    from radharmony_pipeline.processing import image_jobs
+    from radharmony_pipeline.processing.jobs import image_jobs
 
     def held(method):
         def run(self, *args, **kwargs):
@@ -317,7 +318,7 @@ def test_a_waiting_run_is_told_who_holds_the_slot_and_dead_holders_are_freed():
 
 
 def test_temporary_files_of_a_live_writer_are_never_removed(tmp_path):
-    from radharmony_pipeline.processing.atomic import (
+    from radharmony_pipeline.processing.storage.atomic import (
         remove_orphaned_temporaries,
         temporary_sibling,
     )
@@ -351,8 +352,8 @@ def test_temporary_files_of_a_live_writer_are_never_removed(tmp_path):
 
 
 def test_a_stopped_image_job_removes_only_its_dead_writers_temporaries(tmp_path):
-    from radharmony_pipeline.processing.atomic import temporary_sibling
-    from radharmony_pipeline.processing.image_jobs import ImageJob, image_job_stopped
+    from radharmony_pipeline.processing.jobs.image_jobs import ImageJob, image_job_stopped
+    from radharmony_pipeline.processing.storage.atomic import temporary_sibling
 
     folder = tmp_path / "images" / "p"
     folder.mkdir(parents=True)
@@ -446,7 +447,7 @@ def test_only_runs_whose_worker_on_this_host_is_gone_are_freed_and_failed():
 def test_a_temporary_this_process_released_is_an_orphan_here_too(tmp_path):
     """A Dask shard is named after the step's process; once a failed step released it, a
     worker's late copy is removed by the next clean-up, also one in the same process."""
-    from radharmony_pipeline.processing.atomic import (
+    from radharmony_pipeline.processing.storage.atomic import (
         release_temporaries,
         remove_orphaned_temporaries,
         temporary_sibling,

@@ -22,7 +22,7 @@ from pydicom.uid import (
     RLELossless,
 )
 
-from radharmony_pipeline.processing.decode import DecodeError, decode_grayscale
+from radharmony_pipeline.processing.imaging.decode import DecodeError, decode_grayscale
 from radharmony_pipeline.synthetic.dicom import COVERING_VARIANTS, DicomIdentity, dicom_bytes
 from radharmony_pipeline.synthetic.radiograph import render_radiograph
 

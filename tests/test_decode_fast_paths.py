@@ -22,8 +22,8 @@ from pydicom.pixels import apply_modality_lut, apply_voi_lut, apply_windowing
 from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, JPEGLosslessSV1, RLELossless
 from test_decode import write_dicom
 
-from radharmony_pipeline.processing.decode import decode_grayscale
-from radharmony_pipeline.processing.geometry import (
+from radharmony_pipeline.processing.imaging.decode import decode_grayscale
+from radharmony_pipeline.processing.imaging.geometry import (
     letterbox_geometry,
     reduce_by_area,
     resize_image,

@@ -139,7 +139,7 @@ def test_sources_and_processing_never_import_dagster():
 
 def test_importing_the_readers_does_not_load_dagster():
     code = (
-        "import sys, radharmony_pipeline.sources, radharmony_pipeline.processing.vocabulary;"
+        "import sys, radharmony_pipeline.sources, radharmony_pipeline.vocabulary;"
         "print('dagster' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -24,7 +24,7 @@ from radharmony_pipeline.defs.checks.dataset_figures import (
     dataset_figures_match_documentation,
 )
 from radharmony_pipeline.defs.resources import pipeline_resources
-from radharmony_pipeline.processing.masks import rasterize_polygons
+from radharmony_pipeline.processing.annotations.masks import rasterize_polygons
 from radharmony_pipeline.sources.chestx_det import ChestXDetSource
 from radharmony_pipeline.sources.ms_cxr import CSV_NAME
 

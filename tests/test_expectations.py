@@ -1,5 +1,5 @@
-"""The pipeline's Great Expectations suites (processing/suites.py) validated by GX, and the
-translation of GX's results into check metadata (processing/validation.py).
+"""The pipeline's Great Expectations suites (processing/tables/suites.py) validated by GX, and the
+translation of GX's results into check metadata (processing/tables/validation.py).
 
 The GX context is process-wide, so only the first validation pays the import/context cost.
 """
@@ -12,8 +12,8 @@ import great_expectations.expectations as gxe
 import pandas as pd
 import pytest
 
-from radharmony_pipeline.processing import suites, validation
-from radharmony_pipeline.processing.validation import describe, validate
+from radharmony_pipeline.processing.tables import suites, validation
+from radharmony_pipeline.processing.tables.validation import describe, validate
 
 LABELS = ("label_atelectasis", "label_cardiomegaly", "label_no_finding")
 

@@ -22,8 +22,7 @@ from PIL import Image
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.defs.assets.exports import MASK_CLASSES
 from radharmony_pipeline.defs.jobs import EXPORTS_JOB
-from radharmony_pipeline.processing.atomic import TEMP_MARKER
-from radharmony_pipeline.processing.exports import (
+from radharmony_pipeline.processing.corpus.exports import (
     HUGGINGFACE_FOLDER,
     HUGGINGFACE_SPLITS,
     RECORD_COLUMNS,
@@ -36,8 +35,9 @@ from radharmony_pipeline.processing.exports import (
     webdataset_shards,
     webdataset_urls,
 )
-from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
+from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 from radharmony_pipeline.sources import SOURCE_TYPES, partition_keys
+from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
 # Small shards, so every partition of the tiny corpus spans several.
 SHARD_BYTES = 100_000
@@ -251,7 +251,7 @@ KILLED_EXPORT = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from radharmony_pipeline.definitions import build_definitions
-    from radharmony_pipeline.processing import exports
+    from radharmony_pipeline.processing.corpus import exports
 
     published = []
     real_publish = exports.publish

@@ -36,11 +36,11 @@ from fault_support import (
 )
 from PIL import Image
 
-from radharmony_pipeline.processing.decode import DecodeError, decode_grayscale
-from radharmony_pipeline.processing.parallel import map_with_time_limit
-from radharmony_pipeline.processing.rle_text import RleTextError, validate_rle
-from radharmony_pipeline.processing.settings import ConfigurationError, validate_settings
-from radharmony_pipeline.processing.supervised import TimeLimit
+from radharmony_pipeline.processing.annotations.rle_text import RleTextError, validate_rle
+from radharmony_pipeline.processing.execution.parallel import map_with_time_limit
+from radharmony_pipeline.processing.execution.supervised import TimeLimit
+from radharmony_pipeline.processing.imaging.decode import DecodeError, decode_grayscale
+from radharmony_pipeline.settings import ConfigurationError, validate_settings
 from radharmony_pipeline.sources import MetadataError, SourceLocation, open_source
 
 PARTITIONS = ("chexlocalize.test", "chestx_det.train", "rexgradient.val", "ms_cxr.train")

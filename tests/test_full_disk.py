@@ -18,7 +18,7 @@ import pytest
 from fault_support import _ASSETS, STAGES, failure_message
 
 from radharmony_pipeline.defs.resources import pipeline_resources
-from radharmony_pipeline.processing.atomic import TEMP_MARKER
+from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 from radharmony_pipeline.synthetic import generate_datasets
 
 PARTITION = "chestx_det.test"

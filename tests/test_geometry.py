@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from radharmony_pipeline.processing.geometry import (
+from radharmony_pipeline.processing.imaging.geometry import (
     ResizeGeometry,
     boxes_to_resized_frame,
     letterbox_geometry,

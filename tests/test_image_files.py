@@ -16,7 +16,7 @@ from pydicom.uid import (
     generate_uid,
 )
 
-from radharmony_pipeline.processing.image_files import (
+from radharmony_pipeline.processing.imaging.image_files import (
     ImageFileError,
     header_image_size,
     read_grayscale_png,

@@ -10,9 +10,9 @@ from PIL import Image
 
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.loader import ManifestDataset
-from radharmony_pipeline.processing.manifest import PARTITION_MANIFEST_COLUMNS
-from radharmony_pipeline.processing.parents import PARENT_IDENTITY
-from radharmony_pipeline.processing.table_schemas import UNIFIED_MANIFEST
+from radharmony_pipeline.processing.corpus.parents import PARENT_IDENTITY
+from radharmony_pipeline.processing.tables.manifest import PARTITION_MANIFEST_COLUMNS
+from radharmony_pipeline.processing.tables.table_schemas import UNIFIED_MANIFEST
 from radharmony_pipeline.sources import parse_partition_key
 
 S = 224

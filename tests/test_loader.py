@@ -15,7 +15,7 @@ from PIL import Image
 
 from radharmony_pipeline import loader
 from radharmony_pipeline.loader import ManifestDataset
-from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
+from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
 S = 16
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw
 
-from radharmony_pipeline.processing.mask_overlap import image_overlap, overlap_figures
-from radharmony_pipeline.processing.previews import _draw_box_label, _letterbox, _overlaps
+from radharmony_pipeline.processing.annotations.mask_overlap import image_overlap, overlap_figures
+from radharmony_pipeline.processing.corpus.previews import _draw_box_label, _letterbox, _overlaps
 
 
 def _square(top: int, left: int, side: int, frame: int = 100) -> np.ndarray:

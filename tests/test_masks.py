@@ -11,8 +11,7 @@ import pytest
 from PIL import Image, ImageDraw
 from pycocotools import mask as coco_mask
 
-from radharmony_pipeline.processing.atomic import TEMP_MARKER
-from radharmony_pipeline.processing.masks import (
+from radharmony_pipeline.processing.annotations.masks import (
     MaskSizeError,
     area_fraction,
     decode_rle,
@@ -23,7 +22,8 @@ from radharmony_pipeline.processing.masks import (
     union_rle_masks,
     write_mask_png,
 )
-from radharmony_pipeline.processing.tagged_png import stored_input_key
+from radharmony_pipeline.processing.imaging.tagged_png import stored_input_key
+from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 
 # pycocotools 2.0.11's Cython decode trips a NumPy 2 DeprecationWarning on every call; it is
 # theirs, harmless, and would bury our own warnings.

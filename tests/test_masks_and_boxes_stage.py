@@ -12,7 +12,7 @@ from PIL import Image, ImageDraw
 from pycocotools import mask as coco
 
 from radharmony_pipeline.definitions import build_definitions
-from radharmony_pipeline.processing.masks import read_mask_png
+from radharmony_pipeline.processing.annotations.masks import read_mask_png
 from radharmony_pipeline.sources import partition_keys
 from radharmony_pipeline.sources.ms_cxr import CSV_NAME
 

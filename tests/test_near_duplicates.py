@@ -14,20 +14,20 @@ from PIL import Image
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.defs.groups import CORPUS_JOINS, PARTITION_STAGES
 from radharmony_pipeline.loader import ManifestDataset
-from radharmony_pipeline.processing.decode import decode_grayscale
-from radharmony_pipeline.processing.duplicates import (
+from radharmony_pipeline.processing.corpus.duplicates import (
     near_duplicate_members,
     one_per_duplicate_group,
     train_test_leaks,
     without_cross_split_groups,
 )
-from radharmony_pipeline.processing.geometry import letterbox_geometry, resize_image
-from radharmony_pipeline.processing.image_jobs import content_fingerprints
-from radharmony_pipeline.processing.perceptual_hash import (
+from radharmony_pipeline.processing.imaging.decode import decode_grayscale
+from radharmony_pipeline.processing.imaging.geometry import letterbox_geometry, resize_image
+from radharmony_pipeline.processing.imaging.perceptual_hash import (
     brute_force_groups,
     group_fingerprints,
     hashes_to_words,
 )
+from radharmony_pipeline.processing.jobs.image_jobs import content_fingerprints
 from radharmony_pipeline.sources import SourceLocation, open_source, partition_keys
 from radharmony_pipeline.synthetic import generate_datasets
 from radharmony_pipeline.synthetic.duplicates import DEMO_DUPLICATES, LEAK, read_truth

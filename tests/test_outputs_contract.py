@@ -16,10 +16,10 @@ from corpus import check_evaluations
 from PIL import Image, ImageDraw
 
 from radharmony_pipeline.loader import ManifestDataset
-from radharmony_pipeline.processing.manifest import PARTITION_MANIFEST_COLUMNS
-from radharmony_pipeline.processing.parents import PARENT_IDENTITY
-from radharmony_pipeline.processing.previews import TITLE_LINES, _font, title_lines
-from radharmony_pipeline.processing.table_schemas import (
+from radharmony_pipeline.processing.corpus.parents import PARENT_IDENTITY
+from radharmony_pipeline.processing.corpus.previews import TITLE_LINES, _font, title_lines
+from radharmony_pipeline.processing.tables.manifest import PARTITION_MANIFEST_COLUMNS
+from radharmony_pipeline.processing.tables.table_schemas import (
     INDEX_COLUMNS,
     RAW_INDEX,
     SCHEMA_VERSION,
@@ -28,8 +28,8 @@ from radharmony_pipeline.processing.table_schemas import (
     SchemaMismatchError,
     conform,
 )
-from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
 from radharmony_pipeline.sources import partition_keys
+from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
 PARTITIONED = ("raw_index", "labels", "masks", "bboxes", "images")
 

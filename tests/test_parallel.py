@@ -12,14 +12,18 @@ import time
 import pytest
 
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
-from radharmony_pipeline.processing.parallel import (
+from radharmony_pipeline.processing.execution.parallel import (
     default_chunk_size,
     map_in_chunks,
     map_with_time_limit,
     process_context,
 )
-from radharmony_pipeline.processing.settings import WORKERS_VARIABLE, worker_count
-from radharmony_pipeline.processing.supervised import SupervisedPool, TimeLimit, run_supervised
+from radharmony_pipeline.processing.execution.supervised import (
+    SupervisedPool,
+    TimeLimit,
+    run_supervised,
+)
+from radharmony_pipeline.settings import WORKERS_VARIABLE, worker_count
 
 
 class ImageBroken(ValueError):
@@ -242,9 +246,9 @@ def test_processing_modules_do_not_import_dagster() -> None:
     # Pool workers re-import the function's module; dagster would cost seconds per worker.
     code = (
         "import sys\n"
-        "import radharmony_pipeline.processing.image_files\n"
-        "import radharmony_pipeline.processing.masks\n"
-        "import radharmony_pipeline.processing.parallel\n"
+        "import radharmony_pipeline.processing.imaging.image_files\n"
+        "import radharmony_pipeline.processing.annotations.masks\n"
+        "import radharmony_pipeline.processing.execution.parallel\n"
         "assert 'dagster' not in sys.modules, 'dagster was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -17,16 +17,16 @@ from radharmony_pipeline.defs.groups import CORPUS_JOINS, PARTITION_STAGES
 from radharmony_pipeline.defs.resources import DatasetsResource
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
 from radharmony_pipeline.loader import ManifestDataset
-from radharmony_pipeline.processing.parent_fingerprints import (
+from radharmony_pipeline.processing.corpus.parent_fingerprints import (
     fingerprint_parent_images,
     parent_image_jobs,
 )
-from radharmony_pipeline.processing.parents import (
+from radharmony_pipeline.processing.corpus.parents import (
     ParentLeaks,
     match_to_parents,
     patient_disjoint_by_parent,
 )
-from radharmony_pipeline.processing.source_store import tree_states
+from radharmony_pipeline.processing.storage.source_store import tree_states
 from radharmony_pipeline.sources import MetadataError, SourceLocation, open_source
 from radharmony_pipeline.sources.errors import DatasetLayoutError
 from radharmony_pipeline.sources.nih_chestxray14 import NihChestXray14

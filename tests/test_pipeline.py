@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from radharmony_pipeline.definitions import build_definitions
-from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
 from radharmony_pipeline.sources import partition_keys
+from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from radharmony_pipeline.processing.previews import (
+from radharmony_pipeline.processing.corpus.previews import (
     LEGEND_BAND,
     TITLE_BAND,
     PreviewSample,
@@ -124,7 +124,7 @@ def test_classes_get_distinct_colours_that_do_not_change_between_processes():
     assert class_colour("pleural_effusion") != class_colour("atelectasis")
     names = ["edema", "a_class_not_in_the_vocabulary"]
     script = (
-        "from radharmony_pipeline.processing.previews import class_colour; "
+        "from radharmony_pipeline.processing.corpus.previews import class_colour; "
         f"print([class_colour(n) for n in {names!r}])"
     )
     outputs = {

@@ -10,12 +10,12 @@ import dagster as dg
 import pytest
 
 import radharmony_pipeline
+from radharmony_pipeline import settings
 from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
-from radharmony_pipeline.processing import settings
-from radharmony_pipeline.processing.cluster import DaskCluster, LocalPool
-from radharmony_pipeline.processing.parallel import map_with_time_limit
-from radharmony_pipeline.processing.supervised import TimeLimit
+from radharmony_pipeline.processing.execution.cluster import DaskCluster, LocalPool
+from radharmony_pipeline.processing.execution.parallel import map_with_time_limit
+from radharmony_pipeline.processing.execution.supervised import TimeLimit
 
 VARIABLES = (
     settings.WORKERS_VARIABLE,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
 from radharmony_pipeline.sources.counts import MASK_METRICS, is_dataset_metric
+from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
 
 @pytest.mark.parametrize("split", ["train", "test"])

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
+from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
 
 @pytest.fixture(scope="module")

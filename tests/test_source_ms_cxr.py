@@ -7,9 +7,9 @@ import json
 import pandas as pd
 import pytest
 
-from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
 from radharmony_pipeline.sources.ms_cxr import CSV_NAME
 from radharmony_pipeline.synthetic import generate_datasets
+from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import dagster as dg
 
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.defs.jobs import OBSERVE_JOB
-from radharmony_pipeline.processing.source_snapshot import compare, describe_changes
+from radharmony_pipeline.processing.storage.source_snapshot import compare, describe_changes
 from radharmony_pipeline.sources import partition_keys
 
 

@@ -7,8 +7,8 @@ import json
 import pandas as pd
 import pytest
 
-from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
 from radharmony_pipeline.sources.rexgradient import age_in_years, format_report
+from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
 
 def _studies(tiny_root, file_split):

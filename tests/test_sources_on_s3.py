@@ -27,17 +27,21 @@ from radharmony_pipeline.definitions import defs
 from radharmony_pipeline.defs.assets.source_files import observe_partition, source_files
 from radharmony_pipeline.defs.groups import PUBLISHING
 from radharmony_pipeline.defs.resources import pipeline_resources
-from radharmony_pipeline.processing import image_jobs
-from radharmony_pipeline.processing.decode import DecodeError, decode_grayscale
-from radharmony_pipeline.processing.image_files import ImageFileError, confined, header_image_size
-from radharmony_pipeline.processing.image_jobs import ImageJob
-from radharmony_pipeline.processing.source_snapshot import compare
-from radharmony_pipeline.processing.source_store import (
+from radharmony_pipeline.processing.imaging.decode import DecodeError, decode_grayscale
+from radharmony_pipeline.processing.imaging.image_files import (
+    ImageFileError,
+    confined,
+    header_image_size,
+)
+from radharmony_pipeline.processing.imaging.tagged_png import INPUT_KEY_TAG
+from radharmony_pipeline.processing.jobs import image_jobs
+from radharmony_pipeline.processing.jobs.image_jobs import ImageJob
+from radharmony_pipeline.processing.storage.source_snapshot import compare
+from radharmony_pipeline.processing.storage.source_store import (
     SourceStoreError,
     named_states,
     source_path,
 )
-from radharmony_pipeline.processing.tagged_png import INPUT_KEY_TAG
 from radharmony_pipeline.sources import DatasetLayoutError, SourceLocation, open_source
 from radharmony_pipeline.synthetic import generate_datasets
 

@@ -24,14 +24,14 @@ from fault_support import (
     tables,
 )
 
-from radharmony_pipeline.processing import table_schemas
-from radharmony_pipeline.processing.image_files import ImageFileError, header_image_size
-from radharmony_pipeline.processing.settings import UNREADABLE_LIMIT_VARIABLE
-from radharmony_pipeline.processing.source_store import (
+from radharmony_pipeline.processing.imaging.image_files import ImageFileError, header_image_size
+from radharmony_pipeline.processing.storage.source_store import (
     NotARegularFile,
     read_source_bytes,
     require_regular_file,
 )
+from radharmony_pipeline.processing.tables import table_schemas
+from radharmony_pipeline.settings import UNREADABLE_LIMIT_VARIABLE
 
 NOT_OPENED = "not a regular file; it was not opened"
 

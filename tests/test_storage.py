@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from radharmony_pipeline.processing import image_jobs as image_jobs_module
-from radharmony_pipeline.processing.atomic import TEMP_MARKER
-from radharmony_pipeline.processing.cluster import LocalPool
-from radharmony_pipeline.processing.image_jobs import ImageJob, build_packed_images
-from radharmony_pipeline.processing.storage import listing, output_path, publish
+from radharmony_pipeline.processing.execution.cluster import LocalPool
+from radharmony_pipeline.processing.jobs import image_jobs as image_jobs_module
+from radharmony_pipeline.processing.jobs.image_jobs import ImageJob, build_packed_images
+from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
+from radharmony_pipeline.processing.storage.store import listing, output_path, publish
 
 BUCKET = "storage-test"
 SIZE = 32

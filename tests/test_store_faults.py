@@ -36,7 +36,7 @@ from radharmony_pipeline.defs.resources import (
     OutputsResource,
     pipeline_resources,
 )
-from radharmony_pipeline.processing.atomic import TEMP_MARKER
+from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 from radharmony_pipeline.synthetic import generate_datasets
 
 PARTITIONS = ["chestx_det.test", "chexlocalize.val"]

@@ -10,11 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from radharmony_pipeline.processing import output_layout as layout
-from radharmony_pipeline.processing.image_jobs import ImageRow, image_table
-from radharmony_pipeline.processing.manifest import PARTITION_MANIFEST_COLUMNS
-from radharmony_pipeline.processing.mask_jobs import MaskRow, mask_table
-from radharmony_pipeline.processing.table_schemas import (
+from radharmony_pipeline.processing.jobs.image_jobs import ImageRow, image_table
+from radharmony_pipeline.processing.jobs.mask_jobs import MaskRow, mask_table
+from radharmony_pipeline.processing.storage import output_layout as layout
+from radharmony_pipeline.processing.tables.manifest import PARTITION_MANIFEST_COLUMNS
+from radharmony_pipeline.processing.tables.table_schemas import (
     CORPUS_WIDE_COLUMNS,
     IMAGES,
     LABELS,

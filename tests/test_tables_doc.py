@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from radharmony_pipeline.processing.table_schemas import TABLE_SCHEMAS, TableSchema, col
-from radharmony_pipeline.processing.tables_doc import PAGE, main, render, table_section
+from radharmony_pipeline.processing.tables.table_schemas import TABLE_SCHEMAS, TableSchema, col
+from radharmony_pipeline.processing.tables.tables_doc import PAGE, main, render, table_section
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from radharmony_pipeline.processing.tagged_png import (
+from radharmony_pipeline.processing.imaging.tagged_png import (
     INPUT_KEY_TAG,
     MASK_FILTER,
     RADIOGRAPH_FILTER,

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from radharmony_pipeline.processing.mask_jobs import MaskTarget, PolygonMaskJob
-from radharmony_pipeline.processing.table_schemas import STRING, extra
+from radharmony_pipeline.processing.jobs.mask_jobs import MaskTarget, PolygonMaskJob
+from radharmony_pipeline.processing.tables.table_schemas import STRING, extra
 from radharmony_pipeline.sources import SOURCE_TYPES, SourceLocation
 from radharmony_pipeline.sources.base import (
     DatasetSource,

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from upath import UPath
 
-from ..processing.atomic import remove_orphaned_siblings
-from ..processing.output_layout import tables_folder
-from ..processing.storage import (
+from ..processing.storage.atomic import remove_orphaned_siblings
+from ..processing.storage.output_layout import tables_folder
+from ..processing.storage.store import (
     exists,
     make_folder,
     open_for_reading,
@@ -18,7 +18,7 @@ from ..processing.storage import (
     remove,
     with_retries,
 )
-from ..processing.table_schemas import PARTITION_COLUMNS, conform
+from ..processing.tables.table_schemas import PARTITION_COLUMNS, conform
 from ..sources import declared_schema, parse_partition_key
 from .metadata import table_metadata
 

@@ -3,8 +3,8 @@
 import dagster as dg
 import pandas as pd
 
-from ..processing.reasons import error_reasons
-from ..processing.table_schemas import SCHEMA_VERSION, TableSchema
+from ..processing.tables.reasons import error_reasons
+from ..processing.tables.table_schemas import SCHEMA_VERSION, TableSchema
 
 
 def column_type(series: pd.Series) -> str:

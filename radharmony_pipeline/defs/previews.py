@@ -9,12 +9,9 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from ..processing.boxes import NORMALIZED_COLUMNS
-from ..processing.decode import decode_grayscale
-from ..processing.image_files import confined
-from ..processing.masks import read_mask_png
-from ..processing.output_layout import preview
-from ..processing.previews import (
+from ..processing.annotations.boxes import NORMALIZED_COLUMNS
+from ..processing.annotations.masks import read_mask_png
+from ..processing.corpus.previews import (
     PreviewSample,
     choose_samples,
     contact_sheet,
@@ -22,6 +19,9 @@ from ..processing.previews import (
     save_png,
     small_jpeg,
 )
+from ..processing.imaging.decode import decode_grayscale
+from ..processing.imaging.image_files import confined
+from ..processing.storage.output_layout import preview
 from ..sources.base import DatasetSource
 
 SAMPLES = 16

@@ -8,9 +8,9 @@ from typing import Any
 import dagster as dg
 from pydantic import Field, create_model
 
-from ..processing.settings import strict_mode
-from ..processing.source_store import is_remote, source_path
-from ..processing.storage import DEFAULT_RETRY_POLICY, OutputPath, RetryPolicy, output_path
+from ..processing.storage.source_store import is_remote, source_path
+from ..processing.storage.store import DEFAULT_RETRY_POLICY, OutputPath, RetryPolicy, output_path
+from ..settings import strict_mode
 from ..sources import SOURCE_TYPES, DatasetSource, SourceLocation, open_source
 from ..sources.location import DATA_ROOT_ENV, DEFAULT_DATA_ROOT, data_root, expand_path
 from ..sources.nih_chestxray14 import ENV_VAR as NIH_ROOT_ENV

@@ -9,7 +9,7 @@ that row's message.
 import dagster as dg
 import pandas as pd
 
-from ..processing.reasons import error_causes
+from ..processing.tables.reasons import error_causes
 from .metadata import status_counts
 from .partitions import blocking_partition_check
 

@@ -1,7 +1,7 @@
 """The one run-time resource: how a run computes (workers, time limit, Dask, failure limits).
 
 Each field is run config (the launchpad's `run_settings` block) whose default is read from
-its RADHARMONY_* variable by the parser in processing/settings.py, which holds its default
+its RADHARMONY_* variable by the parser in settings.py, which holds its default
 value and bounds; assets and checks take the values from here and hand them down as plain
 values, so nothing below defs/ reads the environment.
 """
@@ -15,9 +15,9 @@ from typing import Literal, TypeVar
 import dagster as dg
 from pydantic import Field
 
-from ..processing import settings
-from ..processing.cluster import DaskCluster, Executor, LocalPool
-from ..processing.supervised import TimeLimit
+from .. import settings
+from ..processing.execution.cluster import DaskCluster, Executor, LocalPool
+from ..processing.execution.supervised import TimeLimit
 
 T = TypeVar("T")
 R = TypeVar("R")

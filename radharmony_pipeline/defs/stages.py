@@ -5,7 +5,7 @@ from typing import Any
 
 import dagster as dg
 
-from ..processing.table_schemas import TableSchema
+from ..processing.tables.table_schemas import TableSchema
 from .automation import REBUILD_WHEN_CHANGED
 from .metadata import definition_metadata, table_code_version
 from .partitions import OWNERS, dataset_split_partitions

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from ..defs.assets.source_files import dataset_configured
 from ..defs.resources import DatasetsResource
-from ..processing.settings import unreadable_limit
+from ..settings import unreadable_limit
 from ..sources import parse_partition_key, partition_keys
 from ..sources.preflight import UNUSABLE, PartitionReport, check_partition
 

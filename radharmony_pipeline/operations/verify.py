@@ -8,14 +8,14 @@ from collections.abc import Sequence
 import dagster as dg
 
 from ..defs.io_managers import TABLE_CHECKSUM
-from ..processing.integrity import (
+from ..processing.storage.integrity import (
     PARTITION_TABLES,
     Mismatch,
     damaged_export_shards,
     verify_partition,
     withdraw_packed_keys,
 )
-from ..processing.storage import OutputPath, remove
+from ..processing.storage.store import OutputPath, remove
 
 
 def recorded_table_checksums(instance: dg.DagsterInstance, partition: str) -> dict[str, str | None]:

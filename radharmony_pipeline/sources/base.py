@@ -18,12 +18,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..processing import source_store
-from ..processing.mask_jobs import MaskJob, MaskTarget
-from ..processing.parents import parent_identity
-from ..processing.source_store import FileState, SourcePath
-from ..processing.table_schemas import INDEX_COLUMNS, RAW_INDEX, Column, pandas_dtype
-from ..processing.vocabulary import FORMAT_BY_SUFFIX, LABEL_COLUMNS
+from ..processing.corpus.parents import parent_identity
+from ..processing.jobs.mask_jobs import MaskJob, MaskTarget
+from ..processing.storage import source_store
+from ..processing.storage.source_store import FileState, SourcePath
+from ..processing.tables.table_schemas import INDEX_COLUMNS, RAW_INDEX, Column, pandas_dtype
+from ..vocabulary import FORMAT_BY_SUFFIX, LABEL_COLUMNS
 from .counts import ExpectedCounts, load_expected_counts
 from .errors import DatasetLayoutError, MetadataError
 from .layouts import nearby

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..processing.mask_jobs import MaskTarget, PolygonMaskJob
-from ..processing.masks import polygon_problem
-from ..processing.source_store import SourcePath
-from ..processing.vocabulary import snake_case, unified_class
+from ..processing.annotations.masks import polygon_problem
+from ..processing.jobs.mask_jobs import MaskTarget, PolygonMaskJob
+from ..processing.storage.source_store import SourcePath
+from ..vocabulary import snake_case, unified_class
 from .base import (
     DatasetSource,
     RowErrors,

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..processing.mask_jobs import MaskTarget, RleMaskJob
-from ..processing.parents import parent_identity
-from ..processing.rle_text import RleTextError, validate_rle
-from ..processing.source_store import SourcePath
-from ..processing.vocabulary import snake_case, unified_class
+from ..processing.annotations.rle_text import RleTextError, validate_rle
+from ..processing.corpus.parents import parent_identity
+from ..processing.jobs.mask_jobs import MaskTarget, RleMaskJob
+from ..processing.storage.source_store import SourcePath
+from ..vocabulary import snake_case, unified_class
 from .base import (
     DatasetSource,
     RowErrors,

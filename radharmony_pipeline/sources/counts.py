@@ -6,8 +6,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..processing import source_store
-from ..processing.source_store import SourcePath
+from ..processing.storage import source_store
+from ..processing.storage.source_store import SourcePath
 from .errors import MetadataError
 
 EXPECTED_COUNTS_FILE = "expected_counts.json"

@@ -11,8 +11,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..processing import source_store
-from ..processing.source_store import SourcePath
+from ..processing.storage import source_store
+from ..processing.storage.source_store import SourcePath
 
 # PhysioNet's `wget -r` writes physionet.org/files/<project>/<version>/...
 PHYSIONET_HOST = "physionet.org"

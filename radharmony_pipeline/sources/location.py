@@ -1,7 +1,7 @@
 """Where a dataset lives: resource config, environment overrides, then the data-root default.
 
 Every location may be a local folder or file, or an object-store URL (`s3://bucket/prefix`);
-see processing/source_store.py.
+see processing/storage/source_store.py.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from ..processing.source_store import SourcePath, source_path
-from ..processing.storage import DEFAULT_RETRY_POLICY, RetryPolicy
+from ..processing.storage.source_store import SourcePath, source_path
+from ..processing.storage.store import DEFAULT_RETRY_POLICY, RetryPolicy
 
 DATA_ROOT_ENV = "RADHARMONY_DATA_ROOT"
 DEFAULT_DATA_ROOT = "data/demo"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..processing import source_store
-from ..processing.source_store import SourcePath
+from ..processing.storage import source_store
+from ..processing.storage.source_store import SourcePath
 from .base import read_csv, require_columns
 from .errors import MetadataError
 

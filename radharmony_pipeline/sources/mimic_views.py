@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..processing import source_store
-from ..processing.image_files import ImageFileError, confined
-from ..processing.source_store import SourcePath
+from ..processing.imaging.image_files import ImageFileError, confined
+from ..processing.storage import source_store
+from ..processing.storage.source_store import SourcePath
 from .base import read_csv, require_columns
 
 METADATA_NAMES = ("mimic-cxr-2.0.0-metadata.csv.gz", "mimic-cxr-2.0.0-metadata.csv")

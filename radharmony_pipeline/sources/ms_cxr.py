@@ -7,10 +7,10 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from ..processing import source_store
-from ..processing.parents import parent_identity, patient_splits_of, splits_by_patient
-from ..processing.source_store import FileState, SourcePath
-from ..processing.vocabulary import snake_case, unified_class
+from ..processing.corpus.parents import parent_identity, patient_splits_of, splits_by_patient
+from ..processing.storage import source_store
+from ..processing.storage.source_store import FileState, SourcePath
+from ..vocabulary import snake_case, unified_class
 from .base import (
     DatasetSource,
     RowErrors,

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..processing import source_store
-from ..processing.source_store import FileState, SourcePath
+from ..processing.storage import source_store
+from ..processing.storage.source_store import FileState, SourcePath
 from .base import read_csv, require_columns
 from .errors import DatasetLayoutError, MetadataError
 

@@ -10,8 +10,8 @@ from pathlib import PurePosixPath
 import pydicom
 from PIL import Image
 
-from ..processing import source_store
-from ..processing.source_store import SourcePath
+from ..processing.storage import source_store
+from ..processing.storage.source_store import SourcePath
 from .base import DatasetSource, SplitTables
 from .counts import compare_counts, is_dataset_metric
 from .errors import DatasetLayoutError, SourceError

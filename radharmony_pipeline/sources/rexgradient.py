@@ -13,9 +13,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..processing import source_store
-from ..processing.parents import parent_identity
-from ..processing.source_store import FileState, SourcePath
+from ..processing.corpus.parents import parent_identity
+from ..processing.storage import source_store
+from ..processing.storage.source_store import FileState, SourcePath
 from .base import (
     DatasetSource,
     RowErrors,

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from radharmony_pipeline.processing.mask_overlap import image_overlap, overlap_figures
-from radharmony_pipeline.processing.masks import area_fraction, rasterize_polygons
-from radharmony_pipeline.processing.vocabulary import unified_class
+from radharmony_pipeline.processing.annotations.mask_overlap import image_overlap, overlap_figures
+from radharmony_pipeline.processing.annotations.masks import area_fraction, rasterize_polygons
 from radharmony_pipeline.synthetic.encoding import png_bytes, rgba_png_bytes
 from radharmony_pipeline.synthetic.expected import write_expected_counts
 from radharmony_pipeline.synthetic.files import write_bytes, write_text
@@ -19,6 +18,7 @@ from radharmony_pipeline.synthetic.findings import bounding_box, finding_polygon
 from radharmony_pipeline.synthetic.identifiers import distinct_integers
 from radharmony_pipeline.synthetic.radiograph import paint_findings, render_radiograph, to_uint8
 from radharmony_pipeline.synthetic.seeding import dataset_rng, image_rngs
+from radharmony_pipeline.vocabulary import unified_class
 
 DATASET = "chestx_det"
 ROOTS = ("chestx-det",)

@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from radharmony_pipeline.processing.decode import decode_grayscale
+from radharmony_pipeline.processing.imaging.decode import decode_grayscale
 from radharmony_pipeline.sources import SourceLocation, open_source
 from radharmony_pipeline.synthetic.encoding import jpeg_bytes, png_bytes
 from radharmony_pipeline.synthetic.expected import EXPECTED_COUNTS_NAME

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from radharmony_pipeline.processing.decode import decode_grayscale
+from radharmony_pipeline.processing.imaging.decode import decode_grayscale
 from radharmony_pipeline.sources import SourceLocation, open_source
 from radharmony_pipeline.sources.mimic_splits import SPLIT_COLUMNS, SPLIT_NAMES
 from radharmony_pipeline.sources.nih_chestxray14 import FOLDER, SPLIT_LISTS

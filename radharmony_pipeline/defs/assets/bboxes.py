@@ -5,8 +5,8 @@ from collections.abc import Iterator
 import dagster as dg
 import pandas as pd
 
-from ...processing.boxes import normalize_xywh
-from ...processing.table_schemas import BBOXES
+from ...processing.annotations.boxes import normalize_xywh
+from ...processing.tables.table_schemas import BBOXES
 from ...sources import parse_partition_key
 from ..checks.bboxes import CHECK_SPECS, check_results
 from ..groups import ANNOTATIONS

@@ -8,7 +8,7 @@ import json
 import dagster as dg
 import pandas as pd
 
-from ...processing.card import (
+from ...processing.corpus.card import (
     CARD_NAME,
     CROISSANT_NAME,
     MANIFEST_FILE,
@@ -19,10 +19,10 @@ from ...processing.card import (
     card_markdown,
     croissant_metadata,
 )
-from ...processing.output_layout import source_snapshot
-from ...processing.source_snapshot import load_snapshot
-from ...processing.storage import OutputPath, publish
-from ...processing.table_schemas import SCHEMA_VERSION
+from ...processing.storage.output_layout import source_snapshot
+from ...processing.storage.source_snapshot import load_snapshot
+from ...processing.storage.store import OutputPath, publish
+from ...processing.tables.table_schemas import SCHEMA_VERSION
 from ...sources import SOURCE_TYPES, parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
 from ..groups import PUBLISHING

@@ -5,7 +5,7 @@ import dagster as dg
 import pandas as pd
 from pydantic import Field
 
-from ...processing.exports import (
+from ...processing.corpus.exports import (
     DEFAULT_MAX_SHARD_BYTES,
     EXPORT_CODE_VERSION,
     HUGGINGFACE_FOLDER,
@@ -24,10 +24,10 @@ from ...processing.exports import (
     webdataset_shards,
     write_huggingface_configs,
 )
-from ...processing.manifest import partition_manifest
-from ...processing.storage import OutputPath
-from ...processing.vocabulary import UNIFIED_LABELS
+from ...processing.storage.store import OutputPath
+from ...processing.tables.manifest import partition_manifest
 from ...sources import SOURCE_TYPES, parse_partition_key
+from ...vocabulary import UNIFIED_LABELS
 from ..automation import REBUILD_WHEN_CHANGED
 from ..groups import PUBLISHING
 from ..partitions import OWNERS, dataset_split_partitions

@@ -8,26 +8,26 @@ import dagster as dg
 import pandas as pd
 from pydantic import Field
 
-from ...processing.atomic import TEMP_MARKER, remove_orphaned_temporaries, writer_is_gone
-from ...processing.image_jobs import (
+from ...processing.execution.progress import ProgressLog
+from ...processing.jobs.image_jobs import (
     IMAGE_CODE_VERSION,
     ImageJob,
     build_packed_images,
     image_job_stopped,
     image_table,
 )
-from ...processing.output_layout import (
+from ...processing.storage.atomic import TEMP_MARKER, remove_orphaned_temporaries, writer_is_gone
+from ...processing.storage.output_layout import (
     packed_images,
     resized_image,
     resized_image_folder,
     resized_union_mask,
 )
-from ...processing.progress import ProgressLog
-from ...processing.settings import MAX_IMAGE_SIZE, UNREADABLE_LIMIT_VARIABLE
-from ...processing.settings import image_size as image_size_setting
-from ...processing.source_store import is_remote, named_states
-from ...processing.storage import OutputPath, glob, make_folder, remove
-from ...processing.table_schemas import IMAGES
+from ...processing.storage.source_store import is_remote, named_states
+from ...processing.storage.store import OutputPath, glob, make_folder, remove
+from ...processing.tables.table_schemas import IMAGES
+from ...settings import MAX_IMAGE_SIZE, UNREADABLE_LIMIT_VARIABLE
+from ...settings import image_size as image_size_setting
 from ...sources import parse_partition_key
 from ..checks.images import CHECK_SPECS, check_results
 from ..groups import PIXELS

@@ -8,9 +8,8 @@ The checks on both tables run in the same step, on the tables in memory (check_s
 import dagster as dg
 import pandas as pd
 
-from ...processing.settings import UNREADABLE_LIMIT_VARIABLE
-from ...processing.table_schemas import RAW_INDEX
-from ...processing.vocabulary import LABEL_COLUMNS
+from ...processing.tables.table_schemas import RAW_INDEX
+from ...settings import UNREADABLE_LIMIT_VARIABLE
 from ...sources import (
     DatasetSource,
     SourceError,
@@ -20,6 +19,7 @@ from ...sources import (
 )
 from ...sources.base import arrow_system_allocator
 from ...sources.preflight import ImagePresence, image_presence, missing_images_problem
+from ...vocabulary import LABEL_COLUMNS
 from ..automation import REBUILD_WHEN_CHANGED
 from ..checks.index_and_labels import CHECK_SPECS, check_results
 from ..groups import ANNOTATIONS

@@ -3,17 +3,17 @@
 import dagster as dg
 import pandas as pd
 
-from ...processing.boxes import NORMALIZED_COLUMNS
-from ...processing.duplicates import with_duplicate_groups
-from ...processing.manifest import PARTITION_MANIFEST_COLUMNS, combine, partition_manifest
-from ...processing.parents import PARENT_IDENTITY, with_parent_columns
-from ...processing.table_schemas import (
+from ...processing.annotations.boxes import NORMALIZED_COLUMNS
+from ...processing.corpus.duplicates import with_duplicate_groups
+from ...processing.corpus.parents import PARENT_IDENTITY, with_parent_columns
+from ...processing.tables.manifest import PARTITION_MANIFEST_COLUMNS, combine, partition_manifest
+from ...processing.tables.table_schemas import (
     IMAGES,
     PARTITION_KEY_COLUMNS,
     RAW_INDEX,
     UNIFIED_MANIFEST,
 )
-from ...processing.vocabulary import LABEL_COLUMNS
+from ...vocabulary import LABEL_COLUMNS
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import CORPUS
 from ..metadata import definition_metadata, table_code_version

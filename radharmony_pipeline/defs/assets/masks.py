@@ -6,9 +6,9 @@ from collections.abc import Iterator
 import dagster as dg
 import pandas as pd
 
-from ...processing.atomic import remove_orphaned_temporaries
-from ...processing.cluster import map_per_image_with_time_limit
-from ...processing.mask_jobs import (
+from ...processing.execution.cluster import map_per_image_with_time_limit
+from ...processing.execution.progress import ProgressLog
+from ...processing.jobs.mask_jobs import (
     MASK_CODE_VERSION,
     MaskTarget,
     carried_index_errors,
@@ -16,9 +16,9 @@ from ...processing.mask_jobs import (
     mask_table,
     run_mask_job,
 )
-from ...processing.output_layout import image_mask_folder, mask_folder
-from ...processing.progress import ProgressLog
-from ...processing.table_schemas import MASKS
+from ...processing.storage.atomic import remove_orphaned_temporaries
+from ...processing.storage.output_layout import image_mask_folder, mask_folder
+from ...processing.tables.table_schemas import MASKS
 from ...sources import parse_partition_key
 from ..checks.masks import CHECK_SPECS, check_results
 from ..groups import ANNOTATIONS

@@ -8,12 +8,12 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from ...processing.duplicates import near_duplicate_members
-from ...processing.output_layout import NEAR_DUPLICATE_SHEET
-from ...processing.perceptual_hash import DEFAULT_RADIUS, HASH_BITS
-from ...processing.previews import PreviewSample, contact_sheet, save_png
-from ...processing.storage import open_for_reading
-from ...processing.table_schemas import NEAR_DUPLICATES
+from ...processing.corpus.duplicates import near_duplicate_members
+from ...processing.corpus.previews import PreviewSample, contact_sheet, save_png
+from ...processing.imaging.perceptual_hash import DEFAULT_RADIUS, HASH_BITS
+from ...processing.storage.output_layout import NEAR_DUPLICATE_SHEET
+from ...processing.storage.store import open_for_reading
+from ...processing.tables.table_schemas import NEAR_DUPLICATES
 from ...sources import parse_partition_key
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import CORPUS

@@ -7,24 +7,24 @@ import dagster as dg
 import pandas as pd
 from pydantic import Field
 
-from ...processing.output_layout import table_file
-from ...processing.parent_fingerprints import (
+from ...processing.corpus.parent_fingerprints import (
     fingerprint_parent_images,
     fingerprint_table,
     parent_image_jobs,
 )
-from ...processing.parents import (
+from ...processing.corpus.parents import (
     PARENT_IDENTITY,
     PARENT_MATCH_RADIUS,
     match_counts,
     parent_links,
     with_links,
 )
-from ...processing.progress import ProgressLog
-from ...processing.settings import MAX_IMAGE_SIZE
-from ...processing.settings import image_size as image_size_setting
-from ...processing.source_store import annotation_fingerprint
-from ...processing.table_schemas import NIH_FINGERPRINTS, NIH_PARENT_LINKS, PARENT_PROVENANCE
+from ...processing.execution.progress import ProgressLog
+from ...processing.storage.output_layout import table_file
+from ...processing.storage.source_store import annotation_fingerprint
+from ...processing.tables.table_schemas import NIH_FINGERPRINTS, NIH_PARENT_LINKS, PARENT_PROVENANCE
+from ...settings import MAX_IMAGE_SIZE
+from ...settings import image_size as image_size_setting
 from ...sources import SOURCE_TYPES, SourceError
 from ...sources.nih_chestxray14 import LAYOUT
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE

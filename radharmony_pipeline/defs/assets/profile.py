@@ -6,10 +6,10 @@ import base64
 import dagster as dg
 import pandas as pd
 
-from ...processing.output_layout import preview
-from ...processing.profile_plots import CorpusTables, label_prevalence, profile_pngs
-from ...processing.storage import publish
-from ...processing.table_schemas import CORPUS_PROFILE, PARTITION_PROFILE
+from ...processing.corpus.profile_plots import CorpusTables, label_prevalence, profile_pngs
+from ...processing.storage.output_layout import preview
+from ...processing.storage.store import publish
+from ...processing.tables.table_schemas import CORPUS_PROFILE, PARTITION_PROFILE
 from ..automation import REBUILD_WHEN_CHANGED, REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import CORPUS
 from ..metadata import definition_metadata, table_code_version

@@ -5,8 +5,8 @@ from collections.abc import Mapping
 
 import dagster as dg
 
-from ...processing.output_layout import source_snapshot
-from ...processing.source_snapshot import (
+from ...processing.storage.output_layout import source_snapshot
+from ...processing.storage.source_snapshot import (
     ABSENT,
     SourceSnapshot,
     compare,
@@ -15,7 +15,7 @@ from ...processing.source_snapshot import (
     load_snapshot,
     save_snapshot,
 )
-from ...processing.source_store import is_dir
+from ...processing.storage.source_store import is_dir
 from ...sources import SOURCE_TYPES, SourceError, parse_partition_key
 from ...sources.base import DatasetSource
 from ...sources.preflight import PartitionReport, check_partition

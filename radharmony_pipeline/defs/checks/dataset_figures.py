@@ -6,14 +6,14 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 
-from ...processing.mask_overlap import (
+from ...processing.annotations.mask_overlap import (
     ImageOverlap,
     alpha_images,
     overlap_figures,
     overlap_of_files,
 )
-from ...processing.output_layout import table_file
-from ...processing.parallel import map_in_chunks
+from ...processing.execution.parallel import map_in_chunks
+from ...processing.storage.output_layout import table_file
 from ...sources.base import DatasetSource
 from ...sources.chestx_det import ChestXDetSource
 from ...sources.counts import (

@@ -4,13 +4,13 @@ datasets. Identical images across train and test block (an evaluation leak); nea
 import dagster as dg
 import pandas as pd
 
-from ...processing.duplicates import (
+from ...processing.corpus.duplicates import (
     count_test_images_with_train_duplicate,
     partition_pair_counts,
     train_test_leaks,
 )
-from ...processing.output_layout import NEAR_DUPLICATE_SHEET
-from ...processing.storage import exists
+from ...processing.storage.output_layout import NEAR_DUPLICATE_SHEET
+from ...processing.storage.store import exists
 from ..resources import OutputsResource
 
 EXAMPLES = 20

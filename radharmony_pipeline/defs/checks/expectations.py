@@ -16,12 +16,12 @@ def suite_check(asset: dg.AssetKey, description: str) -> dg.AssetCheckSpec:
 
 
 def suite_result(table: pd.DataFrame, suite: str, *arguments: Any) -> dg.AssetCheckResult:
-    """Validate `table` against the suite of that name (processing/suites.py); the result lists
-    every failed expectation with its count and sample values."""
+    """Validate `table` against the suite of that name (processing/tables/suites.py); the
+    result lists every failed expectation with its count and sample values."""
     # Importing GX takes seconds: only a step that validates pays it, not every process that
     # loads the definitions (the CLI, the webserver, every other step).
-    from ...processing.suites import SUITES
-    from ...processing.validation import validate
+    from ...processing.tables.suites import SUITES
+    from ...processing.tables.validation import validate
 
     report = validate(table, suite, SUITES[suite](*arguments))
     summary = report.summary()

@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterator
 import dagster as dg
 import pandas as pd
 
-from ...processing.vocabulary import LABEL_COLUMNS
 from ...sources import DatasetSource, SplitTables
 from ...sources.counts import MASK_METRICS, compare_counts, is_dataset_metric
+from ...vocabulary import LABEL_COLUMNS
 from ..partitions import blocking_partition_check
 from ..row_errors import error_rows_check, row_errors_result
 from .counts import comparison_result

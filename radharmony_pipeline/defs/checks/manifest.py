@@ -5,10 +5,10 @@ from itertools import combinations
 import dagster as dg
 import pandas as pd
 
-from ...processing.storage import listing
-from ...processing.vocabulary import LABEL_COLUMNS
+from ...processing.storage.store import listing
 from ...sources import SOURCE_TYPES
 from ...sources.counts import CountComparison, compare_counts
+from ...vocabulary import LABEL_COLUMNS
 from ..resources import DatasetsResource, OutputsResource
 from .counts import comparison_table, hint
 from .expectations import suite_result

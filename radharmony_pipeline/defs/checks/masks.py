@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterator
 import dagster as dg
 import pandas as pd
 
-from ...processing.output_layout import mask_folder
-from ...processing.storage import OutputPath, listing
+from ...processing.storage.output_layout import mask_folder
+from ...processing.storage.store import OutputPath, listing
 from ...sources import DatasetSource
 from ...sources.counts import MASK_METRICS, compare_counts
 from ..partitions import blocking_partition_check, dataset_split_partitions

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import dagster as dg
 import pandas as pd
 
-from ...processing.parents import (
+from ...processing.corpus.parents import (
     MATCH_KINDS,
     PARENTS,
     ParentLeaks,

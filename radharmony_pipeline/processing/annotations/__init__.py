@@ -1,0 +1,1 @@
+"""Annotation geometry: RLE and polygon masks, their union, boxes and overlaps."""

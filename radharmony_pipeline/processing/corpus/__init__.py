@@ -1,0 +1,1 @@
+"""Whole-corpus work: duplicates, parent datasets, exports, the dataset card, plots."""

@@ -1,0 +1,1 @@
+"""Running work units: the local process pool, supervised time limits, Dask."""

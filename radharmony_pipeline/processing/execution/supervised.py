@@ -1,0 +1,348 @@
+"""A process pool that bounds the time of every item: a stuck item becomes a result, not a hang.
+
+ProcessPoolExecutor cannot stop one task: a worker spinning inside C code (pycocotools on
+malformed RLE text, a decoder on a hostile file) holds its chunk and the step forever. Here
+every worker is a long-lived process fed items over its own pipe, one at a time with the next
+one already queued (so it never waits for the parent between items), and it reports every
+result. The parent kills a worker whose current item exceeds the limit (or that died),
+records `on_timeout(item, reason)` for that item, puts the item queued behind it back in
+line and starts a fresh worker. Handing out single items, not fixed chunks, also keeps every
+worker busy until the last item (no chunk left running on one worker at the end).
+
+Workers are multiprocessing children, or, in a daemonic process (a stock Dask worker), which
+multiprocessing forbids to have children, plain subprocesses of the same interpreter
+(ChildProcessContext) serving the same protocol.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, Pipe, wait
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# A worker must import and report ready within this, whatever the per-item limit.
+_START_SECONDS = 120.0
+# An idle worker told to stop exits at once; after this it is killed.
+_EXIT_SECONDS = 5.0
+
+
+class WorkerError(RuntimeError):
+    """A worker raised an exception that could not be sent back as itself."""
+
+
+@dataclass(frozen=True)
+class TimeLimit(Generic[T, R]):
+    """At most `seconds` per item; `on_timeout(item, reason)` is the result of an item that
+    exceeded it or whose process died. `set_by` names where the limit is set, for the reason
+    (`took longer than 5 s (set_by); stopped`), so the row tells the user what to change."""
+
+    seconds: float
+    on_timeout: Callable[[T, str], R]
+    set_by: str | None = None
+
+    def exceeded(self) -> str:
+        """The reason recorded for an item that ran past the limit."""
+        where = f" ({self.set_by})" if self.set_by else ""
+        return f"took longer than {self.seconds:g} s{where}; stopped"
+
+
+# Items a worker holds at once: the one it works on and the next, so it starts the next as
+# soon as it sends a result instead of waiting for the parent to wake up and answer.
+ITEMS_IN_HAND = 2
+# A queued item bigger than this waits until its worker is idle (reading), so the parent
+# never blocks writing into the pipe of a worker that is stuck on its current item.
+_QUEUE_BYTES = 16 << 10
+
+
+def _serve(function: Callable[[T], R], connection: Connection) -> None:
+    """In the worker: report ready, then answer each (index, item) with its result until
+    told to stop (None) or the parent is gone; the first exception is sent and ends it."""
+    connection.send(("ready", None, None))
+    while True:
+        try:
+            message = connection.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        index, item = message
+        try:
+            result = function(item)
+        except BaseException as error:
+            try:
+                connection.send(("raise", index, pickle.dumps(error)))
+            except Exception:
+                text = "".join(traceback.format_exception(error))
+                connection.send(("raise", index, pickle.dumps(WorkerError(text))))
+            return
+        connection.send(("item", index, result))
+
+
+@dataclass
+class _Worker:
+    process: Any
+    connection: Connection
+    deadline: float
+    in_hand: deque[int] = field(default_factory=deque)  # item indices, oldest = current
+    started: bool = False
+
+
+class SupervisedPool(Generic[T, R]):
+    """Up to `workers` processes running `function`, each item bounded by `limit`.
+
+    Healthy workers stay alive between map() calls, so a caller that maps many small batches
+    (a Dask worker running chunk after chunk) starts its processes once. A failed map()
+    stops them all; close() (or leaving the `with` block) stops the rest.
+    """
+
+    def __init__(
+        self,
+        function: Callable[[T], R],
+        workers: int,
+        limit: TimeLimit[T, R],
+        context: multiprocessing.context.BaseContext,
+    ) -> None:
+        self.function = function
+        self.workers = workers
+        self.limit = limit
+        self.context = context
+        self._active: list[_Worker] = []
+
+    def __enter__(self) -> SupervisedPool[T, R]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for worker in self._active:
+            _stop(worker)
+        self._active = []
+
+    def map(self, items: Sequence[T], on_done: Callable[[int], None] | None = None) -> list[R]:
+        """[function(item) for item in items], in order; on_done(finished_items) is called
+        here as items finish."""
+        try:
+            return self._map(items, on_done)
+        except BaseException:
+            self.close()
+            raise
+
+    def _map(self, items: Sequence[T], on_done: Callable[[int], None] | None) -> list[R]:
+        results: list[Any] = [None] * len(items)
+        waiting = deque(range(len(items)))
+        finished = 0
+        active, limit = self._active, self.limit
+
+        def record(index: int, result: Any) -> None:
+            nonlocal finished
+            results[index] = result
+            finished += 1
+            if on_done is not None:
+                on_done(finished)
+
+        for worker in [w for w in active if not w.process.is_alive()]:
+            active.remove(worker)  # died while idle since the last map()
+            _stop(worker)
+        while finished < len(items):
+            while len(active) < min(self.workers, len(waiting)):
+                active.append(_start(self.function, self.context))
+            for worker in active:
+                _hand_out(worker, items, waiting, limit.seconds)
+            timeout = max(0.0, min(w.deadline for w in active) - time.monotonic())
+            ready = set(
+                wait([w.connection for w in active] + [w.process.sentinel for w in active], timeout)
+            )
+            now = time.monotonic()
+            for worker in list(active):
+                exited = worker.process.sentinel in ready
+                if worker.connection not in ready and not exited and now < worker.deadline:
+                    continue  # nothing to read, within its time
+                outcome = _drain(worker, record, limit.seconds, exited)
+                if outcome == "running":
+                    continue
+                active.remove(worker)
+                _stop(worker)
+                if outcome == "late":
+                    reason = limit.exceeded()
+                else:
+                    code = worker.process.exitcode
+                    reason = f"worker process died (exit code {code}) while processing it"
+                if worker.in_hand:
+                    current = worker.in_hand.popleft()
+                    record(current, limit.on_timeout(items[current], reason))
+                    waiting.extendleft(reversed(worker.in_hand))
+        return results
+
+
+def run_supervised(
+    function: Callable[[T], R],
+    items: Sequence[T],
+    workers: int,
+    limit: TimeLimit[T, R],
+    context: multiprocessing.context.BaseContext,
+    on_done: Callable[[int], None] | None = None,
+) -> list[R]:
+    """[function(item) for item in items], in order, with up to `workers` processes started
+    for this call and stopped after it; on_done(finished_items) is called as items finish."""
+    with SupervisedPool(function, workers, limit, context) as pool:
+        return pool.map(items, on_done)
+
+
+def _start(function: Callable, context: multiprocessing.context.BaseContext) -> _Worker:
+    mine, theirs = context.Pipe(duplex=True)
+    process = context.Process(target=_serve, args=(function, theirs), daemon=True)
+    process.start()
+    theirs.close()
+    return _Worker(process, mine, time.monotonic() + _START_SECONDS)
+
+
+def _hand_out(worker: _Worker, items: Sequence, waiting: deque[int], seconds: float) -> None:
+    """Give the worker items until it holds ITEMS_IN_HAND (a large one only when idle)."""
+    while waiting and len(worker.in_hand) < ITEMS_IN_HAND:
+        index = waiting[0]
+        message = ForkingPickler.dumps((index, items[index]))
+        if worker.in_hand and len(message) > _QUEUE_BYTES:
+            return
+        waiting.popleft()
+        if not worker.in_hand and worker.started:
+            worker.deadline = time.monotonic() + seconds
+        worker.in_hand.append(index)
+        try:
+            worker.connection.send_bytes(message)
+        except OSError:
+            # The worker died (before the pipe's other end was read): the wait sees its end
+            # and records that against this item, so a worker that cannot start at all
+            # uses up items instead of being restarted for ever.
+            return
+
+
+def _drain(
+    worker: _Worker, record: Callable[[int, Any], None], seconds: float, exited: bool
+) -> str:
+    """Read every message the worker sent: 'running', 'late' (current item over the limit,
+    or not started in time) or 'dead'. `exited`: its process had ended before this call, so
+    everything it sent is in the pipe."""
+    while True:
+        try:
+            if not worker.connection.poll():
+                break
+            kind, index, payload = worker.connection.recv()
+        except (EOFError, OSError):
+            break
+        if kind == "raise":
+            raise pickle.loads(payload)
+        if kind == "item":
+            worker.in_hand.popleft()
+            record(index, payload)
+        worker.started = True
+        # The next item in hand starts now; an idle worker has no deadline.
+        worker.deadline = time.monotonic() + seconds if worker.in_hand else float("inf")
+    if exited:
+        return "dead"
+    if time.monotonic() >= worker.deadline:
+        return "late"
+    return "running"
+
+
+def _stop(worker: _Worker) -> None:
+    """An idle worker is told to exit; a busy, stuck or starting one is killed."""
+    if worker.process.is_alive() and worker.started and not worker.in_hand:
+        try:
+            worker.connection.send(None)
+            worker.process.join(timeout=_EXIT_SECONDS)
+        except OSError:
+            pass
+    if worker.process.is_alive():
+        worker.process.kill()
+    worker.process.join()
+    worker.connection.close()
+
+
+class ChildProcess:
+    """A worker started as `python -c ...` rather than by multiprocessing, with the part of
+    multiprocessing.Process that SupervisedPool uses. A daemonic process may start it."""
+
+    def __init__(self, target: Callable, args: tuple, daemon: bool = True) -> None:
+        if target is not _serve:
+            raise ValueError("a ChildProcess only runs a supervised worker")
+        self.function, self.connection = args
+        self._popen: subprocess.Popen | None = None
+        self.sentinel: int | None = None
+
+    def start(self) -> None:
+        descriptor = self.connection.fileno()
+        # The child imports what this process can: its module search path, as spawn passes
+        # it (on the command line, so the child's environment is simply inherited).
+        paths = [p for p in sys.path if p]
+        self._popen = subprocess.Popen(
+            [sys.executable, "-c", _CHILD_ENTRY.format(paths=paths, descriptor=descriptor)],
+            stdin=subprocess.PIPE,
+            pass_fds=(descriptor,),
+        )
+        # Readable once the child has ended, like a multiprocessing sentinel.
+        self.sentinel = os.pidfd_open(self._popen.pid)
+        try:
+            self._popen.stdin.write(pickle.dumps(self.function))
+            self._popen.stdin.close()
+        except OSError:
+            pass  # it died at once: its end shows in the wait, and the item is recorded
+
+    def is_alive(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        return None if self._popen is None else self._popen.poll()
+
+    def kill(self) -> None:
+        if self.is_alive():
+            self._popen.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._popen is None:
+            return
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return
+        if self.sentinel is not None:
+            os.close(self.sentinel)
+            self.sentinel = None
+
+
+_CHILD_ENTRY = (
+    "import sys; sys.path[:0] = {paths!r}; "
+    "from radharmony_pipeline.processing.execution.supervised import serve_child; "
+    "serve_child({descriptor})"
+)
+
+
+def serve_child(descriptor: int) -> None:
+    """The body of a ChildProcess: the function from stdin, then _serve on the inherited
+    connection."""
+    function = pickle.loads(sys.stdin.buffer.read())
+    _serve(function, Connection(descriptor))
+
+
+class ChildProcessContext:
+    """A stand-in for a multiprocessing context whose workers are ChildProcess subprocesses."""
+
+    @staticmethod
+    def Pipe(duplex: bool = True) -> tuple[Connection, Connection]:
+        return Pipe(duplex)
+
+    Process = ChildProcess

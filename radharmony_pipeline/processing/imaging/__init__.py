@@ -1,0 +1,1 @@
+"""Reading source images: decoders per format, windowing, geometry, output PNGs."""

@@ -1,0 +1,219 @@
+"""Resizing radiographs and masks to S×S, with the geometry recorded so that boxes follow.
+
+Convention: continuous pixel-edge coordinates, as in `boxes.py`. Source pixel (r, c) covers
+the square [r, r+1) × [c, c+1), so an image H high spans the edge interval [0, H] and a
+normalized coordinate v means the edge position v·H. Resizing maps the content (the whole
+source) onto a `resized_height × resized_width` area whose top-left edge sits at
+(`pad_top`, `pad_left`) of the S×S output:
+
+    y_out = pad_top + y_src · resized_height / source_height     (likewise x with left, width)
+
+and in normalized terms y'_norm = (pad_top + y_norm · resized_height) / S. OpenCV's resize
+samples pixel centres with the same half-pixel alignment, so pixels, masks and boxes agree.
+
+Letterbox keeps the aspect ratio: the long side becomes S, the short side
+round(short · S / long) (halves round up, as in `boxes.py`), centred with zero padding.
+`scale` is the nominal S / long; the short side's exact factor resized / source differs
+from it by the rounding (under half an output pixel across the whole side), and box mapping
+uses the exact one because that is what the pixels went through. Squash stretches both sides
+to S: no padding, a different scale per axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+from radharmony_pipeline.processing.annotations.boxes import float_array
+
+ArrayLike = npt.ArrayLike
+
+
+@dataclass(frozen=True)
+class ResizeGeometry:
+    """How a `source_height × source_width` image was placed into a `size × size` frame.
+
+    `scale_y`, `scale_x`: output pixels per source pixel. `resized_height × resized_width` is
+    the content area before padding; `pad_top`, `pad_left` its offset in the output.
+    """
+
+    size: int
+    source_height: int
+    source_width: int
+    scale_y: float
+    scale_x: float
+    pad_top: int
+    pad_left: int
+    resized_height: int
+    resized_width: int
+
+    @property
+    def scale(self) -> float:
+        """The single scale of an aspect-preserving (letterbox) resize, as `images` stores it.
+
+        Raises ValueError for a squash, whose axes have different scales.
+        """
+        if self.scale_y != self.scale_x:
+            raise ValueError(
+                f"this geometry stretches the axes differently (scale_y={self.scale_y}, "
+                f"scale_x={self.scale_x}); read scale_y and scale_x instead of scale"
+            )
+        return self.scale_x
+
+
+def letterbox_geometry(source_height: int, source_width: int, size: int) -> ResizeGeometry:
+    """Long side to `size`, short side in proportion, content centred in zero padding."""
+    source_height, source_width, size = _pixel_counts(source_height, source_width, size)
+    scale = size / max(source_height, source_width)
+    resized_height = _proportional_side(source_height, scale)
+    resized_width = _proportional_side(source_width, scale)
+    return ResizeGeometry(
+        size=size,
+        source_height=source_height,
+        source_width=source_width,
+        scale_y=scale,
+        scale_x=scale,
+        pad_top=(size - resized_height) // 2,
+        pad_left=(size - resized_width) // 2,
+        resized_height=resized_height,
+        resized_width=resized_width,
+    )
+
+
+def squash_geometry(source_height: int, source_width: int, size: int) -> ResizeGeometry:
+    """Both sides stretched to `size`; no padding, so the aspect ratio changes."""
+    source_height, source_width, size = _pixel_counts(source_height, source_width, size)
+    return ResizeGeometry(
+        size=size,
+        source_height=source_height,
+        source_width=source_width,
+        scale_y=size / source_height,
+        scale_x=size / source_width,
+        pad_top=0,
+        pad_left=0,
+        resized_height=size,
+        resized_width=size,
+    )
+
+
+def resize_image(pixels: np.ndarray, geometry: ResizeGeometry) -> np.ndarray:
+    """A 2-D uint8 radiograph placed into the geometry's S×S frame (padding 0).
+
+    `pixels` may be smaller than the source (a reduced-DCT JPEG decode): it covers the same
+    field of view, so it is resized from its own shape to the content area.
+    """
+    _check_plane(pixels, "image")
+    if pixels.dtype != np.uint8:
+        raise ValueError(
+            f"resize_image expects uint8 pixels, got {pixels.dtype}; convert (window) "
+            "higher bit depths to 8 bits when decoding"
+        )
+    content = _resample(pixels, geometry.resized_height, geometry.resized_width)
+    return _pad(content, geometry)
+
+
+def reduce_by_area(pixels: np.ndarray, factor: int) -> np.ndarray:
+    """`pixels` shrunk by a whole `factor` that divides both sides, each output pixel the
+    mean of a factor×factor block (rounded to the input's integer type: uint8, uint16 or
+    int16). A whole factor is OpenCV's fast area path, several times cheaper than an
+    arbitrary area resize of the same pixels; halving is its fastest case, so even factors
+    are taken as halvings first."""
+    _check_plane(pixels, "image")
+    height, width = pixels.shape
+    if factor < 1 or height % factor or width % factor:
+        raise ValueError(f"factor {factor} does not divide both sides of {height}x{width}")
+    while factor > 1:
+        step = 2 if factor % 2 == 0 else factor
+        height, width, factor = height // step, width // step, factor // step
+        pixels = cv2.resize(pixels, (width, height), interpolation=cv2.INTER_AREA)
+    return pixels
+
+
+def resize_mask(mask: np.ndarray, geometry: ResizeGeometry) -> np.ndarray:
+    """A 2-D binary mask through the same geometry by nearest neighbour; values stay as given.
+
+    {0, 1} stays {0, 1}, {0, 255} stays {0, 255}, bool stays bool; padding is 0 (background).
+    """
+    _check_plane(mask, "mask")
+    # OpenCV cannot resize bool arrays; uint8 holds every binary encoding we accept.
+    as_uint8 = mask.astype(np.uint8, copy=False)
+    # NEAREST_EXACT samples at pixel centres like the image resize; plain NEAREST is shifted
+    # by up to half a source pixel towards the top-left.
+    content = cv2.resize(
+        as_uint8,
+        (geometry.resized_width, geometry.resized_height),
+        interpolation=cv2.INTER_NEAREST_EXACT,
+    )
+    return _pad(content, geometry).astype(mask.dtype, copy=False)
+
+
+def boxes_to_resized_frame(
+    y_min: ArrayLike,
+    y_max: ArrayLike,
+    x_min: ArrayLike,
+    x_max: ArrayLike,
+    geometry: ResizeGeometry,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Normalized boxes in the source frame → normalized boxes in the S×S output frame."""
+    return (
+        _to_output_axis(y_min, geometry.pad_top, geometry.resized_height, geometry.size),
+        _to_output_axis(y_max, geometry.pad_top, geometry.resized_height, geometry.size),
+        _to_output_axis(x_min, geometry.pad_left, geometry.resized_width, geometry.size),
+        _to_output_axis(x_max, geometry.pad_left, geometry.resized_width, geometry.size),
+    )
+
+
+def _to_output_axis(values: ArrayLike, pad: int, resized: int, size: int) -> np.ndarray:
+    return (pad + float_array(values) * resized) / size
+
+
+def _proportional_side(source: int, scale: float) -> int:
+    # Half up, not Python's half-to-even round, so equal inputs never round by parity; at
+    # least one pixel so an extreme aspect ratio still leaves content.
+    return max(1, int(np.floor(source * scale + 0.5)))
+
+
+def _resample(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Area averaging along shrinking axes, then bilinear along enlarging ones.
+
+    OpenCV's INTER_AREA only averages when both axes shrink; on a mixed resize (a squash of a
+    wide, short image) it interpolates instead and aliases, hence the two passes.
+    """
+    in_height, in_width = pixels.shape
+    shrunk_height, shrunk_width = min(in_height, height), min(in_width, width)
+    if (shrunk_height, shrunk_width) != (in_height, in_width):
+        pixels = cv2.resize(pixels, (shrunk_width, shrunk_height), interpolation=cv2.INTER_AREA)
+    if (shrunk_height, shrunk_width) != (height, width):
+        pixels = cv2.resize(pixels, (width, height), interpolation=cv2.INTER_LINEAR)
+    return pixels
+
+
+def _pad(content: np.ndarray, geometry: ResizeGeometry) -> np.ndarray:
+    frame = np.zeros((geometry.size, geometry.size), dtype=content.dtype)
+    top, left = geometry.pad_top, geometry.pad_left
+    frame[top : top + geometry.resized_height, left : left + geometry.resized_width] = content
+    return frame
+
+
+def _check_plane(array: np.ndarray, what: str) -> None:
+    if array.ndim != 2 or 0 in array.shape:
+        raise ValueError(f"{what} must be a non-empty 2-D array, got shape {array.shape}")
+
+
+def _pixel_counts(source_height, source_width, size) -> tuple[int, int, int]:
+    """Plain positive ints; tables often hand sizes over as floats or numpy integers."""
+    counts = (source_height, source_width, size)
+    # Checked in this order so NaN and infinity are reported, not raised by int().
+    if any(not np.isfinite(count) or count <= 0 or count != int(count) for count in counts):
+        raise ValueError(
+            f"sizes must be positive whole numbers: source {source_height}×{source_width}, "
+            f"target {size}"
+        )
+    return int(source_height), int(source_width), int(size)
+
+
+# The resize modes by the name the `images` config and the images table's `resize` column use.
+GEOMETRIES = {"letterbox": letterbox_geometry, "squash": squash_geometry}

@@ -1,0 +1,144 @@
+"""PNGs that carry text tags (input keys, recorded facts), readable without decoding pixels.
+
+Outputs are keyed by their inputs: a file whose stored key equals the new key is left alone.
+Pixels are encoded by OpenCV; the tags go in text chunks (tEXt, or iTXt beyond Latin-1) right
+after the header, before the image data, where Pillow parses them on open.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import struct
+import zlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import cv2
+import numpy as np
+from PIL import Image
+
+from radharmony_pipeline.processing.storage.store import publish, read_bytes
+
+INPUT_KEY_TAG = "radharmony-input"
+
+# zlib's run-length strategy after one fixed row filter, chosen per kind of picture (compared
+# with Pillow's per-row choice in benchmarks/bench_masks.py and bench_images.py): Paeth gives
+# radiographs Pillow's sizes in less time (Up is faster but larger); a mask is runs of 0 and
+# 255, which filtering only breaks up, so masks take no filter.
+# Level 1: with the RLE strategy zlib searches no further at higher levels.
+RADIOGRAPH_FILTER = cv2.IMWRITE_PNG_FILTER_PAETH
+MASK_FILTER = cv2.IMWRITE_PNG_FILTER_NONE
+
+_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_HEADER_END = len(_SIGNATURE) + 4 + 4 + 13 + 4  # signature, then IHDR: length, type, data, CRC
+_MAX_KEYWORD = 79  # PNG's limit on a text chunk's keyword
+# PNG keywords: printable Latin-1 (32-126, 161-255), no leading, trailing or double spaces.
+_KEYWORD = re.compile(rf"(?!.*  )(?! )[\x21-\x7e\xa1-\xff ]{{1,{_MAX_KEYWORD}}}(?<! )")
+
+
+def read_png_tags(path: Any) -> dict[str, str]:
+    """The text tags of a PNG, or {} if the file is missing, unreadable or damaged (so it is
+    rewritten): every chunk's checksum is checked, the pixels are not decoded."""
+    try:
+        content = read_bytes(path)
+        if png_problem(content) is not None:
+            return {}
+        with Image.open(io.BytesIO(content), formats=["PNG"]) as image:
+            # image.info, not image.text: .text decodes the pixels to look for late chunks.
+            return {k: v for k, v in image.info.items() if isinstance(v, str)}
+    except (OSError, SyntaxError, ValueError):
+        return {}
+
+
+def png_problem(content: bytes) -> str | None:
+    """Why `content` is not a whole PNG (bad signature, a chunk whose CRC does not match, no
+    IEND), or None. Chunk CRCs cover every byte but the signature and lengths, so one flipped
+    bit anywhere is found without decoding."""
+    if not content.startswith(_SIGNATURE):
+        return "not a PNG (bad signature)"
+    position = len(_SIGNATURE)
+    while position + 12 <= len(content):
+        (length,) = struct.unpack(">I", content[position : position + 4])
+        kind = content[position + 4 : position + 8]
+        end = position + 12 + length
+        if end > len(content):
+            return f"truncated inside its {kind!r} chunk"
+        (crc,) = struct.unpack(">I", content[end - 4 : end])
+        if zlib.crc32(content[position + 4 : end - 4]) != crc:
+            return f"its {kind!r} chunk does not match its checksum"
+        if kind == b"IEND":
+            return None if end == len(content) else "bytes after its end (IEND)"
+        position = end
+    return "truncated (no IEND chunk)"
+
+
+def stored_input_key(path: Any) -> str | None:
+    """The input key a PNG was written with, if any."""
+    return read_png_tags(path).get(INPUT_KEY_TAG)
+
+
+def grayscale_png(pixels: np.ndarray, row_filter: int) -> bytes:
+    """A 2-D uint8 array as an 8-bit grayscale PNG (no tags)."""
+    if pixels.ndim != 2 or pixels.dtype != np.uint8 or pixels.size == 0:
+        raise ValueError(
+            f"expected non-empty 2-D uint8 pixels, got {pixels.dtype} of shape {pixels.shape}"
+        )
+    # In this order: setting the level resets the strategy to zlib's default.
+    options = [
+        cv2.IMWRITE_PNG_COMPRESSION, 1,
+        cv2.IMWRITE_PNG_STRATEGY, cv2.IMWRITE_PNG_STRATEGY_RLE,
+        cv2.IMWRITE_PNG_FILTER, row_filter,
+    ]  # fmt: skip
+    encoded, buffer = cv2.imencode(".png", pixels, options)
+    if not encoded:
+        raise ValueError(f"OpenCV could not encode a {pixels.shape} PNG")
+    return buffer.tobytes()
+
+
+def with_text_tags(png: bytes, tags: Mapping[str, str]) -> bytes:
+    """`png` with one text chunk per tag inserted right after its header (IHDR)."""
+    if not png.startswith(_SIGNATURE) or png[12:16] != b"IHDR":
+        raise ValueError("not a PNG that starts with its IHDR header")
+    chunks = b"".join(_text_chunk(name, value) for name, value in tags.items())
+    return png[:_HEADER_END] + chunks + png[_HEADER_END:]
+
+
+def _text_chunk(name: str, value: str) -> bytes:
+    """tEXt (Latin-1) when the value allows it, else iTXt (UTF-8), as Pillow writes them."""
+    if not _KEYWORD.fullmatch(name):
+        raise ValueError(
+            f"PNG tag name {name!r} must be 1-{_MAX_KEYWORD} printable Latin-1 characters "
+            "without leading, trailing or double spaces"
+        )
+    if "\0" in value:
+        raise ValueError(f"PNG tag {name!r}: a text value may not contain NUL")
+    keyword = name.encode("latin-1")
+    try:
+        return _chunk(b"tEXt", keyword + b"\0" + value.encode("latin-1"))
+    except UnicodeEncodeError:
+        # keyword, no compression (flag 0, method 0), empty language and translated keyword
+        return _chunk(b"iTXt", keyword + b"\0\0\0\0\0" + value.encode("utf-8"))
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def write_tagged_png(
+    path: Any,
+    pixels: Callable[[], np.ndarray],
+    input_key: str,
+    tags: Mapping[str, str] | None = None,
+    row_filter: int = RADIOGRAPH_FILTER,
+) -> bool:
+    """Write `pixels()` (2-D uint8) with its input key (and other tags) atomically; False if
+    the file already carries the same key and was left untouched (mtime included). The
+    pixels are only built when they are written."""
+    if stored_input_key(path) == input_key:
+        return False
+    png = with_text_tags(
+        grayscale_png(pixels(), row_filter), {INPUT_KEY_TAG: input_key, **(tags or {})}
+    )
+    publish(path, lambda handle: handle.write(png))
+    return True

@@ -1,0 +1,1 @@
+"""Per-image and per-mask work units, as run by the execution layer."""

@@ -1,0 +1,504 @@
+"""Per-image work of the `images` stage: decode, resize through a recorded geometry, write.
+
+Each job writes the resized image (and its resized union mask) as PNGs tagged with a key of
+their inputs and returns its pixels. A job whose outputs carry the current key re-uses them:
+it reads the small resized PNG instead of decoding the source again. The partition's packed
+array is assembled in a local scratch file and published once: the local (time-limited) pool
+writes into it directly, Dask chunks send their pixels back as shards beside the array, so
+no memory map is shared between machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from PIL import Image
+
+from radharmony_pipeline.processing.annotations.masks import (
+    mask_input_key,
+    read_mask_png,
+    write_mask_png,
+)
+from radharmony_pipeline.processing.execution.cluster import (
+    DaskCluster,
+    Executor,
+    LocalPool,
+    apply_to_chunk,
+    apply_to_chunk_with_time_limit,
+    map_on_dask,
+    map_per_image,
+)
+from radharmony_pipeline.processing.execution.parallel import (
+    Progress,
+    default_chunk_size,
+    map_in_chunks,
+    map_with_time_limit,
+    split_into_chunks,
+)
+from radharmony_pipeline.processing.execution.supervised import TimeLimit
+from radharmony_pipeline.processing.imaging.decode import DecodeError, decode_grayscale
+from radharmony_pipeline.processing.imaging.geometry import (
+    GEOMETRIES,
+    ResizeGeometry,
+    resize_image,
+    resize_mask,
+)
+from radharmony_pipeline.processing.imaging.image_files import confined
+from radharmony_pipeline.processing.imaging.perceptual_hash import perceptual_hash, pixels_sha256
+from radharmony_pipeline.processing.imaging.tagged_png import (
+    INPUT_KEY_TAG,
+    png_problem,
+    read_png_tags,
+    stored_input_key,
+    write_tagged_png,
+)
+from radharmony_pipeline.processing.storage.atomic import (
+    release_temporaries,
+    remove_orphaned_siblings,
+    temporary_sibling,
+)
+from radharmony_pipeline.processing.storage.output_layout import packed_keys
+from radharmony_pipeline.processing.storage.source_store import (
+    FileState,
+    NotARegularFile,
+    SourcePath,
+    file_state,
+    is_remote,
+    read_source_bytes,
+)
+from radharmony_pipeline.processing.storage.store import (
+    allocate_array,
+    file_size,
+    is_local,
+    local_scratch_file,
+    open_for_reading,
+    publish,
+    publish_file,
+    read_bytes,
+    remove,
+)
+from radharmony_pipeline.processing.tables.table_schemas import (
+    IMAGES,
+    WorkingField,
+    row_type,
+    rows_frame,
+)
+
+# Bumped when decoding or resizing changes, so every image is redone once.
+# 2: perceptual hash and pixel digest (issue 11). 3: PNG and DICOM pixels reduced by a whole
+# factor before windowing, JPEG 2000 decoded at a resolution level (issue 23): within one grey
+# level of 2 except where a window clips or a wavelet level replaces the area mean.
+IMAGE_CODE_VERSION = "3"
+# At most this many images per Dask chunk (one shard of ~12 MB at S=224), so that a large
+# partition (ReXGradient train: 238,968 images) is shared by many workers.
+MAX_IMAGES_PER_CHUNK = 256
+
+
+# `decoded`: whether the source was decoded (else re-used), for the step's metadata.
+ImageRow = row_type(IMAGES, "ImageRow", __name__, (WorkingField("decoded", bool, False),))
+
+
+@dataclass(frozen=True)
+class ImageJob:
+    image_id: str
+    source_file: Path
+    union_mask_file: Any | None  # on the output root: a Path or a UPath
+    output_root: Any
+    image_relative: str
+    mask_relative: str | None
+    size: int
+    resize: str  # a resize mode of geometry.GEOMETRIES: "letterbox" or "squash"
+    row: int
+    # The folder the source must stay inside (resolved), and the raw_index error of an image
+    # whose metadata entry is unusable: then nothing is read and the row carries that error.
+    source_root: Path | None = None
+    index_error: str | None = None
+    # The source's state from one listing of its folder, taken by the caller on an object
+    # store where asking each object is a request per image; None: ask the file itself.
+    source_state: FileState | None = None
+
+    def input_key(self) -> str:
+        """Source fingerprint (size + mtime, or + ETag on a store), union-mask key and
+        parameters."""
+        # Confined first: not even a metadata request for a key outside the image folder.
+        source = confined(self.source_file, self.source_root)
+        size, version = self.source_state or file_state(source)
+        mask_key = stored_input_key(self.union_mask_file) if self.union_mask_file else ""
+        return mask_input_key(
+            IMAGE_CODE_VERSION,
+            f"{size}:{version}",
+            mask_key or "",
+            str(self.size),
+            # Spelled as earlier versions wrote it (the geometry function's name), so that
+            # existing outputs keep their keys and are not decoded again.
+            f"{self.resize}_geometry",
+        )
+
+    def run(self) -> tuple[ImageRow, np.ndarray | None]:
+        """The row and the pixels to pack: re-used from outputs that carry the current input
+        key (a stat, a PNG header and a small PNG decode), else decoded and written. Errors
+        become rows (without pixels)."""
+        if self.index_error is not None:
+            return self._error_row(self.index_error), None
+        try:
+            key = self.input_key()
+            return self._reuse(key) or self._process(key)
+        except (DecodeError, OSError, ValueError) as exc:  # ValueError: a NUL byte in a path
+            return self._error_row(str(exc)), None
+
+    def current_row(self, key: str) -> ImageRow | None:
+        """The row from the outputs' headers when they carry `key` (pixels untouched)."""
+        tags = read_png_tags(self.output_root / self.image_relative)
+        if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
+            return None
+        return self._row(tags, decoded=False)
+
+    def _mask_is_current(self, key: str) -> bool:
+        return self.mask_relative is None or (
+            stored_input_key(self.output_root / self.mask_relative) == key
+        )
+
+    def _process(self, key: str) -> tuple[ImageRow, np.ndarray]:
+        """Decode the source, resize and write the PNGs; the row and the pixels to pack."""
+        source = confined(self.source_file, self.source_root)
+        # Read once, for both decoding and the source hash.
+        content = read_source(source)
+        decoded = decode_grayscale(source, target_size=self.size, content=content)
+        geometry = GEOMETRIES[self.resize](decoded.source_height, decoded.source_width, self.size)
+        pixels = resize_image(decoded.pixels, geometry)
+        if self.mask_relative is not None:
+            mask = resize_mask(read_mask_png(self.union_mask_file), geometry)
+            write_mask_png(self.output_root / self.mask_relative, mask, key)
+        tags = {
+            "orig_height": str(decoded.source_height),
+            "orig_width": str(decoded.source_width),
+            "scale": repr(geometry.scale_x),
+            "pad_top": str(geometry.pad_top),
+            "pad_left": str(geometry.pad_left),
+            "source_sha256": hashlib.sha256(content).hexdigest(),
+            **content_fingerprints(pixels, geometry),
+        }
+        write_tagged_png(self.output_root / self.image_relative, lambda: pixels, key, tags)
+        return self._row(tags, decoded=True), pixels
+
+    def _reuse(self, key: str) -> tuple[ImageRow, np.ndarray] | None:
+        """The row and pixels from the existing outputs when they carry `key`, else None."""
+        try:
+            content = read_bytes(self.output_root / self.image_relative)
+            if png_problem(content) is not None:  # damaged since it was written
+                return None
+            with Image.open(io.BytesIO(content), formats=["PNG"]) as image:
+                tags = {k: v for k, v in image.info.items() if isinstance(v, str)}
+                if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
+                    return None
+                pixels = np.asarray(image)
+            if tags.get("pixels_sha256", pixels_sha256(pixels)) != pixels_sha256(pixels):
+                return None
+            return self._row(tags, decoded=False), pixels
+        except (OSError, SyntaxError, ValueError):  # unreadable: decoded and written again
+            return None
+
+    def _row(self, tags: dict[str, str], decoded: bool) -> ImageRow:
+        return ImageRow(
+            image_id=self.image_id,
+            image_path=self.image_relative,
+            mask_path=self.mask_relative,
+            size=self.size,
+            orig_height=int(tags["orig_height"]),
+            orig_width=int(tags["orig_width"]),
+            scale=float(tags["scale"]),
+            pad_top=int(tags["pad_top"]),
+            pad_left=int(tags["pad_left"]),
+            tensor_index=self.row,
+            source_sha256=tags["source_sha256"],
+            resize=self.resize,
+            perceptual_hash=tags.get("perceptual_hash"),
+            pixels_sha256=tags.get("pixels_sha256"),
+            decoded=decoded,
+        )
+
+    def _error_row(self, message: str) -> ImageRow:
+        return ImageRow(
+            image_id=self.image_id,
+            size=self.size,
+            tensor_index=self.row,
+            resize=self.resize,
+            status="error",
+            error=message,
+        )
+
+
+def read_source(path: SourcePath) -> bytes:
+    """The whole source file or object, one request (radiographs are a few MB; decoding
+    needs all of it anyway). A problem with the store itself is not caught here: it stops
+    the step (SourceStoreError) instead of becoming an error row for every image."""
+    try:
+        return read_source_bytes(path)
+    except FileNotFoundError as error:
+        raise DecodeError(path, "file not found") from error
+    except NotARegularFile as error:  # a FIFO, socket or device: never opened
+        raise DecodeError(path, error.reason) from error
+    except OSError as error:  # e.g. access denied to the file or object
+        raise DecodeError(path, f"cannot read: {error}") from error
+
+
+def content_fingerprints(pixels: np.ndarray, geometry: ResizeGeometry) -> dict[str, str]:
+    """Perceptual hash of the image without its padding, and a digest of its pixels; kept in
+    the PNG header with the input key, so they are recomputed only when the image is."""
+    top, left = geometry.pad_top, geometry.pad_left
+    content = pixels[top : top + geometry.resized_height, left : left + geometry.resized_width]
+    return {"perceptual_hash": perceptual_hash(content), "pixels_sha256": pixels_sha256(pixels)}
+
+
+def image_job_stopped(job: ImageJob, reason: str) -> tuple[ImageRow, None]:
+    """What run_image_job gives for a job whose worker was stopped (time limit) or died: its
+    error row and no pixels, once the temporary files that worker may have left are removed.
+    This runs on the worker's host, which is the only place that can tell the writer is gone
+    (a Dask worker's, on a cluster)."""
+    with contextlib.suppress(OSError):  # best effort; the step's own clean-up comes later
+        for relative in (job.image_relative, job.mask_relative):
+            if relative is not None:
+                remove_orphaned_siblings(job.output_root / relative)
+    return job._error_row(f"{job.source_file}: {reason}"), None
+
+
+def run_image_job(job: ImageJob) -> tuple[ImageRow, np.ndarray | None]:
+    """Top-level (picklable) form of ImageJob.run for worker processes."""
+    return job.run()
+
+
+class PackedRows:
+    """The local pool's (picklable) job runner: each job's pixels go into row `job.row` of
+    the local scratch array, and it returns what run_image_job does, the pixels already
+    packed (None), so that image_job_stopped bounds it as it bounds run_image_job.
+
+    The scratch file is on this machine, so every worker process maps it once (the mapping
+    is not pickled) and writes through it without msync (the page cache is shared); an image
+    stopped by the time limit leaves its row zero."""
+
+    def __init__(self, scratch: Path) -> None:
+        self.scratch = scratch
+        self._array: np.ndarray | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"scratch": self.scratch, "_array": None}
+
+    def __call__(self, job: ImageJob) -> tuple[ImageRow, None]:
+        row, pixels = job.run()
+        if pixels is not None:
+            if self._array is None:
+                self._array = np.load(self.scratch, mmap_mode="r+")
+            self._array[job.row] = pixels
+        return row, None
+
+
+@dataclass(frozen=True)
+class ImageChunk:
+    """Consecutive jobs of one partition and the shard their pixels go to (Dask workers do
+    not share this machine's files, so their pixels come back through the output root)."""
+
+    jobs: tuple[ImageJob, ...]
+    shard: Any  # a temporary file or object beside the packed array
+    size: int
+    # Bounds each job in the worker thread's supervised child; None runs them in the thread.
+    time_limit: TimeLimit | None = None
+
+
+def process_image_chunk(chunk: ImageChunk) -> list[ImageRow]:
+    """Top-level (picklable) entry point for a Dask worker: every job of the chunk (re-used
+    or processed), its pixels saved as one shard; rows in job order."""
+    pixels = np.zeros((len(chunk.jobs), chunk.size, chunk.size), dtype=np.uint8)
+    rows = []
+    if chunk.time_limit is None:
+        results = apply_to_chunk(run_image_job, chunk.jobs)
+    else:
+        results = apply_to_chunk_with_time_limit(run_image_job, chunk.time_limit, chunk.jobs)
+    for position, (row, image) in enumerate(results):
+        if image is not None:
+            pixels[position] = image
+        rows.append(row)
+    publish(chunk.shard, lambda handle: np.save(handle, pixels, allow_pickle=False))
+    return rows
+
+
+def build_packed_images(
+    jobs: Sequence[ImageJob],
+    packed: Any,
+    size: int,
+    executor: Executor,
+    on_progress: Progress | None = None,
+    time_limit: TimeLimit | None = None,
+) -> list[ImageRow]:
+    """Rows of the partition's images and its packed N×S×S array at `packed` (a local
+    Path or a UPath on object storage), computed on `executor`.
+
+    When the array exists and every image's input key equals the one recorded beside it
+    (`<name>.keys.json`) and in its PNG, nothing is read beyond file headers. Otherwise the
+    array is assembled in a local scratch file (current PNGs re-used, the rest decoded) and
+    published once; then its keys are recorded. Locally the jobs run in the supervised pool
+    and write straight into the scratch file; on a Dask cluster chunks of jobs write shards
+    that are copied into it one at a time. `time_limit` bounds each image in both places.
+    """
+    keys_file = packed_keys(packed)
+    keys = _input_keys(jobs, packed, executor)
+    if _has_size(packed, len(jobs), size) and _recorded_keys(keys_file) == keys:
+        rows = _current_rows(jobs, keys, packed, executor)
+        if all(row is not None for row in rows):
+            return rows
+    with local_scratch_file(packed, suffix=".npy") as scratch:
+        allocate_array(scratch, packed, (len(jobs), size, size))
+        if isinstance(executor, LocalPool):
+            rows = _run_locally(jobs, scratch, executor.workers, on_progress, time_limit)
+        else:
+            chunk = default_chunk_size(len(jobs), executor.slots())
+            chunks = _chunks(jobs, packed, size, chunk, time_limit)
+            rows = _run_on_dask(chunks, scratch, executor, on_progress)
+        publish_file(packed, scratch)
+    publish(keys_file, lambda handle: handle.write(json.dumps(keys).encode()))
+    return rows
+
+
+def current_row_of(job_and_key: tuple[ImageJob, str | None]) -> ImageRow | None:
+    """Top-level (picklable) form of ImageJob.current_row for workers."""
+    job, key = job_and_key
+    return job.current_row(key) if key is not None else None
+
+
+def _run_locally(
+    jobs: Sequence[ImageJob],
+    scratch: Path,
+    workers: int,
+    on_progress: Progress | None,
+    time_limit: TimeLimit | None,
+) -> list[ImageRow]:
+    """Rows in job order; each worker writes its jobs' pixels straight into `scratch`."""
+    runner = PackedRows(scratch)
+    if time_limit is None:
+        results = map_in_chunks(runner, jobs, workers, on_progress=on_progress)
+    else:
+        results = map_with_time_limit(runner, jobs, workers, time_limit, on_progress)
+    return [row for row, _packed in results]
+
+
+def _input_keys(jobs: Sequence[ImageJob], packed: Any, executor: Executor) -> list[str | None]:
+    masks_remote = not is_local(packed) and any(job.union_mask_file for job in jobs)
+    sources_remote = any(is_remote(job.source_file) and not job.source_state for job in jobs)
+    if not masks_remote and not sources_remote:
+        return [_input_key_or_none(job) for job in jobs]
+    # A union mask's key is read from its PNG header, a source object's state is a metadata
+    # request: one request each on object storage, spread over the workers.
+    return map_per_image(_input_key_or_none, jobs, executor)
+
+
+def _current_rows(
+    jobs: Sequence[ImageJob], keys: Sequence[str | None], packed: Any, executor: Executor
+) -> list[ImageRow | None]:
+    pairs = list(zip(jobs, keys, strict=True))
+    if is_local(packed):
+        # Local headers cost microseconds; a pool would only add its start-up time.
+        return [current_row_of(pair) for pair in pairs]
+    # On object storage every header is a request: spread them over the workers.
+    return map_per_image(current_row_of, pairs, executor)
+
+
+def _run_on_dask(
+    chunks: Sequence[ImageChunk],
+    scratch: Path,
+    cluster: DaskCluster,
+    on_progress: Progress | None,
+) -> list[ImageRow]:
+    """Rows of every chunk in order, the shards copied into `scratch`; progress in images."""
+    sizes = [len(chunk.jobs) for chunk in chunks]
+    images = sum(sizes)
+
+    def chunk_progress(done_chunks: int, _total: int) -> None:
+        if on_progress is not None:
+            on_progress(min(sum(sizes[:done_chunks]), images), images)
+
+    try:
+        results = map_on_dask(process_image_chunk, chunks, cluster.address, 1, chunk_progress)
+        _assemble(chunks, scratch)
+    finally:
+        # A worker may still publish its shard after a failure here (lost scheduler): the
+        # next run's clean-up removes it, also when that run is in this process.
+        release_temporaries(chunk.shard for chunk in chunks)
+        for chunk in chunks:
+            remove(chunk.shard)
+    return [row for rows in results for row in rows]
+
+
+def _chunks(
+    jobs: Sequence[ImageJob],
+    packed: Any,
+    size: int,
+    per_chunk: int,
+    time_limit: TimeLimit | None,
+) -> list[ImageChunk]:
+    per_chunk = max(1, min(per_chunk, MAX_IMAGES_PER_CHUNK))
+    # Shards are named like every temporary file (owner pid@host), so the interrupted-run
+    # clean-up of another run never removes the shards of this live one.
+    return [
+        ImageChunk(
+            jobs=tuple(chunk),
+            shard=temporary_sibling(packed.with_name(f"shard{number}-{packed.name}")),
+            size=size,
+            time_limit=time_limit,
+        )
+        for number, chunk in enumerate(split_into_chunks(jobs, per_chunk))
+    ]
+
+
+def _assemble(chunks: Sequence[ImageChunk], scratch: Path) -> None:
+    """Copy the shards into the scratch array, one shard in memory at a time."""
+    packed = np.load(scratch, mmap_mode="r+")
+    start = 0
+    for chunk in chunks:
+        with open_for_reading(chunk.shard) as handle:
+            shard = np.load(handle, allow_pickle=False)
+        packed[start : start + len(shard)] = shard
+        start += len(shard)
+    packed.flush()
+    del packed
+
+
+def _input_key_or_none(job: ImageJob) -> str | None:
+    try:
+        return job.input_key()
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
+        return None
+
+
+def _has_size(packed: Any, rows: int, size: int) -> bool:
+    """Whether the packed array exists with the size of `rows` S×S images (a truncated or
+    overwritten array is rebuilt, whatever its key record says)."""
+    header = np.lib.format.header_data_from_array_1_0(np.zeros((0, 0, 0), np.uint8))
+    header["shape"] = (rows, size, size)
+    stream = io.BytesIO()
+    np.lib.format.write_array_header_1_0(stream, header)
+    expected = len(stream.getvalue()) + rows * size * size
+    try:
+        return file_size(packed) == expected
+    except FileNotFoundError:
+        return False
+
+
+def _recorded_keys(path: Any) -> list | None:
+    try:
+        with open_for_reading(path) as handle:
+            return json.loads(handle.read())
+    except (OSError, ValueError):
+        return None
+
+
+def image_table(rows: Sequence[ImageRow]) -> pd.DataFrame:
+    """The `images` table (see table_schemas.py); `decoded` says whether the source was decoded."""
+    return rows_frame(rows, ImageRow, IMAGES)

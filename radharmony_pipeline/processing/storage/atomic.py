@@ -1,0 +1,97 @@
+"""Write files under a temporary name and rename them into place, so no reader sees half a file."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import socket
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+TEMP_MARKER = ".partial-"
+# `.partial-<pid>@<host>-<random>-<name>`: the writer is named so that a clean-up never
+# removes a file whose writer is still alive (another run of the same partition, say).
+_TEMP_NAME = re.compile(rf"^{re.escape(TEMP_MARKER)}(\d+)@(.*)-[0-9a-f]{{32}}-")
+# Names this process gave to files that other processes write (a Dask chunk's shard) and no
+# longer waits for: a worker that outlives the failed step may still publish one, and that
+# file has no writer left although the process it names is alive.
+_RELEASED: set[str] = set()
+
+
+def temporary_sibling(path: Any) -> Any:
+    """A unique name in the same folder (same filesystem, so the rename is atomic), naming
+    this process as its writer."""
+    owner = f"{os.getpid()}@{socket.gethostname()}"
+    return path.with_name(f"{TEMP_MARKER}{owner}-{uuid.uuid4().hex}-{path.name}")
+
+
+def writer_is_gone(temp: Path) -> bool:
+    """Whether the process that named this temporary file can no longer be writing it.
+
+    Names without an owner (written by older versions) count as gone; names from another
+    host never do, as that host's processes cannot be checked from here. This process's own
+    names are live until it releases them (release_temporaries).
+    """
+    match = _TEMP_NAME.match(temp.name)
+    if match is None:
+        return True
+    pid, host = int(match.group(1)), match.group(2)
+    if host != socket.gethostname():
+        return False
+    if pid == os.getpid():
+        return temp.name in _RELEASED
+    return not psutil.pid_exists(pid)
+
+
+def release_temporaries(temporaries: Iterable[Any]) -> None:
+    """Declare that this process no longer waits for these names (see temporary_sibling)
+    it handed to other processes: from now on a clean-up may remove them, here too."""
+    _RELEASED.update(temp.name for temp in temporaries)
+
+
+def remove_orphaned_temporaries(folder: Any, pattern: str = "*") -> list[Any]:
+    """Delete the temporary files under `folder` (a local path or a UPath on object storage,
+    recursively) whose writer is gone."""
+    from radharmony_pipeline.processing.storage.store import (
+        glob as storage_glob,  # storage.py builds on this module
+    )
+
+    folder = Path(folder) if isinstance(folder, str) else folder
+    return _remove_if_writer_gone(storage_glob(folder, f"**/{TEMP_MARKER}{pattern}"))
+
+
+def remove_orphaned_siblings(path: Any) -> list[Any]:
+    """Delete the temporary siblings of `path` (see temporary_sibling) whose writer is gone,
+    looking only for that name: what a worker stopped while writing `path` left behind."""
+    from radharmony_pipeline.processing.storage.store import glob as storage_glob
+
+    pattern = f"{TEMP_MARKER}*-{glob.escape(path.name)}"
+    return _remove_if_writer_gone(storage_glob(path.parent, pattern))
+
+
+def _remove_if_writer_gone(temporaries: Iterable[Any]) -> list[Any]:
+    from radharmony_pipeline.processing.storage.store import remove
+
+    removed = []
+    for temp in temporaries:
+        if writer_is_gone(temp):
+            remove(temp)
+            removed.append(temp)
+    return removed
+
+
+def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """Call `write(temp)` and move the result to `path`; on any error remove the temp file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = temporary_sibling(path)
+    try:
+        write(temp)
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise

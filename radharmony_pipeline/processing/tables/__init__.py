@@ -1,0 +1,1 @@
+"""Table contracts, their Great Expectations suites and the error-reason vocabulary."""
