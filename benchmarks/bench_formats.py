@@ -46,7 +46,7 @@ import cv2
 import numpy as np
 import pydicom
 import pyspng
-from bench_images import load_line, machine_line, pool_cpu_seconds
+from bench_images import load_line, machine_line, pool_cpu_seconds, stage_jobs
 from PIL import Image
 from pydicom.encaps import encapsulate, generate_frames
 from pydicom.pixels import apply_modality_lut, apply_voi_lut
@@ -54,7 +54,6 @@ from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, JPEGLosslessSV
 
 from radharmony_pipeline.processing.atomic import temporary_sibling
 from radharmony_pipeline.processing.image_jobs import (
-    ImageJob,
     build_packed_images,
     image_job_stopped,
     image_table,
@@ -363,7 +362,7 @@ FORMATS = (
     ),
     Format(
         "dicom-odd",
-        "uncompressed DICOM, window, 3050x2539 (no common factor: not reduced)",
+        "uncompressed DICOM, window, 3050x2539 (no common factor: edge-padded reduction)",
         ".dcm",
         12,
         dicom_source(MONO2_WINDOW, (3050, 2539)),
@@ -432,20 +431,7 @@ class StageCost:
 
 def stage_run(sources: Sequence[Path], root: Path, workers: int) -> tuple[float, float]:
     """(wall, CPU) seconds of build_packed_images over `sources` into a fresh `root`."""
-    jobs = [
-        ImageJob(
-            image_id=source.stem,
-            source_file=source,
-            union_mask_file=None,
-            output_root=root,
-            image_relative=f"images/bench/{source.stem}.png",
-            mask_relative=None,
-            size=SIZE,
-            resize="letterbox",
-            row=row,
-        )
-        for row, source in enumerate(sources)
-    ]
+    jobs = stage_jobs(sources, root, "images/bench")
     (root / "images" / "bench").mkdir(parents=True)
     start, cpu_start = time.perf_counter(), pool_cpu_seconds()
     rows = build_packed_images(
@@ -639,24 +625,29 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_arguments(argv)
-    chosen = [f for f in FORMATS if not args.only or f.key in args.only.split(",")]
-    print(machine_line(), flush=True)
+def run_formats(keep: Path | None, repeats: int, scale: float, only: str) -> None:
+    """Measure every chosen format, print its lines, the corpus projection and the verdict."""
+    chosen = [f for f in FORMATS if not only or f.key in only.split(",")]
     print(f"start: {load_line()}", flush=True)
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench_formats_") as scratch_name:
         scratch = Path(scratch_name)
         for source_format in chosen:
-            count = max(4, round(source_format.images * args.scale) // 2 * 2)
-            folder = (args.keep or scratch / "sources") / source_format.key
+            count = max(4, round(source_format.images * scale) // 2 * 2)
+            folder = (keep or scratch / "sources") / source_format.key
             sources = prepare(folder, source_format, count)
-            results[source_format.key] = measure(source_format, sources, scratch, args.repeats)
+            results[source_format.key] = measure(source_format, sources, scratch, repeats)
     for line in corpus_projection(results):
         print(line, flush=True)
     print(f"end: {load_line()}", flush=True)
     verdicts = [r.stage.cpu / r.floor <= TARGET_RATIO for r in results.values()]
     print(f"formats within {TARGET_RATIO}x of their floor: {sum(verdicts)} of {len(verdicts)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    print(machine_line(), flush=True)
+    run_formats(args.keep, args.repeats, args.scale, args.only)
     return 0
 
 
