@@ -26,7 +26,7 @@ from radharmony_pipeline.processing.decode import decode_grayscale
 from radharmony_pipeline.processing.geometry import (
     letterbox_geometry,
     reduce_by_area,
-    reduce_with_edge_padding,
+    reduce_with_partial_blocks,
     resize_image,
 )
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8, to_unsigned
@@ -158,16 +158,16 @@ ODD_SHAPES = [(1201, 1000), (1000, 1201), (3050, 2539)]
 
 
 def assert_near_within_one_grey_level(got: np.ndarray, expected: np.ndarray) -> None:
-    """At most 2 grey levels anywhere and more than 1 in under 0.1 % of the pixels: the
-    repeated edge pixels and the resampling between block and source grids (IMAGE_CODE_VERSION
-    4) are exact away from sharp edges."""
+    """At most 2 grey levels anywhere and more than 1 in under 0.1 % of the pixels: blocks
+    taken as uniform where the resampling between block and source grids cuts them
+    (IMAGE_CODE_VERSION 4) differ only at sharp edges."""
     difference = grey_levels_apart(got, expected)
     assert difference.max() <= 2, difference.max()
     assert (difference > 1).mean() < 0.001, int((difference > 1).sum())
 
 
 @pytest.mark.parametrize("shape", ODD_SHAPES)
-def test_dicom_sides_without_a_common_factor_are_reduced_after_edge_padding(
+def test_dicom_sides_without_a_common_factor_are_reduced_with_partial_blocks(
     tmp_path: Path, shape: tuple[int, int]
 ) -> None:
     stored = to_unsigned(radiograph(shape, 7), 12)
@@ -191,7 +191,7 @@ def test_sixteen_bit_png_sides_without_a_common_factor(tmp_path: Path, shape) ->
     )
 
 
-def test_edge_padded_reduction_keeps_a_ramp_in_place() -> None:
+def test_partial_block_reduction_keeps_a_ramp_in_place() -> None:
     # A ramp of 50 per source row stays that ramp at the reduced size: each reduced pixel
     # holds the value at the centre of the source span it tiles, to within half a source
     # pixel where a span cuts a block (blocks are taken as uniform), and no drift overall.
@@ -199,15 +199,15 @@ def test_edge_padded_reduction_keeps_a_ramp_in_place() -> None:
     ramp = np.rint(rows * 50).astype(np.uint16)
     centres = ((np.arange(600) + 0.5) * 1201 / 600 - 0.5) * 50
     for reduced in (
-        reduce_with_edge_padding(ramp, 2)[:, 0],
-        reduce_with_edge_padding(ramp.T, 2)[0],
+        reduce_with_partial_blocks(ramp, 2)[:, 0],
+        reduce_with_partial_blocks(ramp.T, 2)[0],
     ):
         assert reduced.shape == (600,)
         error = reduced - centres
         assert np.abs(error).max() < 25 and abs(error.mean()) < 2.5, (error.min(), error.max())
     # Sides the factor divides are plain block means.
     np.testing.assert_array_equal(
-        reduce_with_edge_padding(ramp[:1200], 2), reduce_by_area(ramp[:1200], 2)
+        reduce_with_partial_blocks(ramp[:1200], 2), reduce_by_area(ramp[:1200], 2)
     )
 
 

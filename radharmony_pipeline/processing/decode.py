@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from radharmony_pipeline.processing.geometry import reduce_by_area, reduce_with_edge_padding
+from radharmony_pipeline.processing.geometry import reduce_by_area, reduce_with_partial_blocks
 from radharmony_pipeline.processing.image_files import ImageFileError, read_grayscale_png
 from radharmony_pipeline.processing.source_store import (
     NotARegularFile,
@@ -156,28 +156,29 @@ def reduction_factor(height: int, width: int, target_size: int | None) -> int:
     return next((k for k in range(largest, 1, -1) if common % k == 0), 1)
 
 
-def edge_padded_reduction_factor(height: int, width: int, target_size: int | None) -> int:
+def uneven_reduction_factor(height: int, width: int, target_size: int | None) -> int:
     """For sides without a common factor (e.g. 3050 x 2539): the whole factor, within the
-    same REDUCTION_MARGIN, that needs the fewest repeated edge pixels to divide both sides
-    (the larger on a tie); 1 when none leaves the margin (or no target)."""
+    same REDUCTION_MARGIN, that leaves the fewest rows and columns outside whole blocks (the
+    larger on a tie; a side it divides needs no resampling); 1 when none leaves the margin
+    (or no target)."""
     if target_size is None:
         return 1
     largest = math.floor(min(height, width) / (REDUCTION_MARGIN * target_size))
     candidates = range(largest, 1, -1)
-    return min(candidates, key=lambda k: (-height % k) + (-width % k), default=1)
+    return min(candidates, key=lambda k: (height % k > 0) + (width % k > 0), default=1)
 
 
 def reduce_stored_values(pixels: np.ndarray, target_size: int | None) -> tuple[np.ndarray, int]:
     """Stored values (before windowing) shrunk by a whole factor when much larger than
     `target_size`, and that factor: one dividing both sides where there is one, else one
-    reached by repeating a few edge pixels (a general area resize of the full image costs
-    about ten times more)."""
+    with a narrower last block on a side it does not divide (a general area resize of the
+    full image costs about ten times more)."""
     height, width = pixels.shape
     factor = reduction_factor(height, width, target_size)
     if factor > 1:
         return reduce_by_area(pixels, factor), factor
-    factor = edge_padded_reduction_factor(height, width, target_size)
-    return reduce_with_edge_padding(pixels, factor), factor
+    factor = uneven_reduction_factor(height, width, target_size)
+    return reduce_with_partial_blocks(pixels, factor), factor
 
 
 def through_lookup(stored: np.ndarray, table: np.ndarray) -> np.ndarray:
