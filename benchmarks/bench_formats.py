@@ -362,7 +362,7 @@ FORMATS = (
     ),
     Format(
         "dicom-odd",
-        "uncompressed DICOM, window, 3050x2539 (no common factor: edge-padded reduction)",
+        "uncompressed DICOM, window, 3050x2539 (no common factor: partial last blocks)",
         ".dcm",
         12,
         dicom_source(MONO2_WINDOW, (3050, 2539)),
