@@ -13,6 +13,7 @@ import numpy as np
 from PIL import Image
 
 from radharmony_pipeline.processing.geometry import reduce_by_area, reduce_with_partial_blocks
+from radharmony_pipeline.processing.heap import keep_freed_image_buffers
 from radharmony_pipeline.processing.image_files import ImageFileError, read_grayscale_png
 from radharmony_pipeline.processing.source_store import (
     NotARegularFile,
@@ -24,6 +25,8 @@ from radharmony_pipeline.processing.source_store import (
 # Pillow imports its common format plugins on the first open (~6 ms). Done here, at import,
 # it happens once in the pool's fork server instead of in every worker it starts.
 Image.preinit()
+# Likewise once per process tree: freed pixel buffers stay mapped for the next image.
+keep_freed_image_buffers()
 
 JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
 PNG_SUFFIX = ".png"
