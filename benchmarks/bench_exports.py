@@ -38,7 +38,7 @@ from radharmony_pipeline.processing.exports import (
 )
 from radharmony_pipeline.processing.geometry import letterbox_geometry, resize_image, resize_mask
 from radharmony_pipeline.processing.masks import write_mask_png
-from radharmony_pipeline.processing.tagged_png import RADIOGRAPH_FILTER, grayscale_png
+from radharmony_pipeline.processing.tagged_png import radiograph_png
 from radharmony_pipeline.processing.vocabulary import LABEL_COLUMNS
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 
@@ -59,7 +59,7 @@ def write_inputs(root: Path, count: int, rng: np.random.Generator) -> list[Expor
         noisy = template[:height, :width] + rng.normal(0, 0.02, (height, width))
         pixels = resize_image(to_uint8(np.clip(noisy, 0, 1)), geometry)
         image = folder / f"bench__{number:06d}.png"
-        image.write_bytes(grayscale_png(pixels, RADIOGRAPH_FILTER))
+        image.write_bytes(radiograph_png(pixels))
         mask, class_masks = None, {}
         if number % 2 == 0:
             native = np.zeros((height, width), dtype=np.uint8)

@@ -24,7 +24,7 @@ from .masks import MASK_FOREGROUND
 from .parents import PARENT_IDENTITY
 from .storage import OutputPath, is_local, listing, make_folder, output_path, publish
 from .table_schemas import BOOL, UNIFIED_MANIFEST, Column, TableSchema, col, conform
-from .tagged_png import MASK_FILTER, grayscale_png
+from .tagged_png import mask_png
 
 # Bumped when the bytes of a shard would change for the same inputs.
 EXPORT_CODE_VERSION = "1"
@@ -305,7 +305,7 @@ def resized_class_mask(sample: ExportSample, mask_class: str) -> bytes:
     resizes the union mask)."""
     path = sample.class_masks[mask_class]
     mask = resize_mask(_native_mask(path), sample.geometry)
-    return grayscale_png(mask, MASK_FILTER)
+    return mask_png(mask)
 
 
 def _native_mask(path: OutputPath) -> np.ndarray:
