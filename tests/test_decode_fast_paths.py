@@ -64,16 +64,24 @@ def assert_within_one_grey_level(got: np.ndarray, expected: np.ndarray) -> None:
 # --- every source format against the previous implementation ---------------------------------
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", [*SHAPES, (1024, 1024), (900, 900), (742, 730)])
 def test_eight_bit_grey_and_rgba_png(tmp_path: Path, shape: tuple[int, int]) -> None:
     grey = to_uint8(radiograph(shape, 1, noise=0.02))
     Image.fromarray(grey).save(tmp_path / "l.png")
     rgba = np.dstack([grey, grey, grey, np.full_like(grey, 255)])
     Image.fromarray(rgba, mode="RGBA").save(tmp_path / "rgba.png")
     for name in ("l.png", "rgba.png"):
-        assert_within_one_grey_level(
-            stage_pixels(tmp_path / name), reference_letterbox(reference_png(tmp_path / name), S)
-        )
+        decoded = decode_grayscale(tmp_path / name, target_size=S)
+        got = stage_pixels(tmp_path / name)
+        expected = reference_letterbox(reference_png(tmp_path / name), S)
+        if decoded.reduction == 1:  # under 2 x S on the short side: one area resize, as before
+            np.testing.assert_array_equal(got, expected)
+            continue
+        # Halved first (IMAGE_CODE_VERSION 4), so rounded to 8 bits twice: a few pixels
+        # at edges are 2-3 grey levels off the single resize, none further, few on average.
+        difference = grey_levels_apart(got, expected)
+        assert difference.max() <= 3 and difference.mean() < 0.5, difference.max()
+        assert (difference > 1).mean() < 0.02, int((difference > 1).sum())
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -240,9 +240,13 @@ def _decode_png(path: SourcePath, source: Path | BinaryIO, target_size: int | No
         raise DecodeError(path, error.reason) from error
     height, width = pixels.shape
     if pixels.dtype == np.uint8:
-        # Not reduced: a mean rounded to 8 bits, then resized and rounded again, strays up
-        # to 2 grey levels from one area resize, and there is no window to save.
-        return DecodedImage(pixels, height, width)
+        # Halving (or a whole factor dividing both sides) first is OpenCV's fast area path:
+        # with the remainder, about half the time of one general area resize from full
+        # size (1024 x 1024 to 224), for a mean rounded to 8 bits twice: up to 2 grey
+        # levels from it (mean ~0.3). Sides without a common factor stay as they are.
+        factor = reduction_factor(height, width, target_size)
+        reduced = reduce_by_area(pixels, factor) if factor > 1 else pixels
+        return DecodedImage(reduced, height, width, factor)
     # The image's own range, not 0-65535: ReXGradient 16-bit PNGs may use only 12 bits and a
     # fixed shift would leave them nearly black. Taken at full size, before any reduction.
     low, high, _, _ = cv2.minMaxLoc(pixels)
