@@ -63,8 +63,9 @@ from .tagged_png import (
 # 2: perceptual hash and pixel digest (issue 11). 3: PNG and DICOM pixels reduced by a whole
 # factor before windowing, JPEG 2000 decoded at a resolution level (issue 23): within one grey
 # level of 2 except where a window clips or a wavelet level replaces the area mean.
-# 4: sides without a common factor reduced too, their last block narrower (issue 23): up to
-# 2 grey levels from 3 in a few pixels per image.
+# 4: sides without a common factor reduced too, their last block narrower, and 8-bit PNGs
+# halved before the area resize where at least 2 x S pixels remain (issue 23): up to 2-3 grey
+# levels from 3 in a few pixels per image.
 IMAGE_CODE_VERSION = "4"
 # At most this many images per Dask chunk (one shard of ~12 MB at S=224), so that a large
 # partition (ReXGradient train: 238,968 images) is shared by many workers.
