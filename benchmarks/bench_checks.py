@@ -63,6 +63,9 @@ def cli_materialize(
         DAGSTER_HOME=str(home),
         RADHARMONY_DATA_ROOT=str(data_root),
         RADHARMONY_OUTPUT_ROOT=str(scratch / "output"),
+        # Metadata-only data has no images: every one is missing, which raw_index refuses at
+        # the default limit. The folder listing still runs, as it does on a real download.
+        RADHARMONY_UNREADABLE_LIMIT="1",
     )
     command = [
         str(BIN / "dagster"),

@@ -42,7 +42,9 @@ from radharmony_pipeline.processing.imaging.geometry import (
     resize_image,
     resize_mask,
 )
-from radharmony_pipeline.processing.imaging.tagged_png import RADIOGRAPH_FILTER, grayscale_png
+from radharmony_pipeline.processing.imaging.tagged_png import (
+    radiograph_png,
+)
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
@@ -63,7 +65,7 @@ def write_inputs(root: Path, count: int, rng: np.random.Generator) -> list[Expor
         noisy = template[:height, :width] + rng.normal(0, 0.02, (height, width))
         pixels = resize_image(to_uint8(np.clip(noisy, 0, 1)), geometry)
         image = folder / f"bench__{number:06d}.png"
-        image.write_bytes(grayscale_png(pixels, RADIOGRAPH_FILTER))
+        image.write_bytes(radiograph_png(pixels))
         mask, class_masks = None, {}
         if number % 2 == 0:
             native = np.zeros((height, width), dtype=np.uint8)

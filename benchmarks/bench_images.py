@@ -1,8 +1,13 @@
-"""Benchmark: the `images` stage on full-resolution CheXpert-like JPEGs (throughput and re-run).
+"""Benchmark: the `images` stage per source format against its floor, then on full-resolution
+CheXpert-like JPEGs (throughput and re-run).
 
-Writes N synthetic radiographs once (default 120; content from `render_radiograph` plus mild
-detector noise, portrait 2300-2400 x 2800-2900 pixels, baseline grayscale JPEG quality 90,
-seeded), then measures in the same run, on the same files:
+First (section `formats`) every source format the four datasets ship, one line each: floor,
+the step's marginal CPU per image, ratio (PASS at <= 1.5x), naive-loop and MONAI ratios, then
+the corpus projection; that section is bench_formats.py's (its docstring says how each figure
+is measured). Then (section `jpeg`) it writes N synthetic radiographs once (default 120;
+content from `render_radiograph` plus mild detector noise, portrait 2300-2400 x 2800-2900
+pixels, baseline grayscale JPEG quality 90, seeded), then measures in the same run, on the
+same files:
 
 1. Stage throughput: jobs built as the `images` asset builds them (letterbox, S=224, fresh
    output folder, no union masks, packed temporary .npy then os.replace), run with
@@ -27,6 +32,7 @@ summed over its worker processes), which load changes far less, and the load ave
 printed at the start and the end. The last lines say which targets were met.
 
     .venv/bin/python benchmarks/bench_images.py [--images 120] [--keep DIR] [--noise 0.02]
+        [--sections formats,jpeg] [--repeats 2] [--scale 1.0] [--only png16-rex,dicom]
 
 --keep DIR reuses the JPEGs already in DIR (writing only missing ones, and leaving them there)
 instead of generating them into a temporary folder that is deleted afterwards.
@@ -160,20 +166,16 @@ class StageRun:
     packed: Path
 
 
-def run_stage(sources: Sequence[Path], output_root: Path, workers: int) -> StageRun:
-    """What `images` does for one partition, minus Dagster: jobs built as the asset builds
-    them, then build_packed_images (the asset's own call)."""
-    folder = output_root / "images" / PARTITION
-    packed = output_root / "images" / f"{PARTITION}.npy"
-    start, cpu_start = time.perf_counter(), pool_cpu_seconds()
-    folder.mkdir(parents=True, exist_ok=True)
-    jobs = [
+def stage_jobs(sources: Sequence[Path], output_root: Path, folder: str) -> list[ImageJob]:
+    """The jobs the `images` asset builds for these sources (letterbox, S, no union masks),
+    their PNGs under `folder` of `output_root`; the one place the benchmarks build them."""
+    return [
         ImageJob(
             image_id=source.stem,
             source_file=source,
             union_mask_file=None,
             output_root=output_root,
-            image_relative=f"images/{PARTITION}/{source.stem}.png",
+            image_relative=f"{folder}/{source.stem}.png",
             mask_relative=None,
             size=SIZE,
             resize="letterbox",
@@ -181,6 +183,16 @@ def run_stage(sources: Sequence[Path], output_root: Path, workers: int) -> Stage
         )
         for row, source in enumerate(sources)
     ]
+
+
+def run_stage(sources: Sequence[Path], output_root: Path, workers: int) -> StageRun:
+    """What `images` does for one partition, minus Dagster: jobs built as the asset builds
+    them, then build_packed_images (the asset's own call)."""
+    folder = output_root / "images" / PARTITION
+    packed = output_root / "images" / f"{PARTITION}.npy"
+    start, cpu_start = time.perf_counter(), pool_cpu_seconds()
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs = stage_jobs(sources, output_root, f"images/{PARTITION}")
     # As the asset runs them: executor and time limit from the run settings (imported here,
     # not at the top, so pool workers re-importing this module do not import dagster).
     from radharmony_pipeline.defs.run_settings import RunSettingsResource
@@ -380,7 +392,20 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         default=DEFAULT_NOISE,
         help=f"detector noise of newly written JPEGs (default {DEFAULT_NOISE})",
     )
+    parser.add_argument(
+        "--sections",
+        default="formats,jpeg",
+        help="what to run, comma-separated: formats (every source format against its floor, "
+        "bench_formats.py, with the corpus projection), jpeg (the JPEG throughput, re-run and "
+        "MONAI section below); default both",
+    )
+    parser.add_argument("--repeats", type=int, default=2, help="formats: runs per measurement")
+    parser.add_argument("--scale", type=float, default=1.0, help="formats: multiply image counts")
+    parser.add_argument("--only", default="", help="formats: comma-separated format keys")
     args = parser.parse_args(argv)
+    unknown = set(args.sections.split(",")) - {"formats", "jpeg"}
+    if unknown:
+        parser.error(f"unknown --sections {sorted(unknown)}: choose formats, jpeg")
     if args.images < 100:
         parser.error("--images must be at least 100")
     return args
@@ -388,8 +413,23 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(argv)
-    workers = os.cpu_count() or 1
     print(machine_line(), flush=True)
+    sections = args.sections.split(",")
+    if "formats" in sections:
+        # Imported here: bench_formats imports this module's helpers.
+        from bench_formats import run_formats
+
+        print("every source format (bench_formats.py):", flush=True)
+        keep = args.keep / "formats" if args.keep else None
+        run_formats(keep, args.repeats, args.scale, args.only)
+    if "jpeg" in sections:
+        print("CheXpert-like JPEGs: throughput, re-run, MONAI:", flush=True)
+        jpeg_section(args)
+    return 0
+
+
+def jpeg_section(args: argparse.Namespace) -> None:
+    workers = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="bench_images_") as scratch_name:
         scratch = Path(scratch_name)
         source_folder = args.keep or scratch / "sources"
@@ -454,7 +494,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             verdict("first run / re-run", rerun_ratio, RERUN_TARGET),
         ):
             print(line, flush=True)
-    return 0
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from radharmony_pipeline.processing.annotations.masks import (
     write_mask_png,
 )
 from radharmony_pipeline.processing.imaging.tagged_png import stored_input_key
+from radharmony_pipeline.processing.jobs.mask_jobs import UNION_CLASS, MaskTarget, PolygonMaskJob
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 
 # pycocotools 2.0.11's Cython decode trips a NumPy 2 DeprecationWarning on every call; it is
@@ -335,3 +336,51 @@ def test_mask_input_key_is_short_stable_and_separates_parts() -> None:
     int(key, 16)
     assert key != mask_input_key("rle-counts", b"threshold=0.6")
     assert mask_input_key("ab", "c") != mask_input_key("a", "bc")
+
+
+# --- ChestX-Det polygon jobs: the PNG's header gives the frame ---------------------------------
+
+
+def _polygon_job(image: Path, output: Path, frame: tuple[int, int]) -> PolygonMaskJob:
+    square = [[[2.0, 2.0], [10.0, 2.0], [10.0, 8.0], [2.0, 8.0]]]
+    return PolygonMaskJob("img", image, MaskTarget(output, "masks/img"), frame, {"Nodule": square})
+
+
+def test_polygon_job_takes_the_frame_from_the_png_header_without_decoding_pixels(
+    tmp_path: Path,
+) -> None:
+    image = tmp_path / "img.png"
+    Image.fromarray(np.full((12, 16), 90, np.uint8)).save(image)
+    # Pixel data cut short: a decode would fail, the header (IHDR) is intact.
+    content = image.read_bytes()
+    image.write_bytes(content[: content.index(b"IDAT") + 6])
+
+    rows = _polygon_job(image, tmp_path / "out", (12, 16)).run()
+
+    assert [row.status for row in rows] == ["ok", "ok"]
+    assert {(row.mask_class, row.height, row.width) for row in rows} == {
+        ("Nodule", 12, 16),
+        (UNION_CLASS, 12, 16),
+    }
+    written = np.asarray(Image.open(tmp_path / "out" / "masks/img/Nodule.png"))
+    assert written.shape == (12, 16) and written[2:8, 2:10].all() and not written[9:].any()
+
+
+def test_polygon_job_names_a_frame_that_differs_from_the_png_header(tmp_path: Path) -> None:
+    image = tmp_path / "img.png"
+    Image.fromarray(np.zeros((12, 16), np.uint8)).save(image)
+
+    rows = _polygon_job(image, tmp_path / "out", (16, 12)).run()
+
+    assert len(rows) == 1 and rows[0].status == "error"
+    assert "image is 12x16, annotations are in a 16x12 frame" in rows[0].error
+
+
+def test_polygon_job_reports_a_file_that_is_not_a_png(tmp_path: Path) -> None:
+    image = tmp_path / "img.png"
+    image.write_bytes(b"not a png at all")
+
+    rows = _polygon_job(image, tmp_path / "out", (12, 16)).run()
+
+    assert len(rows) == 1 and rows[0].status == "error"
+    assert str(image) in rows[0].error

@@ -1,21 +1,23 @@
-"""Tagged PNGs: OpenCV-encoded pixels with text chunks that Pillow reads back unchanged."""
+"""Tagged PNGs: encoded pixels with text chunks that Pillow reads back unchanged."""
 
 from __future__ import annotations
 
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
+import cv2
 import numpy as np
+import pyspng
 import pytest
 from PIL import Image
 
 from radharmony_pipeline.processing.imaging.tagged_png import (
     INPUT_KEY_TAG,
-    MASK_FILTER,
-    RADIOGRAPH_FILTER,
-    grayscale_png,
+    mask_png,
+    radiograph_png,
     read_png_tags,
     stored_input_key,
     with_text_tags,
@@ -36,16 +38,16 @@ def pillow_read(path: Path) -> tuple[np.ndarray, dict[str, str], str]:
         return np.asarray(image), tags, image.mode
 
 
-@pytest.mark.parametrize("row_filter", [RADIOGRAPH_FILTER, MASK_FILTER])
+@pytest.mark.parametrize("encode", [radiograph_png, mask_png])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_pixels_and_tags_round_trip_through_pillow(
-    tmp_path: Path, shape: tuple[int, int], row_filter: int
+    tmp_path: Path, shape: tuple[int, int], encode: Callable[[np.ndarray], bytes]
 ) -> None:
     pixels = random_pixels(shape, seed=sum(shape))
     tags = {"orig_height": "2828", "scale": repr(224 / 2828), "source_sha256": "ab" * 32}
     path = tmp_path / "out.png"
 
-    assert write_tagged_png(path, lambda: pixels, "key-1", tags, row_filter=row_filter)
+    assert write_tagged_png(path, lambda: pixels, "key-1", tags, encode=encode)
 
     read, stored, mode = pillow_read(path)
     assert mode == "L"
@@ -69,7 +71,7 @@ def test_text_outside_latin1_is_kept_exactly(tmp_path: Path) -> None:
 
 
 def test_tags_precede_the_image_data() -> None:
-    png = with_text_tags(grayscale_png(random_pixels((16, 16), 2), RADIOGRAPH_FILTER), {"a": "b"})
+    png = with_text_tags(radiograph_png(random_pixels((16, 16), 2)), {"a": "b"})
     assert png.index(b"tEXt") < png.index(b"IDAT")
 
 
@@ -93,9 +95,12 @@ def test_unusable_tag_names_are_refused(tmp_path: Path, name: str) -> None:
         np.zeros((0, 5), np.uint8),
     ],
 )
-def test_only_non_empty_2d_uint8_pixels_are_encoded(pixels: np.ndarray) -> None:
+@pytest.mark.parametrize("encode", [radiograph_png, mask_png])
+def test_only_non_empty_2d_uint8_pixels_are_encoded(
+    pixels: np.ndarray, encode: Callable[[np.ndarray], bytes]
+) -> None:
     with pytest.raises(ValueError, match="non-empty 2-D uint8"):
-        grayscale_png(pixels, RADIOGRAPH_FILTER)
+        encode(pixels)
 
 
 def test_a_nul_in_a_tag_value_is_refused(tmp_path: Path) -> None:
@@ -117,10 +122,22 @@ def row_filters(png: bytes) -> set[int]:
     return {raw[row * (width + 1)] for row in range(height)}
 
 
-def test_radiographs_use_paeth_and_masks_no_filter_on_every_row() -> None:
+def test_radiographs_use_average_and_masks_no_filter_on_every_row() -> None:
     pixels = random_pixels((40, 30), 5)
-    assert row_filters(grayscale_png(pixels, RADIOGRAPH_FILTER)) == {4}  # Paeth
-    assert row_filters(grayscale_png(pixels, MASK_FILTER)) == {0}  # None
+    assert row_filters(radiograph_png(pixels)) == {3}  # Average
+    assert row_filters(mask_png(pixels)) == {0}  # None
+
+
+def test_radiograph_png_decodes_to_the_same_pixels_in_every_reader() -> None:
+    # Smooth content with edges and the extremes, where the Average filter's carries and
+    # wrap-around modulo 256 matter (random pixels hardly exercise them).
+    ramp = np.add.outer(np.arange(97), np.arange(131)) * 3 % 256
+    pixels = np.where(ramp > 200, 255, ramp).astype(np.uint8)
+    pixels[::7] = 0
+    png = radiograph_png(pixels)
+    np.testing.assert_array_equal(pyspng.load(png), pixels)
+    np.testing.assert_array_equal(cv2.imdecode(np.frombuffer(png, np.uint8), -1), pixels)
+    assert png == radiograph_png(pixels.copy())  # deterministic
 
 
 def test_not_a_png_is_refused() -> None:

@@ -12,7 +12,10 @@ from PIL import Image
 from pycocotools import mask as coco_mask
 
 from radharmony_pipeline.processing.annotations.rle_text import validate_rle
-from radharmony_pipeline.processing.imaging.tagged_png import MASK_FILTER, write_tagged_png
+from radharmony_pipeline.processing.imaging.tagged_png import (
+    mask_png,
+    write_tagged_png,
+)
 from radharmony_pipeline.processing.storage.store import open_for_reading
 
 INPUT_KEY_HEX_DIGITS = 16  # 64 bits: collisions are negligible for a per-mask change check
@@ -182,7 +185,7 @@ def write_mask_png(path: Path, mask: np.ndarray, input_key: str) -> bool:
     A file already tagged with the same key is left untouched (its mtime too), so masks
     whose inputs did not change are never rewritten.
     """
-    return write_tagged_png(path, lambda: _mask_pixels(mask), input_key, row_filter=MASK_FILTER)
+    return write_tagged_png(path, lambda: _mask_pixels(mask), input_key, encode=mask_png)
 
 
 def read_mask_png(path: Path) -> np.ndarray:

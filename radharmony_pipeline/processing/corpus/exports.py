@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from radharmony_pipeline.processing.annotations.masks import MASK_FOREGROUND
 from radharmony_pipeline.processing.imaging.geometry import GEOMETRIES, ResizeGeometry, resize_mask
-from radharmony_pipeline.processing.imaging.tagged_png import MASK_FILTER, grayscale_png
+from radharmony_pipeline.processing.imaging.tagged_png import mask_png
 from radharmony_pipeline.processing.storage import store as storage
 from radharmony_pipeline.processing.storage.atomic import remove_orphaned_temporaries
 from radharmony_pipeline.processing.storage.output_layout import (
@@ -335,7 +335,7 @@ def resized_class_mask(sample: ExportSample, mask_class: str) -> bytes:
     resizes the union mask)."""
     path = sample.class_masks[mask_class]
     mask = resize_mask(_native_mask(path), sample.geometry)
-    return grayscale_png(mask, MASK_FILTER)
+    return mask_png(mask)
 
 
 def _native_mask(path: OutputPath) -> np.ndarray:

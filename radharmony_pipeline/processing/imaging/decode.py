@@ -12,7 +12,11 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from radharmony_pipeline.processing.imaging.geometry import reduce_by_area
+from radharmony_pipeline.processing.imaging.geometry import (
+    reduce_by_area,
+    reduce_with_partial_blocks,
+)
+from radharmony_pipeline.processing.imaging.heap import keep_freed_image_buffers
 from radharmony_pipeline.processing.imaging.image_files import ImageFileError, read_grayscale_png
 from radharmony_pipeline.processing.storage.source_store import (
     NotARegularFile,
@@ -25,6 +29,8 @@ from radharmony_pipeline.vocabulary import FORMAT_BY_SUFFIX, suffixes_of
 # Pillow imports its common format plugins on the first open (~6 ms). Done here, at import,
 # it happens once in the pool's fork server instead of in every worker it starts.
 Image.preinit()
+# Likewise once per process tree: freed pixel buffers stay mapped for the next image.
+keep_freed_image_buffers()
 
 JPEG_SUFFIXES = suffixes_of("jpg")
 PNG_SUFFIXES = suffixes_of("png")
@@ -156,6 +162,31 @@ def reduction_factor(height: int, width: int, target_size: int | None) -> int:
     return next((k for k in range(largest, 1, -1) if common % k == 0), 1)
 
 
+def uneven_reduction_factor(height: int, width: int, target_size: int | None) -> int:
+    """For sides without a common factor (e.g. 3050 x 2539): the whole factor, within the
+    same REDUCTION_MARGIN, that leaves the fewest rows and columns outside whole blocks (the
+    larger on a tie; a side it divides needs no resampling); 1 when none leaves the margin
+    (or no target)."""
+    if target_size is None:
+        return 1
+    largest = math.floor(min(height, width) / (REDUCTION_MARGIN * target_size))
+    candidates = range(largest, 1, -1)
+    return min(candidates, key=lambda k: (height % k > 0) + (width % k > 0), default=1)
+
+
+def reduce_stored_values(pixels: np.ndarray, target_size: int | None) -> tuple[np.ndarray, int]:
+    """Stored values (before windowing) shrunk by a whole factor when much larger than
+    `target_size`, and that factor: one dividing both sides where there is one, else one
+    with a narrower last block on a side it does not divide (a general area resize of the
+    full image costs about ten times more)."""
+    height, width = pixels.shape
+    factor = reduction_factor(height, width, target_size)
+    if factor > 1:
+        return reduce_by_area(pixels, factor), factor
+    factor = uneven_reduction_factor(height, width, target_size)
+    return reduce_with_partial_blocks(pixels, factor), factor
+
+
 def through_lookup(stored: np.ndarray, table: np.ndarray) -> np.ndarray:
     """`table[v]` for every stored value v; signed values index by their bit pattern, so the
     table lists the type's values in that order (see lookup_domain)."""
@@ -213,13 +244,13 @@ def _decode_png(path: SourcePath, source: Path | BinaryIO, target_size: int | No
     height, width = pixels.shape
     if pixels.dtype == np.uint8:
         # Not reduced: a mean rounded to 8 bits, then resized and rounded again, strays up
-        # to 2 grey levels from one area resize, and there is no window to save.
+        # to 3 grey levels from one area resize (the outputs' ±1 contract), and there is no
+        # window to save.
         return DecodedImage(pixels, height, width)
-    factor = reduction_factor(height, width, target_size)
     # The image's own range, not 0-65535: ReXGradient 16-bit PNGs may use only 12 bits and a
     # fixed shift would leave them nearly black. Taken at full size, before any reduction.
     low, high, _, _ = cv2.minMaxLoc(pixels)
-    reduced = reduce_by_area(pixels, factor)
+    reduced, factor = reduce_stored_values(pixels, target_size)
     if not high > low:
         return DecodedImage(np.zeros(reduced.shape, np.uint8), height, width, factor)
     # A linear stretch that never leaves 0-255: one SIMD pass, several times cheaper than a

@@ -138,6 +138,8 @@ def header_image_size(path: SourcePath) -> tuple[int, int]:
 
 
 def _sixteen_bit(pixels: np.ndarray, path: Path) -> np.ndarray:
+    if pixels.dtype == np.uint16:  # pyspng's, and newer Pillow's: nothing to check or copy
+        return pixels
     # Older Pillow opens 16-bit PNGs as 32-bit mode I; the values still fit in uint16.
     if pixels.size and (pixels.min() < 0 or pixels.max() > UINT16_MAX):
         raise ImageFileError(path, "mode I pixels outside the 16-bit range")

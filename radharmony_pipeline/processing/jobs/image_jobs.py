@@ -97,7 +97,10 @@ from radharmony_pipeline.processing.tables.table_schemas import (
 # 2: perceptual hash and pixel digest (issue 11). 3: PNG and DICOM pixels reduced by a whole
 # factor before windowing, JPEG 2000 decoded at a resolution level (issue 23): within one grey
 # level of 2 except where a window clips or a wavelet level replaces the area mean.
-IMAGE_CODE_VERSION = "3"
+# 4: 16-bit PNG and DICOM sides without a common factor reduced too, their last block
+# narrower (issue 23): up to 2 grey levels from 3 in one or two pixels per image; the output
+# PNGs written with the Average filter and ISA-L deflate (same pixels, other bytes).
+IMAGE_CODE_VERSION = "4"
 # At most this many images per Dask chunk (one shard of ~12 MB at S=224), so that a large
 # partition (ReXGradient train: 238,968 images) is shared by many workers.
 MAX_IMAGES_PER_CHUNK = 256

@@ -30,7 +30,6 @@ from radharmony_pipeline.processing.imaging.image_files import (
     ImageFileError,
     confined,
     header_image_size,
-    read_grayscale_png,
 )
 from radharmony_pipeline.processing.storage.atomic import remove_orphaned_temporaries
 from radharmony_pipeline.processing.tables.table_schemas import (
@@ -101,7 +100,7 @@ class RleMaskJob:
 
 @dataclass(frozen=True)
 class PolygonMaskJob:
-    """ChestX-Det: class → polygon instances in a fixed frame; the PNG is read to confirm it."""
+    """ChestX-Det: class → polygon instances in a fixed frame; the PNG header confirms it."""
 
     image_id: str
     image_file: Path
@@ -115,14 +114,16 @@ class PolygonMaskJob:
         if self.problem is not None:
             return [_error_row(self.image_id, self.problem)]
         try:
-            pixels, _mode = read_grayscale_png(confined(self.image_file, self.image_root))
+            # The header's size is all the masks need; the pixels (and whether they are
+            # grey) are the `images` stage's to check when it decodes them.
+            shape = header_image_size(confined(self.image_file, self.image_root))
         except ImageFileError as exc:
             return [_error_row(self.image_id, str(exc))]
-        if pixels.shape != self.frame:
+        if shape != self.frame:
             return [
                 _error_row(
                     self.image_id,
-                    f"{self.image_file}: image is {pixels.shape[0]}x{pixels.shape[1]}, "
+                    f"{self.image_file}: image is {shape[0]}x{shape[1]}, "
                     f"annotations are in a {self.frame[0]}x{self.frame[1]} frame",
                 )
             ]

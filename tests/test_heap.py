@@ -1,0 +1,41 @@
+"""Freed image buffers stay in the heap: the next image of the same size reuses their pages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+# Run in a fresh interpreter: mallopt changes the whole process, and the test process has
+# imported decode.py (which sets the thresholds) long before.
+_REUSE_PROBE = """
+import resource
+import sys
+import numpy as np
+if sys.argv[1] == "keep":
+    from radharmony_pipeline.processing.imaging.heap import keep_freed_image_buffers
+    assert keep_freed_image_buffers()
+faults = []
+for _ in range(4):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    image = np.empty((2048, 2048, 4), np.uint8)  # 16 MiB, like a decoded RGBA radiograph
+    image.fill(1)  # touch every page
+    del image
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(sum(faults[1:]))  # the first image maps its pages either way
+"""
+
+
+def _page_faults_after_the_first_image(mode: str) -> int:
+    completed = subprocess.run(
+        [sys.executable, "-c", _REUSE_PROBE, mode], capture_output=True, text=True, check=True
+    )
+    return int(completed.stdout)
+
+
+def test_a_freed_image_buffer_is_reused_by_the_next_image() -> None:
+    assert _page_faults_after_the_first_image("keep") < 20  # a stray page of Python's own
+
+
+def test_without_the_setting_every_image_faults_its_pages_in_again() -> None:
+    # The test above could pass by luck of the allocator; this shows the probe can tell.
+    assert _page_faults_after_the_first_image("default") > 100
