@@ -434,7 +434,7 @@ def conform(
     if undeclared:
         raise SchemaMismatchError(
             f"{schema.name}: column(s) {', '.join(undeclared)} are not declared; declare them "
-            "in radharmony_pipeline/processing/table_schemas.py (and bump SCHEMA_VERSION)"
+            "in radharmony_pipeline/processing/tables/table_schemas.py (and bump SCHEMA_VERSION)"
         )
     arrays = []
     for column in schema.columns:

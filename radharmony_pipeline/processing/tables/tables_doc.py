@@ -19,11 +19,11 @@ PAGE = Path("docs") / "tables.md"
 
 HEADER = f"""# Tables
 
-<!-- Generated from radharmony_pipeline/processing/table_schemas.py by `make docs`; do not
+<!-- Generated from radharmony_pipeline/processing/tables/table_schemas.py by `make docs`; do not
 edit by hand (tests/test_tables_doc.py fails when this page is stale). -->
 
 Every table's columns, in file order, as declared once in
-`radharmony_pipeline/processing/table_schemas.py` (schema version {SCHEMA_VERSION}). The IO
+`radharmony_pipeline/processing/tables/table_schemas.py` (schema version {SCHEMA_VERSION}). The IO
 manager writes every partition of a table with exactly these columns and types, so a table
 folder reads whole in pandas, pyarrow, DuckDB or Polars. A column marked *extra* belongs to
 some datasets only and is null in the other datasets' partitions. Partitioned tables (one
