@@ -26,8 +26,7 @@ from ...processing.storage.output_layout import (
 from ...processing.storage.source_store import is_remote, named_states
 from ...processing.storage.store import OutputPath, glob, make_folder, remove
 from ...processing.tables.table_schemas import IMAGES
-from ...settings import MAX_IMAGE_SIZE, UNREADABLE_LIMIT_VARIABLE
-from ...settings import image_size as image_size_setting
+from ...settings import MAX_IMAGE_SIZE, UNREADABLE_LIMIT_VARIABLE, image_size
 from ...sources import parse_partition_key
 from ..checks.images import CHECK_SPECS, check_results
 from ..groups import PIXELS
@@ -40,7 +39,7 @@ from ..stages import HEAVY_POOL, checked_stage
 
 class ImagesConfig(dg.Config):
     size: int = Field(
-        default_factory=from_environment(image_size_setting),
+        default_factory=from_environment(image_size),
         ge=1,
         le=MAX_IMAGE_SIZE,
         description="Output side S in pixels; default RADHARMONY_IMAGE_SIZE or 224.",

@@ -23,8 +23,7 @@ from ...processing.execution.progress import ProgressLog
 from ...processing.storage.output_layout import table_file
 from ...processing.storage.source_store import annotation_fingerprint
 from ...processing.tables.table_schemas import NIH_FINGERPRINTS, NIH_PARENT_LINKS, PARENT_PROVENANCE
-from ...settings import MAX_IMAGE_SIZE
-from ...settings import image_size as image_size_setting
+from ...settings import MAX_IMAGE_SIZE, image_size
 from ...sources import SOURCE_TYPES, SourceError
 from ...sources.nih_chestxray14 import LAYOUT
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
@@ -42,7 +41,7 @@ CHESTX_DET_PARTITIONS = ("chestx_det.train", "chestx_det.test")
 
 class NihFingerprintsConfig(dg.Config):
     size: int = Field(
-        default_factory=from_environment(image_size_setting),
+        default_factory=from_environment(image_size),
         ge=1,
         le=MAX_IMAGE_SIZE,
         description="Side S, as `images` was built with (default RADHARMONY_IMAGE_SIZE or 224): "
