@@ -7,10 +7,12 @@ import shutil
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import s3fs
 
 from radharmony_pipeline.sources import SourceLocation, open_source
 from radharmony_pipeline.synthetic import generate_datasets
@@ -78,6 +80,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 )
     if hasattr(config, "workerinput"):  # an xdist worker: the long units first (stable sort)
         items.sort(key=lambda item: long_units_first(item.nodeid))
+
+
+def _forget_object_store_clients() -> Iterator[None]:
+    # s3fs keeps one client per set of options for the life of the process, and the endpoint
+    # is not among them (botocore reads AWS_ENDPOINT_URL when a client is made). Modules here
+    # each start their own S3-compatible server, and some tests point the variable elsewhere:
+    # a client kept from before would still talk to the previous, stopped server.
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+fresh_object_store_clients_per_module = pytest.fixture(autouse=True, scope="module")(
+    _forget_object_store_clients
+)
+fresh_object_store_clients_per_test = pytest.fixture(autouse=True)(_forget_object_store_clients)
 
 
 @pytest.fixture(scope="session")

@@ -338,7 +338,7 @@ def test_mask_input_key_is_short_stable_and_separates_parts() -> None:
     assert mask_input_key("ab", "c") != mask_input_key("a", "bc")
 
 
-# --- ChestX-Det polygon jobs: the PNG's header gives the frame ---------------------------------
+# --- ChestX-Det polygon jobs: the PNG gives the frame ----------------------------------------
 
 
 def _polygon_job(image: Path, output: Path, frame: tuple[int, int]) -> PolygonMaskJob:
@@ -346,14 +346,9 @@ def _polygon_job(image: Path, output: Path, frame: tuple[int, int]) -> PolygonMa
     return PolygonMaskJob("img", image, MaskTarget(output, "masks/img"), frame, {"Nodule": square})
 
 
-def test_polygon_job_takes_the_frame_from_the_png_header_without_decoding_pixels(
-    tmp_path: Path,
-) -> None:
+def test_polygon_job_draws_the_instances_in_the_png_frame(tmp_path: Path) -> None:
     image = tmp_path / "img.png"
     Image.fromarray(np.full((12, 16), 90, np.uint8)).save(image)
-    # Pixel data cut short: a decode would fail, the header (IHDR) is intact.
-    content = image.read_bytes()
-    image.write_bytes(content[: content.index(b"IDAT") + 6])
 
     rows = _polygon_job(image, tmp_path / "out", (12, 16)).run()
 
@@ -364,6 +359,19 @@ def test_polygon_job_takes_the_frame_from_the_png_header_without_decoding_pixels
     }
     written = np.asarray(Image.open(tmp_path / "out" / "masks/img/Nodule.png"))
     assert written.shape == (12, 16) and written[2:8, 2:10].all() and not written[9:].any()
+
+
+def test_polygon_job_reports_a_png_whose_pixel_data_is_cut_short(tmp_path: Path) -> None:
+    image = tmp_path / "img.png"
+    Image.fromarray(np.full((12, 16), 90, np.uint8)).save(image)
+    content = image.read_bytes()
+    image.write_bytes(content[: content.index(b"IDAT") + 6])  # header intact, pixels cut
+
+    rows = _polygon_job(image, tmp_path / "out", (12, 16)).run()
+
+    assert len(rows) == 1 and rows[0].status == "error"
+    assert str(image) in rows[0].error
+    assert not (tmp_path / "out" / "masks/img/Nodule.png").exists()
 
 
 def test_polygon_job_names_a_frame_that_differs_from_the_png_header(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
@@ -187,6 +188,11 @@ def test_a_worker_that_died_while_idle_is_replaced_at_the_next_map() -> None:
             assert select.select([exited], [], [], 30)[0], f"worker {pid} outlived kill -9"
         finally:
             os.close(exited)
+        # The pool learns of the death from its parent (the fork server), which reports it
+        # once it has reaped the process: until then the worker still looks idle and alive.
+        reaped_by = time.monotonic() + 30
+        while psutil.pid_exists(pid) and time.monotonic() < reaped_by:
+            time.sleep(0.01)
         again = pool.map([2, 3])
     assert [number for number, _ in again] == [2, 3]
     assert {worker for _, worker in again} != {pid}

@@ -15,6 +15,7 @@ from radharmony_pipeline.processing.execution.cluster import LocalPool
 from radharmony_pipeline.processing.jobs import image_jobs as image_jobs_module
 from radharmony_pipeline.processing.jobs.image_jobs import ImageJob, build_packed_images
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
+from radharmony_pipeline.processing.storage.output_layout import NEAR_DUPLICATE_SHEET
 from radharmony_pipeline.processing.storage.store import listing, output_path, publish
 
 BUCKET = "storage-test"
@@ -171,8 +172,8 @@ def test_the_loader_and_the_duplicate_sheet_retry_transient_store_faults(
     table = manifest_table(write_images(local))
     (local / "tables").mkdir(parents=True)
     pq.write_table(table, local / "tables" / "unified_manifest.parquet")
-    (local / duplicates.SHEET).parent.mkdir(parents=True, exist_ok=True)
-    (local / duplicates.SHEET).write_bytes(b"sheet")
+    (local / NEAR_DUPLICATE_SHEET).parent.mkdir(parents=True, exist_ok=True)
+    (local / NEAR_DUPLICATE_SHEET).write_bytes(b"sheet")
     bucket.fs.put(f"{local}/", f"{BUCKET}/loader/", recursive=True)
     bucket.fs.invalidate_cache()
 

@@ -30,6 +30,7 @@ from radharmony_pipeline.processing.imaging.image_files import (
     ImageFileError,
     confined,
     header_image_size,
+    read_grayscale_png,
 )
 from radharmony_pipeline.processing.storage.atomic import remove_orphaned_temporaries
 from radharmony_pipeline.processing.tables.table_schemas import (
@@ -100,7 +101,7 @@ class RleMaskJob:
 
 @dataclass(frozen=True)
 class PolygonMaskJob:
-    """ChestX-Det: class → polygon instances in a fixed frame; the PNG header confirms it."""
+    """ChestX-Det: class → polygon instances in a fixed frame; the PNG is read to confirm it."""
 
     image_id: str
     image_file: Path
@@ -114,9 +115,10 @@ class PolygonMaskJob:
         if self.problem is not None:
             return [_error_row(self.image_id, self.problem)]
         try:
-            # The header's size is all the masks need; the pixels (and whether they are
-            # grey) are the `images` stage's to check when it decodes them.
-            shape = header_image_size(confined(self.image_file, self.image_root))
+            # Decoded, not only its header read: a truncated file or a colour RGBA image is
+            # this image's error row here too, not a mask beside an unusable image.
+            pixels, _mode = read_grayscale_png(confined(self.image_file, self.image_root))
+            shape = pixels.shape
         except ImageFileError as exc:
             return [_error_row(self.image_id, str(exc))]
         if shape != self.frame:
