@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import itertools
 
+import cv2
 import dagster as dg
+import imagehash
 import numpy as np
 import pandas as pd
 import pytest
@@ -26,6 +28,7 @@ from radharmony_pipeline.processing.imaging.perceptual_hash import (
     brute_force_groups,
     group_fingerprints,
     hashes_to_words,
+    perceptual_hash,
 )
 from radharmony_pipeline.processing.jobs.image_jobs import content_fingerprints
 from radharmony_pipeline.sources import SourceLocation, open_source, partition_keys
@@ -235,6 +238,18 @@ def test_multi_index_search_equals_brute_force():
     same_slow = slow[:, None] == slow[None, :]
     assert ((fast >= 0) == (slow >= 0)).all()
     assert (same_fast == same_slow)[fast >= 0][:, fast >= 0].all()
+
+
+@pytest.mark.parametrize("shape", [(224, 224), (224, 181), (97, 224), (17, 16), (5, 300)])
+def test_the_hash_is_imagehash_dhash_of_the_same_pixels(shape):
+    # Outputs written before keep their hashes in their headers: new ones must be equal.
+    rng = np.random.default_rng(shape[0] * 1000 + shape[1])
+    smooth = cv2.GaussianBlur(rng.integers(0, 256, shape, dtype=np.uint8), (0, 0), 3)
+    framed = np.pad(rng.integers(0, 256, shape, dtype=np.uint8), 4)
+    content = framed[4:-4, 4:-4]  # a view inside a frame, as the padding is cut off
+    for pixels in (smooth, content, np.full(shape, 7, np.uint8)):
+        expected = str(imagehash.dhash(Image.fromarray(pixels), hash_size=16))
+        assert perceptual_hash(pixels) == expected
 
 
 def test_radius_beyond_blocks_is_refused():

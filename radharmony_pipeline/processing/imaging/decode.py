@@ -31,6 +31,9 @@ from radharmony_pipeline.vocabulary import FORMAT_BY_SUFFIX, suffixes_of
 Image.preinit()
 # Likewise once per process tree: freed pixel buffers stay mapped for the next image.
 keep_freed_image_buffers()
+# The pool's processes are the parallelism, one per core: OpenCV's own threads on top only
+# contend for the same cores, and cost CPU to hand out and join work on small images.
+cv2.setNumThreads(1)
 
 JPEG_SUFFIXES = suffixes_of("jpg")
 PNG_SUFFIXES = suffixes_of("png")

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-import cv2
 import numpy as np
 import pydicom
 from PIL import Image
@@ -196,7 +195,7 @@ def _native_pixels(ds: Dataset, content: bytes | None) -> np.ndarray | None:
     pixels = np.frombuffer(content, dtype="<u2", count=rows * columns, offset=offset)
     pixels = pixels.reshape(rows, columns)
     bits_stored = int(ds.BitsStored)
-    if bits_stored < 16 and cv2.minMaxLoc(pixels)[1] >= 1 << bits_stored:
+    if bits_stored < 16 and int(pixels.max()) >= 1 << bits_stored:  # numpy's SIMD max
         pixels = pixels & np.uint16((1 << bits_stored) - 1)
     return pixels
 
