@@ -18,6 +18,7 @@ from radharmony_pipeline.definitions import defs
 from radharmony_pipeline.defs.assets.source_files import source_files
 from radharmony_pipeline.defs.groups import PARTITION_STAGES
 from radharmony_pipeline.defs.resources import DatasetsResource, pipeline_resources
+from radharmony_pipeline.defs.run_settings import RunSettingsResource
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 
 TABLES = ("raw_index", "labels", "masks", "bboxes", "images")
@@ -41,7 +42,8 @@ def build(
     """Materialize every stage of one partition (and its checks when asked), within bounds."""
     resources = {
         **pipeline_resources(data_root, output),
-        "datasets": DatasetsResource(data_root=str(data_root), strict=strict),
+        "datasets": DatasetsResource(data_root=str(data_root)),
+        "run_settings": RunSettingsResource(strict=strict),
     }
     assets = [*_ASSETS, *defs.asset_checks] if checks else _ASSETS
     result = dg.materialize(

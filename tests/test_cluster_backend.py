@@ -177,11 +177,11 @@ def test_stock_daemonic_dask_workers_bound_each_item_in_a_subprocess_child():
     with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as daemonic:
         with Client(daemonic.scheduler_address) as client:
             assert all(client.run(lambda: multiprocessing.current_process().daemon).values())
-        start = time.monotonic()
+        # The hanging item is stopped by the limit (its reason says so), not by the test's
+        # timeout, which bounds the whole test.
         result = map_on_dask_with_time_limit(
             square_or_hang, [12, 13, 14], daemonic.scheduler_address, LIMIT
         )
-        assert time.monotonic() - start < 90
         assert result[0] == 144 and result[2] == 196
         assert result[1].startswith(f"stopped 13: took longer than {LIMIT_SECONDS:g} s")
         # Without a time limit nothing needs a child process.

@@ -23,7 +23,7 @@ import dagster as dg
 import psutil
 import pytest
 from dagster_graphql import DagsterGraphQLClient
-from e2e_support import REPOSITORY_NAME, DagsterDev, free_port
+from e2e_support import INSTANCE_YAML, REPOSITORY_NAME, DagsterDev, free_port
 
 from radharmony_pipeline.defs.jobs import ALL_STAGES_JOB
 from radharmony_pipeline.operations.recovery import WORKER_TAG, RunWorker
@@ -466,20 +466,14 @@ def test_a_temporary_this_process_released_is_an_orphan_here_too(tmp_path):
 
 # The webserver alone launches a submitted run itself; the project's instance queues runs
 # (`concurrency.runs`), so under `dagster dev` the daemon's run queue launches it.
-WEBSERVER_ONLY_INSTANCE = """\
-storage:
-  sqlite:
-    base_dir:
-      env: DAGSTER_HOME
-telemetry:
-  enabled: false
-concurrency:
-  pools:
-    default_limit: 1
+WEBSERVER_ONLY_INSTANCE = (
+    INSTANCE_YAML
+    + """\
 run_coordinator:
   module: dagster.core.run_coordinator
   class: DefaultRunCoordinator
 """
+)
 LAUNCHERS = {
     "webserver": (("dagster-webserver",), WEBSERVER_ONLY_INSTANCE),
     "daemon-run-queue": (("dagster", "dev"), None),

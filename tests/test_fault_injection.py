@@ -511,12 +511,12 @@ def test_strict_mode_fails_on_the_first_bad_row_with_the_same_message(tiny_copy,
 
 
 def test_strict_mode_reads_the_environment(monkeypatch):
-    from radharmony_pipeline.defs.resources import DatasetsResource
+    from radharmony_pipeline.defs.run_settings import RunSettingsResource
 
     monkeypatch.setenv("RADHARMONY_STRICT", "1")
-    assert DatasetsResource().strict is True
+    assert RunSettingsResource().strict is True
     monkeypatch.setenv("RADHARMONY_STRICT", "0")
-    assert DatasetsResource().strict is False
+    assert RunSettingsResource().strict is False
 
 
 @TWO_BUILDS

@@ -10,12 +10,11 @@ from pydantic import Field, create_model
 
 from ..processing.storage.source_store import is_remote, source_path
 from ..processing.storage.store import DEFAULT_RETRY_POLICY, OutputPath, RetryPolicy, output_path
-from ..settings import strict_mode
 from ..sources import SOURCE_TYPES, DatasetSource, SourceLocation, open_source
 from ..sources.location import DATA_ROOT_ENV, DEFAULT_DATA_ROOT, data_root, expand_path
 from ..sources.nih_chestxray14 import ENV_VAR as NIH_ROOT_ENV
 from ..sources.nih_chestxray14 import NihChestXray14
-from .run_settings import RunSettingsResource, from_environment
+from .run_settings import RunSettingsResource
 
 OUTPUT_ROOT_ENV = "RADHARMONY_OUTPUT_ROOT"
 # Outputs of the demo's synthetic datasets, and of any other data: a run on real downloads
@@ -85,11 +84,6 @@ class _DatasetsResourceBase(dg.ConfigurableResource):
         default=None,
         description="Folder or object-store URL (s3://bucket/prefix) of all datasets; default "
         "RADHARMONY_DATA_ROOT.",
-    )
-    strict: bool = Field(
-        default_factory=from_environment(strict_mode),
-        description="Fail a step on its first error row (a malformed entry, an undecodable "
-        "image) instead of keeping it with status `error`; default RADHARMONY_STRICT.",
     )
     store_retries: ObjectStoreRetries = _retries_field("the datasets")
 

@@ -27,7 +27,7 @@ def fail_if_strict(table: pd.DataFrame, strict: bool, stage: str) -> None:
             metadata={
                 "stage": stage,
                 "error_rows": len(errors),
-                "strict": "RADHARMONY_STRICT / resource `datasets.strict` is on; turn it off "
+                "strict": "RADHARMONY_STRICT / resource `run_settings.strict` is on; turn it off "
                 "to keep error rows and build the rest",
             },
         )

@@ -1,4 +1,5 @@
-"""The one run-time resource: how a run computes (workers, time limit, Dask, failure limits).
+"""The one run-time resource: how a run computes (workers, time limit, Dask, failure limits,
+strict mode).
 
 Each field is run config (the launchpad's `run_settings` block) whose default is read from
 its RADHARMONY_* variable by the parser in settings.py, which holds its default
@@ -65,6 +66,12 @@ class RunSettingsResource(dg.ConfigurableResource):
         description="Share (0 to 1) of a partition's images that may be missing or "
         "unreadable for one reason before its step fails (1 never fails); default "
         f"{settings.UNREADABLE_LIMIT_VARIABLE}, else {settings.DEFAULT_UNREADABLE_LIMIT}.",
+    )
+    strict: bool = Field(
+        default_factory=from_environment(settings.strict_mode),
+        description="Fail a step on its first error row (a malformed entry, an undecodable "
+        f"image) instead of keeping it with status `error`; default {settings.STRICT_VARIABLE}, "
+        "else off.",
     )
     parent_leaks: Literal["warn", "block"] = Field(
         default_factory=from_environment(settings.parent_leaks),

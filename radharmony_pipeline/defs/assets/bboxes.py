@@ -14,6 +14,7 @@ from ..metadata import status_counts
 from ..previews import box_preview
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
+from ..run_settings import RunSettingsResource
 from ..stages import checked_stage
 
 CODE_VERSION = "1"
@@ -42,6 +43,7 @@ def bboxes(
     raw_index: pd.DataFrame,
     datasets: DatasetsResource,
     outputs: OutputsResource,
+    run_settings: RunSettingsResource,
 ) -> Iterator[dg.Output | dg.AssetCheckResult]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
@@ -70,7 +72,7 @@ def bboxes(
     table["error"] = malformed.fillna(
         _degenerate_messages(native.reset_index(drop=True)).where(degenerate)
     )
-    fail_if_strict(table, datasets.strict, "bboxes")
+    fail_if_strict(table, run_settings.strict, "bboxes")
     metadata = {
         "boxes": len(table),
         "clipped": int(converted.clipped.sum()),
@@ -85,7 +87,7 @@ def bboxes(
     if dg.AssetKey("bboxes") in context.selected_asset_keys:
         yield dg.Output(table, output_name="bboxes", metadata=metadata)
     yield from check_results(
-        context.selected_asset_check_keys, source, split, table, datasets.strict
+        context.selected_asset_check_keys, source, split, table, run_settings.strict
     )
 
 

@@ -28,6 +28,7 @@ from ..automation import REBUILD_WHEN_CHANGED
 from ..groups import PUBLISHING
 from ..partitions import OWNERS, every_partition_of
 from ..resources import DatasetsResource, OutputsResource
+from ..run_settings import RunSettingsResource
 from .source_files import observe_partition
 
 CODE_VERSION = "1"
@@ -62,6 +63,7 @@ def corpus_card(
     images: dict[str, pd.DataFrame],
     datasets: DatasetsResource,
     outputs: OutputsResource,
+    run_settings: RunSettingsResource,
 ) -> dg.MaterializeResult:
     root = outputs.root()
     present = sorted(unified_manifest["dataset"].unique()) if len(unified_manifest) else []
@@ -70,7 +72,7 @@ def corpus_card(
         near_duplicates=near_duplicates,
         sources=[_source_facts(dataset) for dataset in present],
         checks=latest_check_outcomes(context.instance),
-        settings={**_image_settings(images), "strict": datasets.strict},
+        settings={**_image_settings(images), "strict": run_settings.strict},
         data_versions=_data_versions(sorted(images), datasets, root),
         pipeline_version=pipeline_version(),
     )

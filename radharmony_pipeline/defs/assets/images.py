@@ -126,7 +126,7 @@ def images(
     # A killed worker (time limit) leaves its temporary PNG behind.
     _remove_interrupted_writes(folder, packed)
     table = image_table(rows)
-    fail_if_strict(table, datasets.strict, "images")
+    fail_if_strict(table, run_settings.strict, "images")
     fail_if_mostly_unreadable(
         table,
         run_settings.unreadable_limit,
@@ -149,7 +149,7 @@ def images(
     )
     if dg.AssetKey("images") in context.selected_asset_keys:
         yield output
-    yield from check_results(context.selected_asset_check_keys, table, datasets.strict)
+    yield from check_results(context.selected_asset_check_keys, table, run_settings.strict)
 
 
 def _union_masks(masks: pd.DataFrame, root: OutputPath) -> dict[str, OutputPath]:

@@ -93,7 +93,7 @@ def raw_index_and_labels(
                 description=str(exc), metadata={"partition": context.partition_key}
             ) from exc
         tables = _with_parent_identity(source, split, tables)
-        fail_if_strict(tables.index, datasets.strict, "raw_index")
+        fail_if_strict(tables.index, run_settings.strict, "raw_index")
         for note in source.layout_notes():
             context.log.info(f"{context.partition_key}: {note}")
         presence = _fail_if_images_mostly_missing(
@@ -108,7 +108,7 @@ def raw_index_and_labels(
             value, metadata = outputs[name]
             yield dg.Output(value, output_name=name, metadata=metadata)
     yield from check_results(
-        context.selected_asset_check_keys, source, split, tables, metrics, datasets.strict
+        context.selected_asset_check_keys, source, split, tables, metrics, run_settings.strict
     )
 
 

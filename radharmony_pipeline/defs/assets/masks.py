@@ -85,7 +85,7 @@ def masks(
     remove_orphaned_temporaries(root / folder)
     carried = carried_index_errors(raw_index[~usable]) if source.mask_classes else []
     table = mask_table([*(row for image_rows in rows for row in image_rows), *carried])
-    fail_if_strict(table, datasets.strict, "masks")
+    fail_if_strict(table, run_settings.strict, "masks")
     metadata = {
         "images": len(jobs),
         "masks_written": int(table["written"].sum()),
@@ -103,5 +103,5 @@ def masks(
         split,
         {"masks": table, "labels": labels, "raw_index": raw_index},
         root,
-        datasets.strict,
+        run_settings.strict,
     )

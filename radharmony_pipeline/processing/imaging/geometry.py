@@ -149,10 +149,12 @@ def reduce_with_partial_blocks(pixels: np.ndarray, factor: int) -> np.ndarray:
         return reduce_by_area(pixels, factor)
     blocks = _block_means(pixels, factor, whole_rows, whole_columns)
     if whole_rows < height:
-        blocks = _tile_source_exactly(blocks, height, factor, axis=0)
+        blocks = _tile_rows_exactly(blocks, height, factor)
     if whole_columns < width:
-        blocks = _tile_source_exactly(blocks, width, factor, axis=1)
-    return np.rint(blocks).astype(pixels.dtype)
+        # As rows of the transpose: gathering whole rows copies contiguous runs, gathering
+        # columns moves one element at a time (several times slower).
+        blocks = _tile_rows_exactly(np.ascontiguousarray(blocks.T), width, factor).T
+    return np.rint(blocks).astype(pixels.dtype, order="C")
 
 
 def _block_means(pixels: np.ndarray, factor: int, rows: int, columns: int) -> np.ndarray:
@@ -172,26 +174,24 @@ def _block_means(pixels: np.ndarray, factor: int, rows: int, columns: int) -> np
     return np.block(parts)
 
 
-def _tile_source_exactly(blocks: np.ndarray, side: int, factor: int, axis: int) -> np.ndarray:
-    """float32 means of `factor`-pixel blocks along `axis` (the last one narrower) resampled
-    to side // factor pixels of side / (side // factor) source pixels each: an area resize
-    between the two grids, in source coordinates."""
+def _tile_rows_exactly(blocks: np.ndarray, side: int, factor: int) -> np.ndarray:
+    """float32 means of `factor`-row blocks (the last one narrower) resampled to
+    side // factor rows of side / (side // factor) source rows each: an area resize between
+    the two grids, in source coordinates."""
     count = side // factor
-    width = side / count  # source pixels per output pixel: at least one block, under two
+    width = side / count  # source rows per output row: at least one block, under two
     pixel_edges = np.arange(count + 1) * width
-    # An output pixel is wider than a block but narrower than two, so it meets at most
-    # three of them, starting with the block its first edge falls in.
+    # An output row is wider than a block but narrower than two, so it meets at most three
+    # of them, starting with the block its first edge falls in.
     taps = 3
     index = np.floor(pixel_edges[:-1] / factor).astype(np.intp)[:, None] + np.arange(taps)
     overlap = np.minimum(pixel_edges[1:, None], np.minimum((index + 1) * factor, side))
     overlap -= np.maximum(pixel_edges[:-1, None], np.minimum(index * factor, side))
     tap_weights = (np.clip(overlap, 0, None) / width).astype(np.float32)  # rows sum to 1
-    index = np.minimum(index, blocks.shape[axis] - 1)
-    shape = [1, 1]
-    shape[axis] = count
-    total = np.zeros((*blocks.shape[:axis], count, *blocks.shape[axis + 1 :]), np.float32)
+    index = np.minimum(index, len(blocks) - 1)
+    total = np.zeros((count, *blocks.shape[1:]), np.float32)
     for tap in range(taps):
-        total += np.take(blocks, index[:, tap], axis=axis) * tap_weights[:, tap].reshape(shape)
+        total += blocks[index[:, tap]] * tap_weights[:, tap, None]
     return total
 
 
