@@ -22,8 +22,10 @@ VARIABLES = (
     settings.TIMEOUT_VARIABLE,
     settings.SCHEDULER_VARIABLE,
     settings.UNREADABLE_LIMIT_VARIABLE,
+    settings.STRICT_VARIABLE,
     settings.PARENT_LEAKS_VARIABLE,
 )
+RUN_SETTINGS_PAGE = Path(radharmony_pipeline.__file__).parents[1] / "docs" / "run-settings.md"
 
 
 @pytest.fixture
@@ -40,6 +42,7 @@ def test_unset_variables_give_the_documented_defaults(clean) -> None:
     assert run.dask_scheduler is None
     assert run.unreadable_limit == settings.DEFAULT_UNREADABLE_LIMIT
     assert run.parent_leaks == "warn" and not run.parent_leaks_block()
+    assert run.strict is False
     assert run.executor() == LocalPool(run.workers)
 
 
@@ -49,8 +52,10 @@ def test_every_variable_is_the_default_and_run_config_wins(clean) -> None:
     clean.setenv(settings.SCHEDULER_VARIABLE, " tcp://10.0.0.5:8786 ")
     clean.setenv(settings.UNREADABLE_LIMIT_VARIABLE, "0.25")
     clean.setenv(settings.PARENT_LEAKS_VARIABLE, "BLOCK")
+    clean.setenv(settings.STRICT_VARIABLE, "true")
     run = RunSettingsResource()
     assert (run.workers, run.job_timeout_seconds, run.unreadable_limit) == (3, 7.5, 0.25)
+    assert run.strict is True
     assert run.parent_leaks_block()
     assert run.executor() == DaskCluster("tcp://10.0.0.5:8786")
     given = RunSettingsResource(
@@ -59,10 +64,11 @@ def test_every_variable_is_the_default_and_run_config_wins(clean) -> None:
         dask_scheduler="",
         unreadable_limit=1,
         parent_leaks="warn",
+        strict=False,
     )
     assert given.executor() == LocalPool(2)
     assert given.time_limit(str).seconds == 9
-    assert given.unreadable_limit == 1 and not given.parent_leaks_block()
+    assert given.unreadable_limit == 1 and not given.parent_leaks_block() and not given.strict
 
 
 @pytest.mark.parametrize(
@@ -72,6 +78,7 @@ def test_every_variable_is_the_default_and_run_config_wins(clean) -> None:
         (settings.TIMEOUT_VARIABLE, "-1"),
         (settings.UNREADABLE_LIMIT_VARIABLE, "1.5"),
         (settings.PARENT_LEAKS_VARIABLE, "sometimes"),
+        (settings.STRICT_VARIABLE, "maybe"),
     ],
 )
 def test_a_bad_variable_stops_the_resource_naming_it(clean, variable, value) -> None:
@@ -109,6 +116,13 @@ def test_the_resource_is_in_the_launchpad_with_a_description_per_field(clean) ->
     described = " ".join(fields[name].description for name in expected)
     for variable in VARIABLES:
         assert variable in described
+
+
+def test_the_run_settings_page_lists_every_field_with_its_variable() -> None:
+    rows = re.findall(r"^\| `(\w+)` \| `(RADHARMONY_\w+)` \|$", RUN_SETTINGS_PAGE.read_text(), re.M)
+    assert {field for field, _ in rows} == set(RunSettingsResource.model_fields)
+    for field, variable in rows:
+        assert variable in RunSettingsResource.model_fields[field].description, field
 
 
 def test_the_time_limit_names_where_it_is_set_and_the_generic_pool_names_nothing(clean) -> None:
