@@ -318,13 +318,18 @@ def existing_names(folder: SourcePath, names: Iterable[str]) -> set[str]:
     """The files among `names` (relative to `folder`) that exist, without a request per name
     on a store (one listing of the prefix). Locally a folder holding many named files is
     listed once; a name alone in its folder (ReXGradient: one image per folder) is a stat,
-    measured ~4x faster than listing its folder (benchmarks/bench_check_data.py)."""
+    measured ~4x faster than listing its folder (benchmarks/bench_check_data.py). A name
+    whose first component is not in `folder` at all is missing without a stat: one listing
+    of `folder` answers for every name under a top folder the download lacks (metadata
+    fetched first, a partial download)."""
     if is_remote(folder):
         listed = _listing(folder)
         return {name for name in names if name in listed}
+    present = _entry_names(folder)
     by_folder: dict[str, list[str]] = {}
     for name in names:
-        by_folder.setdefault(name.rpartition("/")[0], []).append(name)
+        if name.partition("/")[0] in present:
+            by_folder.setdefault(name.rpartition("/")[0], []).append(name)
     found = set()
     for parent, members in by_folder.items():
         if len(members) < LISTED_FOLDER_MIN_NAMES:
@@ -337,6 +342,15 @@ def existing_names(folder: SourcePath, names: Iterable[str]) -> set[str]:
             continue
         found.update(name for name in members if name.rpartition("/")[2] in files)
     return found
+
+
+def _entry_names(folder: SourcePath) -> set[str]:
+    """The names directly in a local folder; none when it is missing or not a folder."""
+    try:
+        with os.scandir(folder) as entries:
+            return {entry.name for entry in entries}
+    except (FileNotFoundError, NotADirectoryError):
+        return set()
 
 
 def _listing(folder: UPath) -> dict[str, FileState]:

@@ -1,0 +1,64 @@
+"""Which named files exist in a local dataset folder: every answer right, and names under a
+top folder the download lacks answered by one listing, not a stat each."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from radharmony_pipeline.processing.storage import source_store
+from radharmony_pipeline.processing.storage.source_store import (
+    LISTED_FOLDER_MIN_NAMES,
+    existing_names,
+)
+
+
+def touch(root: Path, name: str) -> None:
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+
+
+def test_present_and_missing_names_at_every_depth(tmp_path: Path) -> None:
+    present = ["p1/a1/studies/s/series/e/instances/1.png", "p2/x.png", "top.png"]
+    for name in present:
+        touch(tmp_path, name)
+    (tmp_path / "empty_patient").mkdir()
+    crowded = [f"many/{index}.png" for index in range(LISTED_FOLDER_MIN_NAMES + 2)]
+    for name in crowded[:-1]:  # the last one is missing from a listed folder
+        touch(tmp_path, name)
+    missing = [
+        "p1/a1/studies/s/series/e/instances/2.png",  # its folder exists
+        "p2/y.png",
+        "empty_patient/z.png",
+        "no_such_patient/a/b.png",
+        "top.png/inside.png",  # a file where a folder is named
+        "absent.png",
+        crowded[-1],
+    ]
+    assert existing_names(tmp_path, [*present, *crowded, *missing]) == {*present, *crowded[:-1]}
+
+
+def test_a_missing_or_non_folder_root_has_no_names(tmp_path: Path) -> None:
+    assert existing_names(tmp_path / "not_downloaded", ["a/b.png", "c.png"]) == set()
+    touch(tmp_path, "plain_file")
+    assert existing_names(tmp_path / "plain_file", ["a.png"]) == set()
+
+
+def test_names_under_a_missing_top_folder_cost_no_stat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    touch(tmp_path, "here/one.png")
+    asked: list[str] = []
+    real_isfile = os.path.isfile
+
+    def counting_isfile(path: str) -> bool:
+        asked.append(str(path))
+        return real_isfile(path)
+
+    monkeypatch.setattr(source_store.os.path, "isfile", counting_isfile)
+    names = [f"gone_{index}/study/image.png" for index in range(1000)] + ["here/one.png"]
+    assert existing_names(tmp_path, names) == {"here/one.png"}
+    assert asked == [os.path.join(tmp_path, "here/one.png")]
