@@ -29,6 +29,11 @@ def test_present_and_missing_names_at_every_depth(tmp_path: Path) -> None:
     crowded = [f"many/{index}.png" for index in range(LISTED_FOLDER_MIN_NAMES + 2)]
     for name in crowded[:-1]:  # the last one is missing from a listed folder
         touch(tmp_path, name)
+    # Images directly in the folder (ChestX-Det), enough to be answered by its listing.
+    at_root = [f"root_{index}.png" for index in range(LISTED_FOLDER_MIN_NAMES + 2)]
+    for name in at_root[:-2]:
+        touch(tmp_path, name)
+    (tmp_path / at_root[-1]).mkdir()  # a folder where an image is named
     missing = [
         "p1/a1/studies/s/series/e/instances/2.png",  # its folder exists
         "p2/y.png",
@@ -38,7 +43,8 @@ def test_present_and_missing_names_at_every_depth(tmp_path: Path) -> None:
         "absent.png",
         crowded[-1],
     ]
-    assert existing_names(tmp_path, [*present, *crowded, *missing]) == {*present, *crowded[:-1]}
+    named = [*present, *crowded, *at_root, *missing]
+    assert existing_names(tmp_path, named) == {*present, *crowded[:-1], *at_root[:-2]}
 
 
 def test_a_missing_or_non_folder_root_has_no_names(tmp_path: Path) -> None:

@@ -195,7 +195,8 @@ def _native_pixels(ds: Dataset, content: bytes | None) -> np.ndarray | None:
     pixels = np.frombuffer(content, dtype="<u2", count=rows * columns, offset=offset)
     pixels = pixels.reshape(rows, columns)
     bits_stored = int(ds.BitsStored)
-    if bits_stored < 16 and int(pixels.max()) >= 1 << bits_stored:  # numpy's SIMD max
+    # The maximum alone: half the time of cv2.minMaxLoc, which also finds the minimum.
+    if bits_stored < 16 and int(pixels.max()) >= 1 << bits_stored:
         pixels = pixels & np.uint16((1 << bits_stored) - 1)
     return pixels
 

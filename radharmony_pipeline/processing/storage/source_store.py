@@ -325,32 +325,30 @@ def existing_names(folder: SourcePath, names: Iterable[str]) -> set[str]:
     if is_remote(folder):
         listed = _listing(folder)
         return {name for name in names if name in listed}
-    present = _entry_names(folder)
+    top = _folder_entries(folder)
     by_folder: dict[str, list[str]] = {}
     for name in names:
-        if name.partition("/")[0] in present:
+        if name.partition("/")[0] in top:
             by_folder.setdefault(name.rpartition("/")[0], []).append(name)
     found = set()
     for parent, members in by_folder.items():
         if len(members) < LISTED_FOLDER_MIN_NAMES:
             found.update(name for name in members if os.path.isfile(os.path.join(folder, name)))
             continue
-        try:
-            with os.scandir(os.path.join(folder, parent)) as entries:
-                files = {entry.name for entry in entries if not entry.is_dir()}
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        found.update(name for name in members if name.rpartition("/")[2] in files)
+        # Names directly in `folder` (ChestX-Det) are answered by the listing above.
+        entries = top if parent == "" else _folder_entries(os.path.join(folder, parent))
+        found.update(name for name in members if entries.get(name.rpartition("/")[2]) is False)
     return found
 
 
-def _entry_names(folder: SourcePath) -> set[str]:
-    """The names directly in a local folder; none when it is missing or not a folder."""
+def _folder_entries(folder: SourcePath) -> dict[str, bool]:
+    """Each name directly in a local folder, and whether it is a folder itself; none when
+    the folder is missing or not a folder."""
     try:
         with os.scandir(folder) as entries:
-            return {entry.name for entry in entries}
+            return {entry.name: entry.is_dir() for entry in entries}
     except (FileNotFoundError, NotADirectoryError):
-        return set()
+        return {}
 
 
 def _listing(folder: UPath) -> dict[str, FileState]:
