@@ -27,6 +27,7 @@ from cluster_services import (
     start_moto,
     wait_until,
 )
+from deadline import within
 from fault_support import STAGES, failure_message
 from test_sources_on_s3 import DEFINITIONS, restart_forkserver
 
@@ -162,9 +163,8 @@ def test_an_outage_longer_than_the_retries_fails_clearly_and_a_rerun_completes(s
     # The store goes down after some requests of the run and stays down past the retries.
     store.set(outage_after=60)
     try:
-        started = time.monotonic()
-        (failed,) = run(prefix, [partition])
-        elapsed = time.monotonic() - started
+        with within(300, "the run during the outage"):
+            (failed,) = run(prefix, [partition])
     finally:
         store.set()
     assert not failed.success
@@ -172,7 +172,6 @@ def test_an_outage_longer_than_the_retries_fails_clearly_and_a_rerun_completes(s
     assert f"s3://{BUCKET}/" in message  # names the object
     assert "kept failing" in message and f"{QUICK_RETRIES.attempts} attempts" in message
     assert "run the same command" in message
-    assert elapsed < 300
     # Whatever was published is complete. A temporary key whose removal the outage
     # prevented may remain (no reader looks at temporary names): the re-run removes it.
     during = objects(store, prefix)
