@@ -45,18 +45,18 @@ from radharmony_pipeline.processing.imaging.geometry import (
 from radharmony_pipeline.processing.imaging.tagged_png import (
     radiograph_png,
 )
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
 SIZE = 224
 TARGET = 1.5
 CLASS = "nodule"
+PARTITION = "bench.train"
 
 
 def write_inputs(root: Path, count: int, rng: np.random.Generator) -> list[ExportSample]:
-    folder = root / "images" / "bench.train"
-    folder.mkdir(parents=True)
-    (root / "masks").mkdir()
+    (root / layout.resized_image_folder(PARTITION)).mkdir(parents=True)
     samples = []
     template = render_radiograph(rng, 1024, 1024).pixels
     for number in range(count):
@@ -64,16 +64,18 @@ def write_inputs(root: Path, count: int, rng: np.random.Generator) -> list[Expor
         geometry = letterbox_geometry(height, width, SIZE)
         noisy = template[:height, :width] + rng.normal(0, 0.02, (height, width))
         pixels = resize_image(to_uint8(np.clip(noisy, 0, 1)), geometry)
-        image = folder / f"bench__{number:06d}.png"
+        key = f"bench__{number:06d}"
+        image = root / layout.resized_image(PARTITION, key)
         image.write_bytes(radiograph_png(pixels))
         mask, class_masks = None, {}
         if number % 2 == 0:
             native = np.zeros((height, width), dtype=np.uint8)
             top, left = rng.integers(100, 600, 2)
             native[top : top + 200, left : left + 150] = 1
-            class_masks[CLASS] = root / "masks" / f"bench__{number:06d}.{CLASS}.png"
+            class_masks[CLASS] = root / layout.image_mask_folder(PARTITION, key) / f"{CLASS}.png"
+            class_masks[CLASS].parent.mkdir(parents=True)
             write_mask_png(class_masks[CLASS], native, "bench")
-            mask = folder / f"bench__{number:06d}.mask.png"
+            mask = root / layout.resized_union_mask(PARTITION, key)
             write_mask_png(mask, resize_mask(native, geometry), "bench")
         record = {
             "image_id": f"bench/{number:06d}",
@@ -86,7 +88,7 @@ def write_inputs(root: Path, count: int, rng: np.random.Generator) -> list[Expor
         }
         samples.append(
             ExportSample(
-                key=f"bench__{number:06d}",
+                key=key,
                 record=_complete(record),
                 image=image,
                 mask=mask,
@@ -152,12 +154,22 @@ def main() -> None:
             label = f"{name} of the PNGs:"
             print(f"{label:28s} {seconds:7.3f} s ({len(samples) / seconds:8.0f} samples/s)")
         formats = {
-            "huggingface": (huggingface_format((CLASS,)), huggingface_shards("train"), "i.json"),
-            "webdataset": (WEBDATASET, webdataset_shards("bench.train"), "index.json"),
+            "huggingface": (
+                huggingface_format((CLASS,)),
+                huggingface_shards("train"),
+                "i.json",
+                layout.HUGGINGFACE_EXPORT,
+            ),
+            "webdataset": (
+                WEBDATASET,
+                webdataset_shards(PARTITION),
+                "index.json",
+                layout.WEBDATASET_EXPORT,
+            ),
         }
         verdicts = []
-        for name, (export, names, index) in formats.items():
-            folder = root / "exports" / name
+        for name, (export, names, index, export_folder) in formats.items():
+            folder = root / export_folder
 
             def run(export=export, names=names, index=index, folder=folder) -> None:
                 shutil.rmtree(folder, ignore_errors=True)

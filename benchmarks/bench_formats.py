@@ -65,6 +65,7 @@ from radharmony_pipeline.processing.jobs.image_jobs import (
     image_job_stopped,
     image_table,
 )
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import temporary_sibling
 from radharmony_pipeline.settings import TIMEOUT_VARIABLE, job_timeout
 from radharmony_pipeline.sources import SOURCE_TYPES
@@ -446,12 +447,12 @@ class StageCost:
 
 def stage_run(sources: Sequence[Path], root: Path, workers: int) -> tuple[float, float]:
     """(wall, CPU) seconds of build_packed_images over `sources` into a fresh `root`."""
-    jobs = stage_jobs(sources, root, "images/bench")
-    (root / "images" / "bench").mkdir(parents=True)
+    jobs = stage_jobs(sources, root, layout.resized_image_folder("bench"))
+    (root / layout.resized_image_folder("bench")).mkdir(parents=True)
     start, cpu_start = time.perf_counter(), pool_cpu_seconds()
     rows = build_packed_images(
         jobs,
-        root / "images" / "bench.npy",
+        root / layout.packed_images("bench"),
         SIZE,
         LocalPool(workers),
         time_limit=TimeLimit(job_timeout(os.environ), image_job_stopped, TIMEOUT_VARIABLE),

@@ -67,13 +67,13 @@ from radharmony_pipeline.processing.jobs.image_jobs import (
     image_job_stopped,
     image_table,
 )
-
-# Every pool worker re-imports this module (as __mp_main__) before it runs a job, so its top
-# level holds only imports and definitions; the benchmark itself runs under __main__.
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import temporary_sibling
 from radharmony_pipeline.settings import job_timeout
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 
+# Every pool worker re-imports this module (as __mp_main__) before it runs a job, so its top
+# level holds only imports and definitions; the benchmark itself runs under __main__.
 SIZE = 224
 PARTITION = "chexpert.train"
 SEED = 0
@@ -188,11 +188,11 @@ def stage_jobs(sources: Sequence[Path], output_root: Path, folder: str) -> list[
 def run_stage(sources: Sequence[Path], output_root: Path, workers: int) -> StageRun:
     """What `images` does for one partition, minus Dagster: jobs built as the asset builds
     them, then build_packed_images (the asset's own call)."""
-    folder = output_root / "images" / PARTITION
-    packed = output_root / "images" / f"{PARTITION}.npy"
+    folder = output_root / layout.resized_image_folder(PARTITION)
+    packed = output_root / layout.packed_images(PARTITION)
     start, cpu_start = time.perf_counter(), pool_cpu_seconds()
     folder.mkdir(parents=True, exist_ok=True)
-    jobs = stage_jobs(sources, output_root, f"images/{PARTITION}")
+    jobs = stage_jobs(sources, output_root, layout.resized_image_folder(PARTITION))
     # As the asset runs them: executor and time limit from the run settings (imported here,
     # not at the top, so pool workers re-importing this module do not import dagster).
     from radharmony_pipeline.defs.run_settings import RunSettingsResource

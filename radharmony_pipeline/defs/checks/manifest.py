@@ -5,6 +5,7 @@ from itertools import combinations
 import dagster as dg
 import pandas as pd
 
+from ...processing.storage import output_layout as layout
 from ...processing.storage.store import listing
 from ...sources import SOURCE_TYPES
 from ...sources.counts import CountComparison, compare_counts
@@ -111,7 +112,8 @@ def manifest_paths_exist(
     root = outputs.root()
     missing = []
     # One listing per top-level folder instead of one request per file on object storage.
-    listed = {f"{top}/{name}" for top in ("images", "masks") for name in listing(root / top)}
+    tops = (layout.IMAGES, layout.MASKS)
+    listed = {f"{top}/{name}" for top in tops for name in listing(root / top)}
     for column in ("image_path", "mask_path", "tensor_path"):
         paths = unified_manifest[column].dropna().unique()
         missing += [f"{column}: {p}" for p in paths if p not in listed]
