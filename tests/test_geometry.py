@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,6 +13,7 @@ from radharmony_pipeline.processing.imaging.geometry import (
     letterbox_geometry,
     resize_image,
     resize_mask,
+    shrink_by_area,
     squash_geometry,
 )
 
@@ -198,6 +200,81 @@ def test_shrinking_averages_instead_of_aliasing(source):
     stripes[:, ::2] = 255
     resized = resize_image(stripes, squash_geometry(height, width, S))
     assert resized.min() >= 100 and resized.max() <= 155
+
+
+def _radiograph_like(rng: np.random.Generator, shape, top: int, dtype) -> np.ndarray:
+    """Smooth content plus detector noise, as real sources have (flat images hide rounding)."""
+    height, width = shape
+    coarse = rng.uniform(0, top, (height // 16 + 2, width // 16 + 2)).astype(np.float32)
+    smooth = cv2.resize(coarse, (width, height), interpolation=cv2.INTER_LINEAR)
+    return np.clip(smooth + rng.normal(0, top / 30, shape), 0, top).astype(dtype)
+
+
+def _exact_area_shrink(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Area resize in float64 from its definition: output pixel (i, j) is the mean of the
+    source over [i, i+1) x [j, j+1) scaled to source edges, pixel by pixel overlap."""
+
+    def weights(source: int, target: int) -> np.ndarray:
+        span = source / target
+        matrix = np.zeros((target, source))
+        for i in range(target):
+            low, high = i * span, (i + 1) * span
+            for k in range(int(np.floor(low)), min(source, int(np.ceil(high)))):
+                matrix[i, k] = (min(high, k + 1) - max(low, k)) / span
+        return matrix
+
+    in_height, in_width = pixels.shape
+    return weights(in_height, height) @ pixels.astype(np.float64) @ weights(in_width, width).T
+
+
+AREA_SHAPES = [
+    ((742, 730), (224, 220)),
+    ((1024, 1024), (224, 224)),
+    ((3056, 2544), (224, 186)),
+    ((1000, 300), (224, 67)),
+    ((513, 2049), (56, 224)),
+    ((400, 224), (223, 224)),  # one side kept as it is
+    ((448, 448), (224, 224)),  # whole ratios: OpenCV's block means
+    ((900, 600), (300, 200)),
+    ((5, 4000), (1, 224)),
+    ((2469, 1709), (1690, 1534)),  # under 2x: OpenCV's own weights drift here
+]
+
+
+@pytest.mark.parametrize("dtype, top", [(np.uint8, 255), (np.uint16, 4095)])
+def test_area_shrink_is_the_area_mean_rounded(dtype, top):
+    rng = np.random.default_rng(7)
+    shapes = list(AREA_SHAPES)
+    for _ in range(8):
+        source = tuple(int(v) for v in rng.integers(225, 1200, 2))
+        shapes.append((source, tuple(int(rng.integers(1, side + 1)) for side in source)))
+    for (height, width), (out_height, out_width) in shapes:
+        pixels = _radiograph_like(rng, (height, width), top, dtype)
+        shrunk = shrink_by_area(pixels, out_height, out_width)
+        assert shrunk.dtype == pixels.dtype and shrunk.shape == (out_height, out_width)
+        exact = _exact_area_shrink(pixels, out_height, out_width)
+        # Rounding to the nearest integer, up to float32's error in the products.
+        assert np.abs(shrunk - exact).max() <= 0.5 + top * 1e-6, ((height, width), shrunk.shape)
+
+
+def test_area_shrink_agrees_with_what_resize_image_used_before():
+    # OpenCV's INTER_AREA on 8-bit images: within one grey level, and equal but for a few
+    # near-halves rounded the other way (differing float32 sums).
+    rng = np.random.default_rng(11)
+    differing = compared = 0
+    for (height, width), (out_height, out_width) in AREA_SHAPES:
+        pixels = _radiograph_like(rng, (height, width), 255, np.uint8)
+        before = cv2.resize(pixels, (out_width, out_height), interpolation=cv2.INTER_AREA)
+        difference = np.abs(shrink_by_area(pixels, out_height, out_width) - before.astype(int))
+        assert difference.max() <= 1, ((height, width), (out_height, out_width))
+        differing += int((difference > 0).sum())
+        compared += difference.size
+    assert differing / compared < 1e-3
+
+
+def test_area_shrink_refuses_to_enlarge():
+    with pytest.raises(ValueError, match="cannot shrink 10x10 to 20x5"):
+        shrink_by_area(np.zeros((10, 10), np.uint8), 20, 5)
 
 
 def test_resize_image_rejects_other_bit_depths():
