@@ -19,6 +19,7 @@ from radharmony_pipeline.defs.assets.source_files import source_files
 from radharmony_pipeline.defs.groups import PARTITION_STAGES
 from radharmony_pipeline.defs.resources import DatasetsResource, pipeline_resources
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 
 TABLES = ("raw_index", "labels", "masks", "bboxes", "images")
@@ -58,14 +59,12 @@ def build(
 
 
 def tables(output: Path, partition: str) -> dict[str, pd.DataFrame]:
-    return {
-        name: pd.read_parquet(output / "tables" / name / f"{partition}.parquet") for name in TABLES
-    }
+    return {name: pd.read_parquet(layout.table_file(output, name, partition)) for name in TABLES}
 
 
 def packed_rows(output: Path, partition: str, images: pd.DataFrame) -> dict[str, bytes]:
     """Each ok image's row of the packed array, by image_id."""
-    packed = np.load(output / "images" / f"{partition}.npy")
+    packed = np.load(output / layout.packed_images(partition))
     ok = images[images["status"] == "ok"]
     return {
         image_id: packed[row].tobytes()

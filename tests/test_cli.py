@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from radharmony_pipeline.cli import build_parser, main
+from radharmony_pipeline.processing.storage import output_layout as layout
 
 
 def test_synth_writes_the_chosen_datasets(tmp_path, capsys):
@@ -170,7 +171,7 @@ def test_a_partial_demo_claims_no_manifest(tiny_root, tmp_path):
     assert "Manifest:" not in completed.stdout
     assert "No manifest was joined" in completed.stdout
     assert not list((tmp_path / "output").rglob("unified_manifest*"))
-    assert (tmp_path / "output" / "tables" / "raw_index" / "chestx_det.test.parquet").exists()
+    assert layout.table_file(tmp_path / "output", "raw_index", "chestx_det.test").exists()
 
 
 def test_make_ui_honours_host_port_and_dagster_home(tmp_path):

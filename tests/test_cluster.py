@@ -45,6 +45,7 @@ from radharmony_pipeline.defs.assets.parents import (
 )
 from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.loader import ManifestDataset
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 
 pytestmark = pytest.mark.cluster
@@ -268,13 +269,13 @@ def test_partitions_and_manifest_on_postgres_s3_and_dask(cluster, tiny_root, tmp
     materialize_locally(tiny_root, local_root, PARTITIONS, manifest=True)
     assert_same_outputs(remote, local_files(local_root))
     for partition in PARTITIONS:
-        assert f"images/{partition}.npy" in remote
-        assert any(name.startswith(f"masks/{partition}/") for name in remote)
-        assert f"previews/masks/{partition}.png" in remote
+        assert layout.packed_images(partition) in remote
+        assert any(name.startswith(f"{layout.mask_folder(partition)}/") for name in remote)
+        assert layout.preview("masks", partition) in remote
 
     # The training loader reads the corpus straight from the bucket.
-    from_bucket = ManifestDataset(f"s3://{BUCKET}/corpus/tables/unified_manifest.parquet")
-    from_disk = ManifestDataset(local_root / "tables" / "unified_manifest.parquet")
+    from_bucket = ManifestDataset(f"s3://{BUCKET}/corpus/{layout.MANIFEST}")
+    from_disk = ManifestDataset(local_root / layout.MANIFEST)
     assert len(from_bucket) == len(from_disk) > 0
     for index in (0, len(from_disk) - 1):
         for field in ("img", "mask", "cls"):

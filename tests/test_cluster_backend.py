@@ -33,6 +33,7 @@ from radharmony_pipeline.processing.jobs.image_jobs import (
     build_packed_images,
     image_job_stopped,
 )
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 
@@ -212,7 +213,7 @@ def image_jobs(sources: list[Path], output: Path) -> list[ImageJob]:
             source_file=source,
             union_mask_file=None,
             output_root=output,
-            image_relative=f"images/p/{source.stem}.png",
+            image_relative=layout.resized_image("p", source.stem),
             mask_relative=None,
             size=64,
             resize="letterbox",
@@ -236,7 +237,7 @@ def test_images_on_dask_equal_the_local_pool_on_daemonic_and_threaded_workers(
 
     def build(place: str, executor: cluster.Executor) -> tuple[list, np.ndarray]:
         output = tmp_path / place
-        packed = output / "images" / "p.npy"
+        packed = output / layout.packed_images("p")
         jobs = image_jobs(sources, output)
         rows = build_packed_images(jobs, packed, 64, executor, time_limit=limit)
         assert not [p for p in output.rglob("*") if TEMP_MARKER in p.name]

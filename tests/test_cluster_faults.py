@@ -35,6 +35,7 @@ from radharmony_pipeline.processing.jobs.image_jobs import (
     build_packed_images,
     image_job_stopped,
 )
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER, writer_is_gone
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 
@@ -83,7 +84,7 @@ def jobs_for(sources: list[Path], output: Path) -> list[ImageJob]:
             source_file=source,
             union_mask_file=None,
             output_root=output,
-            image_relative=f"images/p/{source.stem}.png",
+            image_relative=layout.resized_image("p", source.stem),
             mask_relative=None,
             size=SIZE,
             resize="letterbox",
@@ -95,13 +96,13 @@ def jobs_for(sources: list[Path], output: Path) -> list[ImageJob]:
 
 
 def build(sources: list[Path], output: Path) -> tuple[list[tuple], np.ndarray, dict]:
-    packed = output / "images" / "p.npy"
+    packed = output / layout.packed_images("p")
     # Where the asset would run it: the scheduler variable (set per test) or 2 local workers.
     executor = RunSettingsResource(workers=2).executor()
     rows = build_packed_images(jobs_for(sources, output), packed, SIZE, executor, time_limit=LIMIT)
     files = {
         p.relative_to(output).as_posix(): p.read_bytes()
-        for p in sorted((output / "images" / "p").glob("*.png"))
+        for p in sorted((output / layout.resized_image_folder("p")).glob("*.png"))
     }
     return [(r.image_id, r.status, r.error, r.source_sha256) for r in rows], np.load(packed), files
 
@@ -168,7 +169,7 @@ def run_in_thread(target) -> tuple[threading.Thread, dict]:
 def wait_for_written_images(output: Path, count: int, seconds: float = 120) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if len(list((output / "images" / "p").glob("view*.png"))) >= count:
+        if len(list((output / layout.resized_image_folder("p")).glob("view*.png"))) >= count:
             return
         time.sleep(0.05)
     pytest.fail(f"fewer than {count} images written after {seconds} s")
@@ -218,7 +219,7 @@ def test_killing_the_scheduler_fails_the_step_clearly_and_a_rerun_converges(
     assert isinstance(error, RuntimeError), outcome
     assert "lost the Dask scheduler" in str(error)
     assert dask_services.scheduler in str(error) and "re-run" in str(error)
-    assert not (output / "images" / "p.npy").exists()  # nothing published half-built
+    assert not (output / layout.packed_images("p")).exists()  # nothing published half-built
 
     # As the message says: the cluster is restarted (here: stopped), then the step re-run,
     # here in the same process as the failed one. Workers finish the chunk they held when
@@ -233,7 +234,9 @@ def test_killing_the_scheduler_fails_the_step_clearly_and_a_rerun_converges(
         time.sleep(0.2)
     assert all(writer_is_gone(p) for p in temporaries(output)), temporaries(output)
     monkeypatch.delenv(cluster.SCHEDULER_VARIABLE)
-    _remove_interrupted_writes(output / "images" / "p", output / "images" / "p.npy")
+    _remove_interrupted_writes(
+        output / layout.resized_image_folder("p"), output / layout.packed_images("p")
+    )
     rows, pixels, files = build(sources, output)
     assert rows == reference[0]
     np.testing.assert_array_equal(pixels, reference[1])
@@ -293,7 +296,7 @@ def stage_outputs(output: Path) -> dict[str, object]:
     found = {}
     for path in sorted(output.rglob("*")):
         name = path.relative_to(output).as_posix()
-        if not path.is_file() or PARTITION not in name or "previews" in name:
+        if not path.is_file() or PARTITION not in name or layout.PREVIEWS in name:
             continue
         if path.suffix == ".parquet" and name.split("/")[1] in STAGES.split(","):
             found[name] = pd.read_parquet(path)
@@ -345,7 +348,7 @@ def test_a_postgres_restart_during_a_run_leaves_the_instance_consistent(
         )
     try:
         deadline = time.monotonic() + 300
-        while not list((output / "images" / PARTITION).glob("*.png")):
+        while not list((output / layout.resized_image_folder(PARTITION)).glob("*.png")):
             assert first.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "images never started"
             time.sleep(0.05)

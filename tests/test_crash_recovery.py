@@ -27,6 +27,7 @@ from e2e_support import INSTANCE_YAML, REPOSITORY_NAME, DagsterDev, free_port
 
 from radharmony_pipeline.defs.jobs import ALL_STAGES_JOB
 from radharmony_pipeline.operations.recovery import WORKER_TAG, RunWorker
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 
 PARTITION = "chestx_det.test"  # has masks, boxes and images
@@ -50,7 +51,7 @@ if stage:
     else:
         image_jobs.ImageJob._process = slowed(image_jobs.ImageJob._process)
 """
-STAGE_FOLDER = {"masks": "masks", "images": "images"}
+STAGE_FOLDER = {"masks": layout.mask_folder, "images": layout.resized_image_folder}
 # For a run launched by a server: every image waits while the file HOLD_IMAGES names exists
 # (and says so once, beside it), so that the kill lands inside `images` whatever the load.
 HOLD = """
@@ -129,7 +130,7 @@ def start_and_wait_for_stage(data_root: Path, environ: dict, output: Path, stage
         stderr=subprocess.PIPE,
         text=True,
     )
-    folder = output / STAGE_FOLDER[stage] / PARTITION
+    folder = output / STAGE_FOLDER[stage](PARTITION)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if folder.is_dir() and any(p.suffix == ".png" for p in folder.rglob("*")):
@@ -143,7 +144,7 @@ def start_and_wait_for_stage(data_root: Path, environ: dict, output: Path, stage
 
 # Not stage outputs: contact sheets, and the source listings each observation keeps (they
 # hold the observed files' mtimes, which differ between the two data copies).
-NOT_COMPARED = ("previews", "observations")
+NOT_COMPARED = (layout.PREVIEWS, layout.OBSERVATIONS)
 
 
 def outputs_of(output: Path) -> dict[str, bytes]:
@@ -252,7 +253,9 @@ def test_kill_9_of_a_dagster_cli_run_then_the_same_command_frees_the_slot_itself
     assert resumed and all(name in reference for name in resumed), sorted(resumed)
     assert [name for name in resumed if resumed[name] != reference[name]] == []
     stage_files = [
-        n for n in reference if n.startswith((f"masks/{PARTITION}", f"images/{PARTITION}"))
+        n
+        for n in reference
+        if n.startswith((layout.mask_folder(PARTITION), layout.resized_image_folder(PARTITION)))
     ]
     assert stage_files and all(name in resumed for name in stage_files)
     assert runs_holding_the_pool(home) == []
@@ -355,7 +358,7 @@ def test_a_stopped_image_job_removes_only_its_dead_writers_temporaries(tmp_path)
     from radharmony_pipeline.processing.jobs.image_jobs import ImageJob, image_job_stopped
     from radharmony_pipeline.processing.storage.atomic import temporary_sibling
 
-    folder = tmp_path / "images" / "p"
+    folder = tmp_path / layout.resized_image_folder("p")
     folder.mkdir(parents=True)
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
@@ -381,8 +384,8 @@ def test_a_stopped_image_job_removes_only_its_dead_writers_temporaries(tmp_path)
         source_file=tmp_path / "x[1].jpg",
         union_mask_file=None,
         output_root=tmp_path,
-        image_relative="images/p/x[1].png",
-        mask_relative="images/p/x[1]-mask.png",
+        image_relative=layout.resized_image("p", "x[1]"),
+        mask_relative=layout.resized_image_folder("p") + "/x[1]-mask.png",
         size=32,
         resize="letterbox",
         row=0,
@@ -566,6 +569,8 @@ def test_kill_9_of_a_run_launched_by_a_server_then_the_same_launch_completes(
     assert temporaries(output) == []
     resumed = outputs_of(output)
     stage_files = [
-        n for n in reference if n.startswith((f"masks/{PARTITION}", f"images/{PARTITION}"))
+        n
+        for n in reference
+        if n.startswith((layout.mask_folder(PARTITION), layout.resized_image_folder(PARTITION)))
     ]
     assert stage_files and [n for n in stage_files if resumed.get(n) != reference[n]] == []

@@ -35,6 +35,7 @@ from radharmony_pipeline.processing.corpus.exports import (
     webdataset_shards,
     webdataset_urls,
 )
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 from radharmony_pipeline.sources import SOURCE_TYPES, partition_keys
 from radharmony_pipeline.vocabulary import LABEL_COLUMNS
@@ -89,7 +90,7 @@ def exported_copy(exported, tmp_path) -> Path:
 
 def manifest_records(root: Path) -> list[dict]:
     """The manifest's rows as Python values (nulls None), in manifest order."""
-    return pq.read_table(root / "tables" / "unified_manifest.parquet").to_pylist()
+    return pq.read_table(root / layout.MANIFEST).to_pylist()
 
 
 def png_pixels(content: bytes | Path) -> np.ndarray:
@@ -99,7 +100,7 @@ def png_pixels(content: bytes | Path) -> np.ndarray:
 
 
 def shard_files(root: Path) -> dict[str, bytes]:
-    folder = root / "exports"
+    folder = root / layout.EXPORTS
     return {
         path.relative_to(folder).as_posix(): path.read_bytes()
         for path in sorted(folder.rglob("*"))
@@ -207,9 +208,9 @@ def sample_bytes(record: dict, root: Path) -> bytes:
 
 
 def test_a_changed_partition_re_exports_only_its_shards(tiny_root, exported_copy):
-    before = file_times(exported_copy / "exports")
+    before = file_times(exported_copy / layout.EXPORTS)
     changed = "chestx_det.test"
-    labels_file = exported_copy / "tables" / "labels" / f"{changed}.parquet"
+    labels_file = layout.table_file(exported_copy, "labels", changed)
     table = pq.read_table(labels_file)
     frame = table.to_pandas()
     first = frame.index[0]
@@ -221,7 +222,7 @@ def test_a_changed_partition_re_exports_only_its_shards(tiny_root, exported_copy
     for partition, assets in found.items():
         for asset, metadata in assets.items():
             assert metadata["reused"] == (partition != changed), (partition, asset)
-    after = file_times(exported_copy / "exports")
+    after = file_times(exported_copy / layout.EXPORTS)
     rewritten = {p.relative_to(exported_copy).as_posix() for p in after if after[p] != before[p]}
     assert rewritten == {
         *(f"{WEBDATASET_FOLDER}/{changed}/{n}" for n in found_names(found, changed, 1)),
@@ -337,7 +338,7 @@ def test_kill_9_during_an_export_then_a_rerun_gives_identical_shards(
 
 
 def test_a_re_export_from_scratch_is_byte_identical(tiny_root, exported, exported_copy):
-    shutil.rmtree(exported_copy / "exports")
+    shutil.rmtree(exported_copy / layout.EXPORTS)
     run_exports(tiny_root, exported_copy, ["ms_cxr.test", "chexlocalize.val"])
     reference = shard_files(exported)
     again = shard_files(exported_copy)
@@ -450,7 +451,7 @@ def test_monai_reads_the_manifest_records(exported):
 
     from radharmony_pipeline.loader import manifest_records as records_for_monai
 
-    manifest = exported / "tables" / "unified_manifest.parquet"
+    manifest = exported / layout.MANIFEST
     records = records_for_monai(manifest)
     expected = manifest_records(exported)
     assert [r["image_id"] for r in records] == [r["image_id"] for r in expected]
@@ -480,7 +481,7 @@ def test_the_seed_compatible_class_returns_the_seed_keys_and_shapes(exported):
 
     from radharmony_pipeline.loader import SeedCompatibleDataset
 
-    manifest = exported / "tables" / "unified_manifest.parquet"
+    manifest = exported / layout.MANIFEST
     expected = manifest_records(exported)
     for dataset, source in SOURCE_TYPES.items():
         labelled = dataset in SEED_CLS_LENGTHS

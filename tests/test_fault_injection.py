@@ -40,6 +40,7 @@ from radharmony_pipeline.processing.annotations.rle_text import RleTextError, va
 from radharmony_pipeline.processing.execution.parallel import map_with_time_limit
 from radharmony_pipeline.processing.execution.supervised import TimeLimit
 from radharmony_pipeline.processing.imaging.decode import DecodeError, decode_grayscale
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.settings import ConfigurationError, validate_settings
 from radharmony_pipeline.sources import MetadataError, SourceLocation, open_source
 
@@ -507,7 +508,7 @@ def test_strict_mode_fails_on_the_first_bad_row_with_the_same_message(tiny_copy,
     failures = [e for e in strict.all_events if e.is_step_failure]
     assert [f.step_key for f in failures] == ["masks"]
     assert failures[0].step_failure_data.user_failure_data.description == message
-    assert not (tmp_path / "strict" / "tables" / "images").exists()
+    assert not (layout.tables_folder(tmp_path / "strict") / "images").exists()
 
 
 def test_strict_mode_reads_the_environment(monkeypatch):
@@ -539,7 +540,7 @@ def test_error_rows_warn_and_good_images_still_flow(tiny_copy, tmp_path):
     # In strict mode the same count blocks, and nothing downstream is built.
     strict = build(tiny_copy, tmp_path / "strict", "chexlocalize.test", strict=True, checks=True)
     assert not strict.success
-    assert not (tmp_path / "strict" / "tables" / "images").exists()
+    assert not (layout.tables_folder(tmp_path / "strict") / "images").exists()
 
 
 def test_a_reader_needs_no_dagster(tiny_root):

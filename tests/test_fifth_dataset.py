@@ -17,6 +17,7 @@ import pytest
 from PIL import Image, ImageDraw
 from toy_dataset import CSV_NAME, FOLDER, IMAGES, NATIVE_COLUMN, nodule_size, write_toy_dataset
 
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.sources import partition_keys
 
 SCRIPT = Path(__file__).with_name("toy_dataset.py")
@@ -78,7 +79,7 @@ def test_the_manifest_holds_every_toy_image_with_its_box_and_mask(toy):
     assert "chestx_det_images_found_in_nih" in unconfigured
     assert [n for n, ok in outcome["checks"].items() if not ok and n not in unconfigured] == []
     output = folder / "out"
-    manifest = pd.read_parquet(output / "tables" / "unified_manifest.parquet")
+    manifest = pd.read_parquet(output / layout.MANIFEST)
     csv = pd.read_csv(folder / "data" / FOLDER / CSV_NAME)
     assert sorted(manifest["image_id"]) == sorted("toy_cxr/" + csv["image"].str[:-4])
     for name, split, height, width, x, y, w, h in IMAGES:
@@ -92,7 +93,7 @@ def test_the_manifest_holds_every_toy_image_with_its_box_and_mask(toy):
         assert np.allclose(
             row["bboxes"][0], [y / height, (y + h) / height, x / width, (x + w) / width]
         )
-        masks = pd.read_parquet(output / "tables" / "masks" / f"toy_cxr.{split}.parquet")
+        masks = pd.read_parquet(layout.table_file(output, "masks", f"toy_cxr.{split}"))
         path = masks.set_index(["image_id", "mask_class"]).loc[(f"toy_cxr/{name}", "nodule")]
         with Image.open(output / path["mask_path"]) as image:
             got = np.asarray(image) > 0
@@ -109,7 +110,7 @@ def test_the_datasets_own_label_column_reaches_its_labels_table(toy, split):
     """Declared only in the toy's module, the native column is written with its values, as
     a nullable column of the one `labels` table (whose other partitions are null there)."""
     folder, _ = toy
-    path = folder / "out" / "tables" / "labels" / f"toy_cxr.{split}.parquet"
+    path = layout.table_file(folder / "out", "labels", f"toy_cxr.{split}")
     labels = pd.read_parquet(path).set_index("image_id")
     assert pq.read_schema(path).field(NATIVE_COLUMN).type == pa.string()
     columns = list(labels.columns)

@@ -18,6 +18,7 @@ import pytest
 from fault_support import _ASSETS, STAGES, failure_message
 
 from radharmony_pipeline.defs.resources import pipeline_resources
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 from radharmony_pipeline.synthetic import generate_datasets
 
@@ -104,7 +105,7 @@ def test_a_volume_turned_read_only_mid_run_fails_clearly_and_resumes(reference, 
 
     def turn_read_only_once_tables_appear() -> None:
         while not stop.is_set():
-            if (root / "tables" / "labels").exists():
+            if (layout.tables_folder(root) / "labels").exists():
                 remount(volume, "ro")
                 return
             time.sleep(0.01)

@@ -11,6 +11,7 @@ from PIL import Image
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.loader import ManifestDataset
 from radharmony_pipeline.processing.corpus.parents import PARENT_IDENTITY
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.tables.manifest import PARTITION_MANIFEST_COLUMNS
 from radharmony_pipeline.processing.tables.table_schemas import UNIFIED_MANIFEST
 from radharmony_pipeline.sources import parse_partition_key
@@ -45,9 +46,9 @@ def images_metadata(result) -> dict:
 def test_every_image_is_packed_and_written_at_the_target_size(corpus):
     output, first, _, _ = corpus
     for key, result in first.items():
-        table = pd.read_parquet(output / "tables" / "images" / f"{key}.parquet")
+        table = pd.read_parquet(layout.table_file(output, "images", key))
         assert (table["status"] == "ok").all(), table["error"].dropna().tolist()
-        packed = np.load(output / "images" / f"{key}.npy", mmap_mode="r")
+        packed = np.load(output / layout.packed_images(key), mmap_mode="r")
         assert packed.shape == (len(table), 224, 224) and packed.dtype == np.uint8
         for row in table.itertuples():
             with Image.open(output / row.image_path) as image:
@@ -73,7 +74,7 @@ def test_second_run_of_an_unchanged_partition_decodes_at_most_5_percent(
 
 def test_union_mask_follows_the_image_geometry(corpus):
     output, _, _, _ = corpus
-    table = pd.read_parquet(output / "tables" / "images" / "chexlocalize.test.parquet")
+    table = pd.read_parquet(layout.table_file(output, "images", "chexlocalize.test"))
     with_mask = table[table["mask_path"].notna()]
     # Frontals are segmented (a union mask, possibly empty); laterals are not annotated.
     frontal = table["image_id"].str.endswith("_frontal")
@@ -88,7 +89,7 @@ def test_padding_bands_stay_empty_in_images_and_masks(corpus):
     output, first, _, _ = corpus
     padded = 0
     for key in first:
-        table = pd.read_parquet(output / "tables" / "images" / f"{key}.parquet")
+        table = pd.read_parquet(layout.table_file(output, "images", key))
         for row in table.itertuples():
             top, left, height, width = letterbox_placement(row.orig_height, row.orig_width)
             assert (row.pad_top, row.pad_left) == (top, left), row.image_id
@@ -120,8 +121,8 @@ def test_images_stage_pixels_match_an_independent_decode_and_letterbox(
     output, _, _, built = corpus
     dataset, split = parse_partition_key(partition)
     source_dir = built.resources["datasets"].source(dataset).image_dir(split)
-    index = pd.read_parquet(output / "tables" / "raw_index" / f"{partition}.parquet")
-    images = pd.read_parquet(output / "tables" / "images" / f"{partition}.parquet")
+    index = pd.read_parquet(layout.table_file(output, "raw_index", partition))
+    images = pd.read_parquet(layout.table_file(output, "images", partition))
     rows = index.merge(images, on="image_id", suffixes=("", "_out"))
     compared = 0
     for row in rows.itertuples():
@@ -147,15 +148,13 @@ def test_manifest_has_the_contract_columns_and_every_usable_image(corpus):
     blocking = [e for e in evaluations if e.severity == dg.AssetCheckSeverity.ERROR]
     assert "manifest_totals_match_documentation" in {e.check_name for e in blocking}
     assert [(e.check_name, e.metadata) for e in blocking if not e.passed] == []
-    manifest = pd.read_parquet(output / "tables" / "unified_manifest.parquet")
+    manifest = pd.read_parquet(output / layout.MANIFEST)
     assert list(manifest.columns) == [
         *PARTITION_MANIFEST_COLUMNS,
         "duplicate_group",
         *PARENT_IDENTITY,
     ]
-    images = sum(
-        len(pd.read_parquet(output / "tables" / "raw_index" / f"{k}.parquet")) for k in first
-    )
+    images = sum(len(pd.read_parquet(layout.table_file(output, "raw_index", k))) for k in first)
     assert len(manifest) == images and manifest["image_id"].is_unique
     assert manifest["report"].dropna().ne("None").all()
     ms_cxr = manifest[manifest["dataset"] == "ms_cxr"]
@@ -165,7 +164,7 @@ def test_manifest_has_the_contract_columns_and_every_usable_image(corpus):
 
 def test_resized_boxes_account_for_letterbox_padding(corpus):
     output, _, _, _ = corpus
-    manifest = pd.read_parquet(output / "tables" / "unified_manifest.parquet")
+    manifest = pd.read_parquet(output / layout.MANIFEST)
     row = manifest[manifest["dataset"] == "ms_cxr"].iloc[0]
     height, width = row["orig_height"], row["orig_width"]
     scale = 224 / max(height, width)
@@ -178,15 +177,13 @@ def test_resized_boxes_account_for_letterbox_padding(corpus):
 
 def test_loader_reads_the_manifest(corpus):
     output, _, _, _ = corpus
-    dataset = ManifestDataset(
-        output / "tables" / "unified_manifest.parquet", datasets="chexlocalize", splits="test"
-    )
+    dataset = ManifestDataset(output / layout.MANIFEST, datasets="chexlocalize", splits="test")
     sample = dataset[0]
     img, mask, cls = (np.asarray(sample[k]) for k in ("img", "mask", "cls"))
     assert img.shape == (1, 224, 224) and img.min() >= -1 and img.max() <= 1
     assert set(np.unique(mask)) <= {0.0, 1.0}
     assert cls.shape == (21,) and np.isnan(cls).sum() == 7
-    rex = ManifestDataset(output / "tables" / "unified_manifest.parquet", datasets="rexgradient")
+    rex = ManifestDataset(output / layout.MANIFEST, datasets="rexgradient")
     reports = [rex[i]["report"] for i in range(len(rex))]
     assert None in reports and "None" not in reports
 
@@ -207,7 +204,7 @@ def test_manifest_column_lineage_names_real_upstream_columns(corpus):
         for dep in deps:
             asset = dep.asset_key.to_user_string()
             upstream = set()
-            tables = output / "tables"
+            tables = layout.tables_folder(output)
             for table in [*(tables / asset).glob("*.parquet"), *tables.glob(f"{asset}.parquet")]:
                 upstream |= set(pd.read_parquet(table).columns)
             assert dep.column_name in upstream, (column, asset, dep.column_name)

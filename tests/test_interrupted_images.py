@@ -14,6 +14,8 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
+from radharmony_pipeline.processing.storage import output_layout as layout
+
 PARTITION = "rexgradient.train"
 # Materializes every partitioned stage of one partition, as `dagster asset materialize` would.
 SCRIPT = """
@@ -41,7 +43,7 @@ def materialize(data_root: Path, output: Path, script: Path) -> subprocess.Popen
 
 def outputs_of(output: Path) -> dict[str, bytes]:
     """Every image, mask and packed-array file of the partition, by relative path."""
-    folder = output / "images"
+    folder = output / layout.IMAGES
     return {
         str(p.relative_to(output)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
     }
@@ -54,7 +56,7 @@ def test_killed_run_resumes_byte_identical_without_temporary_files(tiny_copy, tm
     clean = tmp_path / "clean"
     assert materialize(tiny_copy, clean, script).wait(timeout=300) == 0
     expected = outputs_of(clean)
-    table = pd.read_parquet(clean / "tables" / "raw_index" / f"{PARTITION}.parquet")
+    table = pd.read_parquet(layout.table_file(clean, "raw_index", PARTITION))
     assert len(table) >= 4
 
     # A very large image in the middle keeps the worker busy for seconds: the run is killed
@@ -65,7 +67,7 @@ def test_killed_run_resumes_byte_identical_without_temporary_files(tiny_copy, tm
     shutil.copy2(victim, saved)
     noise = np.random.default_rng(0).integers(0, 65535, (9000, 9000), dtype=np.uint16)
     Image.fromarray(noise).save(victim, compress_level=1)
-    before = clean / "images" / PARTITION / f"{table['image_key'].iloc[middle - 1]}.png"
+    before = clean / layout.resized_image(PARTITION, table["image_key"].iloc[middle - 1])
     killed = tmp_path / "killed"
     process = materialize(tiny_copy, killed, script)
     written = killed / before.relative_to(clean)
@@ -74,10 +76,10 @@ def test_killed_run_resumes_byte_identical_without_temporary_files(tiny_copy, tm
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=30)
-    assert written.exists() and list((killed / "images").glob(".partial-*")), (
+    assert written.exists() and list((killed / layout.IMAGES).glob(".partial-*")), (
         "the run must be killed mid-way"
     )
-    assert not (killed / "images" / f"{PARTITION}.npy").exists()
+    assert not (killed / layout.packed_images(PARTITION)).exists()
 
     victim.unlink()
     shutil.copy2(saved, victim)
@@ -85,5 +87,5 @@ def test_killed_run_resumes_byte_identical_without_temporary_files(tiny_copy, tm
     assert rerun.wait(timeout=300) == 0, rerun.stderr.read()[-3000:]
     assert outputs_of(killed) == expected
     assert not list(killed.rglob(".partial-*"))
-    packed = np.load(killed / "images" / f"{PARTITION}.npy")
+    packed = np.load(killed / layout.packed_images(PARTITION))
     assert packed.shape[0] == len(table)

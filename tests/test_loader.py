@@ -15,6 +15,7 @@ from PIL import Image
 
 from radharmony_pipeline import loader
 from radharmony_pipeline.loader import ManifestDataset
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
 S = 16
@@ -108,7 +109,7 @@ def write_images(output: Path) -> list[dict]:
     paths = []
     for position, row in enumerate(ROWS):
         key = row["image_id"].replace("/", "_")
-        image_path = f"images/{row['partition']}/{key}.png"
+        image_path = layout.resized_image(row["partition"], key)
         write_png(output / image_path, image_pixels(position))
         mask_path = None
         if row["has_mask"]:
@@ -162,8 +163,8 @@ def manifest_table(paths: list[dict]) -> pa.Table:
 def output_root(tmp_path: Path) -> Path:
     output = tmp_path / "output"
     table = manifest_table(write_images(output))
-    (output / "tables").mkdir(parents=True)
-    pq.write_table(table, output / "tables" / "unified_manifest.parquet")
+    layout.tables_folder(output).mkdir(parents=True)
+    pq.write_table(table, output / layout.MANIFEST)
     return output
 
 
@@ -176,7 +177,7 @@ def numpy_samples(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def manifest_path(output_root: Path) -> Path:
-    return output_root / "tables" / "unified_manifest.parquet"
+    return output_root / layout.MANIFEST
 
 
 @pytest.fixture
@@ -218,7 +219,7 @@ def test_packed_and_png_reads_give_identical_images(manifest_path):
 def test_packed_array_is_read_when_present(output_root, manifest_path):
     for row in ROWS:
         key = row["image_id"].replace("/", "_")
-        (output_root / "images" / row["partition"] / f"{key}.png").unlink()
+        (output_root / layout.resized_image(row["partition"], key)).unlink()
     dataset = ManifestDataset(manifest_path)
     np.testing.assert_allclose(dataset[2]["img"][0], image_pixels(2) / 127.5 - 1, atol=1e-6)
 

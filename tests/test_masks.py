@@ -24,6 +24,7 @@ from radharmony_pipeline.processing.annotations.masks import (
 )
 from radharmony_pipeline.processing.imaging.tagged_png import stored_input_key
 from radharmony_pipeline.processing.jobs.mask_jobs import UNION_CLASS, MaskTarget, PolygonMaskJob
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 
 # pycocotools 2.0.11's Cython decode trips a NumPy 2 DeprecationWarning on every call; it is
@@ -341,9 +342,13 @@ def test_mask_input_key_is_short_stable_and_separates_parts() -> None:
 # --- ChestX-Det polygon jobs: the PNG gives the frame ----------------------------------------
 
 
+# The test image's mask folder below the output root (`masks/img`: no partition level here).
+IMAGE_MASKS = f"{layout.MASKS}/img"
+
+
 def _polygon_job(image: Path, output: Path, frame: tuple[int, int]) -> PolygonMaskJob:
     square = [[[2.0, 2.0], [10.0, 2.0], [10.0, 8.0], [2.0, 8.0]]]
-    return PolygonMaskJob("img", image, MaskTarget(output, "masks/img"), frame, {"Nodule": square})
+    return PolygonMaskJob("img", image, MaskTarget(output, IMAGE_MASKS), frame, {"Nodule": square})
 
 
 def test_polygon_job_draws_the_instances_in_the_png_frame(tmp_path: Path) -> None:
@@ -357,7 +362,7 @@ def test_polygon_job_draws_the_instances_in_the_png_frame(tmp_path: Path) -> Non
         ("Nodule", 12, 16),
         (UNION_CLASS, 12, 16),
     }
-    written = np.asarray(Image.open(tmp_path / "out" / "masks/img/Nodule.png"))
+    written = np.asarray(Image.open(tmp_path / "out" / IMAGE_MASKS / "Nodule.png"))
     assert written.shape == (12, 16) and written[2:8, 2:10].all() and not written[9:].any()
 
 
@@ -371,7 +376,7 @@ def test_polygon_job_reports_a_png_whose_pixel_data_is_cut_short(tmp_path: Path)
 
     assert len(rows) == 1 and rows[0].status == "error"
     assert str(image) in rows[0].error
-    assert not (tmp_path / "out" / "masks/img/Nodule.png").exists()
+    assert not (tmp_path / "out" / IMAGE_MASKS / "Nodule.png").exists()
 
 
 def test_polygon_job_names_a_frame_that_differs_from_the_png_header(tmp_path: Path) -> None:

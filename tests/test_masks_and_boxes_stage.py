@@ -13,6 +13,7 @@ from pycocotools import mask as coco
 
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.processing.annotations.masks import read_mask_png
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.sources import partition_keys
 from radharmony_pipeline.sources.ms_cxr import CSV_NAME
 
@@ -39,7 +40,7 @@ def pixel_edges(low: pd.Series, high: pd.Series, size) -> tuple[np.ndarray, np.n
 
 
 def table(output, asset, partition) -> pd.DataFrame:
-    return pd.read_parquet(output / "tables" / asset / f"{partition}.parquet")
+    return pd.read_parquet(layout.table_file(output, asset, partition))
 
 
 @pytest.mark.parametrize("partition", partition_keys())
@@ -204,7 +205,7 @@ def test_contact_sheets_are_written_and_linked(built):
 
 def test_second_run_rewrites_no_mask_png(tiny_corpus_copy, tiny_root):
     output = tiny_corpus_copy
-    pngs = sorted((output / "masks" / "chestx_det.test").rglob("*.png"))
+    pngs = sorted((output / layout.mask_folder("chestx_det.test")).rglob("*.png"))
     before = {p: p.stat().st_mtime_ns for p in pngs}
     assert run(tiny_root, output, "chestx_det.test").success
     assert {p: p.stat().st_mtime_ns for p in pngs} == before

@@ -31,6 +31,7 @@ from radharmony_pipeline.processing.imaging.perceptual_hash import (
     perceptual_hash,
 )
 from radharmony_pipeline.processing.jobs.image_jobs import content_fingerprints
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.sources import SourceLocation, open_source, partition_keys
 from radharmony_pipeline.synthetic import generate_datasets
 from radharmony_pipeline.synthetic.duplicates import DEMO_DUPLICATES, LEAK, read_truth
@@ -70,7 +71,7 @@ def _built(tmp_path_factory, plants):
     joined = built.resolve_job_def("joined").execute_in_process(
         instance=instance, raise_on_error=False
     )
-    members = pd.read_parquet(output / "tables" / "near_duplicates.parquet")
+    members = pd.read_parquet(layout.table_file(output, "near_duplicates"))
     return data, output, members, joined
 
 
@@ -156,13 +157,13 @@ def test_near_pair_across_splits_is_not_identical():
 def test_blocked_leak_stops_the_manifest(planted):
     _, output, _, joined = planted
     assert not joined.success
-    assert not (output / "tables" / "unified_manifest.parquet").exists()
+    assert not (output / layout.MANIFEST).exists()
 
 
 def test_manifest_duplicate_group_and_loader_options(demo_like):
     data, output, members, joined = demo_like
     assert joined.success
-    path = output / "tables" / "unified_manifest.parquet"
+    path = output / layout.MANIFEST
     manifest = pd.read_parquet(path)
     groups = dict(zip(members["image_id"], members["group_id"], strict=True))
     assert manifest["duplicate_group"].notna().sum() == len(members)
@@ -259,9 +260,8 @@ def test_radius_beyond_blocks_is_refused():
 
 def test_profiles_are_pictures_of_every_partition_and_the_corpus(demo_like):
     _, output, _, joined = demo_like
-    folder = output / "previews" / "profile"
     for name in [*partition_keys(), "corpus"]:
-        with Image.open(folder / f"{name}.png") as image:
+        with Image.open(output / layout.preview("profile", name)) as image:
             assert image.format == "PNG" and image.width > 1000 and image.height > 500
     corpus = next(
         e.materialization
@@ -269,8 +269,8 @@ def test_profiles_are_pictures_of_every_partition_and_the_corpus(demo_like):
         if e.materialization.asset_key == dg.AssetKey("corpus_profile")
     )
     assert corpus.metadata["profile_inline"].value.startswith("![profile of corpus](data:image/png")
-    prevalence = pd.read_parquet(output / "tables" / "corpus_profile.parquet")
-    manifest = pd.read_parquet(output / "tables" / "unified_manifest.parquet")
+    prevalence = pd.read_parquet(layout.table_file(output, "corpus_profile"))
+    manifest = pd.read_parquet(output / layout.MANIFEST)
     chestx = prevalence[(prevalence["dataset"] == "chestx_det") & (prevalence["label"] == "nodule")]
     rows = manifest[manifest["dataset"] == "chestx_det"]
     assert int(chestx["positive"].iloc[0]) == int((rows["label_nodule"] == 1).sum())
@@ -281,7 +281,7 @@ def test_profiles_are_pictures_of_every_partition_and_the_corpus(demo_like):
 
 def test_near_duplicate_sheet_shows_groups(demo_like):
     _, output, members, _ = demo_like
-    with Image.open(output / "previews" / "near_duplicates" / "examples.png") as sheet:
+    with Image.open(output / layout.NEAR_DUPLICATE_SHEET) as sheet:
         assert sheet.width == 4 * 224
         assert sheet.height > members["group_id"].nunique() * 224
 

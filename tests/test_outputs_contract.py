@@ -18,6 +18,7 @@ from PIL import Image, ImageDraw
 from radharmony_pipeline.loader import ManifestDataset
 from radharmony_pipeline.processing.corpus.parents import PARENT_IDENTITY
 from radharmony_pipeline.processing.corpus.previews import TITLE_LINES, _font, title_lines
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.tables.manifest import PARTITION_MANIFEST_COLUMNS
 from radharmony_pipeline.processing.tables.table_schemas import (
     INDEX_COLUMNS,
@@ -87,7 +88,7 @@ def test_every_partition_and_the_manifest_materialize(tiny_corpus):
 @pytest.mark.parametrize("table", PARTITIONED)
 def test_a_whole_table_folder_reads_as_one_table_in_four_readers(tiny_corpus, table):
     output, _, _ = tiny_corpus
-    folder = output / "tables" / table
+    folder = layout.tables_folder(output) / table
     schema = TABLE_SCHEMAS[table]
     assert len(list(folder.glob("*.parquet"))) == len(partition_keys())
     rows = _rows_in(folder)
@@ -118,16 +119,16 @@ def test_every_partitioned_table_says_its_dataset_and_split(tiny_corpus):
     output, _, _ = tiny_corpus
     for table in PARTITIONED:
         for key in partition_keys():
-            frame = pd.read_parquet(output / "tables" / table / f"{key}.parquet")
+            frame = pd.read_parquet(layout.table_file(output, table, key))
             dataset, split = key.split(".")
             assert (frame["dataset"] == dataset).all() and (frame["split"] == split).all()
 
 
 def test_files_carry_the_schema_version_and_the_manifest_its_declared_schema(tiny_corpus):
     output, _, _ = tiny_corpus
-    for path in (output / "tables").rglob("*.parquet"):
+    for path in layout.tables_folder(output).rglob("*.parquet"):
         assert pq.read_schema(path).metadata[SCHEMA_VERSION_KEY] == SCHEMA_VERSION.encode()
-    manifest = pq.read_schema(output / "tables" / "unified_manifest.parquet")
+    manifest = pq.read_schema(output / layout.MANIFEST)
     assert manifest.names == TABLE_SCHEMAS["unified_manifest"].names
 
 
@@ -205,21 +206,23 @@ def test_extras_are_typed_nulls_and_nullable_ints_stay_ints():
 
 
 def _manifest(output) -> pd.DataFrame:
-    return pd.read_parquet(output / "tables" / "unified_manifest.parquet")
+    return pd.read_parquet(output / layout.MANIFEST)
 
 
 def _sample(output, image_id: str) -> dict:
-    dataset = ManifestDataset(output / "tables" / "unified_manifest.parquet")
+    dataset = ManifestDataset(output / layout.MANIFEST)
     position = int(np.flatnonzero(dataset.table["image_id"] == image_id)[0])
     return dataset[position]
 
 
 def test_any_masks_exist_only_for_segmented_images(tiny_corpus):
     output, _, _ = tiny_corpus
-    masks = pd.concat(pd.read_parquet(p) for p in (output / "tables" / "masks").glob("*.parquet"))
+    masks = pd.concat(
+        pd.read_parquet(p) for p in (layout.tables_folder(output) / "masks").glob("*.parquet")
+    )
     unions = set(masks.loc[masks["mask_class"] == "any", "image_id"])
     index = pd.concat(
-        pd.read_parquet(p) for p in (output / "tables" / "raw_index").glob("*.parquet")
+        pd.read_parquet(p) for p in (layout.tables_folder(output) / "raw_index").glob("*.parquet")
     )
     segmented = (index["dataset"] == "chestx_det") | (
         (index["dataset"] == "chexlocalize") & index["image_path"].str.endswith("_frontal.jpg")
@@ -249,7 +252,7 @@ def test_ms_cxr_and_rexgradient_images_are_not_annotated(tiny_corpus):
 def test_a_chestx_det_negative_is_an_annotated_empty_mask(tiny_corpus):
     output, _, _ = tiny_corpus
     manifest = _manifest(output)
-    labels = pd.read_parquet(output / "tables" / "labels" / "chestx_det.train.parquet")
+    labels = pd.read_parquet(layout.table_file(output, "labels", "chestx_det.train"))
     negative = labels.loc[labels["is_negative"].astype(bool), "image_id"].iloc[0]
     row = manifest.set_index("image_id").loc[negative]
     assert row["has_mask"] and len(row["mask_classes"]) == 0 and pd.notna(row["mask_path"])
@@ -259,7 +262,7 @@ def test_a_chestx_det_negative_is_an_annotated_empty_mask(tiny_corpus):
 
 def test_a_chexlocalize_frontal_without_an_entry_is_an_annotated_empty_mask(tiny_corpus):
     output, _, _ = tiny_corpus
-    labels = pd.read_parquet(output / "tables" / "labels" / "chexlocalize.test.parquet")
+    labels = pd.read_parquet(layout.table_file(output, "labels", "chexlocalize.test"))
     without = labels[~labels["has_segmentation"].astype(bool)]
     frontal = without.loc[without["image_id"].str.endswith("_frontal"), "image_id"].iloc[0]
     row = _manifest(output).set_index("image_id").loc[frontal]
@@ -282,7 +285,9 @@ def test_a_segmented_positive_has_its_mask(tiny_corpus):
 def test_boxes_labels_and_phrases_are_parallel_in_the_manifest_and_samples(tiny_corpus):
     output, _, _ = tiny_corpus
     manifest = _manifest(output)
-    boxes = pd.concat(pd.read_parquet(p) for p in (output / "tables" / "bboxes").glob("*.parquet"))
+    boxes = pd.concat(
+        pd.read_parquet(p) for p in (layout.tables_folder(output) / "bboxes").glob("*.parquet")
+    )
     boxes = boxes[boxes["status"] == "ok"].sort_values(["image_id", "box_index"])
     by_image = {k: g for k, g in boxes.groupby("image_id")}
     for row in manifest.itertuples():
@@ -302,8 +307,8 @@ def test_boxes_labels_and_phrases_are_parallel_in_the_manifest_and_samples(tiny_
 def test_labels_phrases_are_one_per_box(tiny_corpus):
     output, _, _ = tiny_corpus
     for key in partition_keys():
-        labels = pd.read_parquet(output / "tables" / "labels" / f"{key}.parquet")
-        boxes = pd.read_parquet(output / "tables" / "bboxes" / f"{key}.parquet")
+        labels = pd.read_parquet(layout.table_file(output, "labels", key))
+        boxes = pd.read_parquet(layout.table_file(output, "bboxes", key))
         counts = boxes.groupby("image_id").size()
         for image_id, phrases in zip(labels["image_id"], labels["label_text"], strict=True):
             assert len(phrases) == counts.get(image_id, 0), (key, image_id)
@@ -316,7 +321,7 @@ def test_every_partition_has_contact_sheets(tiny_corpus):
     output, _, _ = tiny_corpus
     for key in partition_keys():
         for kind in ("masks", "bboxes"):
-            path = output / "previews" / kind / f"{key}.png"
+            path = output / layout.preview(kind, key)
             with Image.open(path) as sheet:
                 assert sheet.width > 0 and sheet.height > 0, path
 

@@ -26,6 +26,7 @@ from radharmony_pipeline.processing.corpus.parents import (
     match_to_parents,
     patient_disjoint_by_parent,
 )
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.source_store import tree_states
 from radharmony_pipeline.sources import MetadataError, SourceLocation, open_source
 from radharmony_pipeline.sources.errors import DatasetLayoutError
@@ -89,7 +90,7 @@ def unparented(tmp_path_factory):
 
 
 def _table(output, name):
-    return pd.read_parquet(output / "tables" / f"{name}.parquet")
+    return pd.read_parquet(layout.table_file(output, name))
 
 
 def test_every_planted_nih_link_recovered_none_invented(parented):
@@ -142,9 +143,9 @@ def test_parent_columns_on_raw_index_and_manifest(parented):
         assert (pd.isna(row["parent_split"]) and expected is None) or row[
             "parent_split"
         ] == expected
-    raw = pd.read_parquet(output / "tables" / "raw_index" / "ms_cxr.test.parquet")
+    raw = pd.read_parquet(layout.table_file(output, "raw_index", "ms_cxr.test"))
     assert raw["parent_split"].notna().all() and (raw["parent_dataset"] == "mimic_cxr").all()
-    raw_det = pd.read_parquet(output / "tables" / "raw_index" / "chestx_det.test.parquet")
+    raw_det = pd.read_parquet(layout.table_file(output, "raw_index", "chestx_det.test"))
     # The file names are opaque: the NIH image is only known from content, downstream.
     assert raw_det["parent_image_id"].isna().all()
 
@@ -185,7 +186,7 @@ def test_checks_find_planted_leaks_with_exact_counts(parented):
 def test_loader_drops_exactly_the_planted_leaks(parented):
     data, output, _, _ = parented
     expected = read_parents_truth(data)["expected"]
-    path = output / "tables" / "unified_manifest.parquet"
+    path = output / layout.MANIFEST
     everything = set(ManifestDataset(path).table["image_id"])
 
     def dropped(**option):

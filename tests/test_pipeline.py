@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from radharmony_pipeline.definitions import build_definitions
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.sources import partition_keys
 from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
@@ -46,18 +47,18 @@ def test_every_partition_materializes_with_every_check_passing(materialized, par
     for name, evaluation in evaluations.items():
         assert evaluation.passed, (name, evaluation.metadata)
     for asset in ("raw_index", "labels"):
-        path = output / "tables" / asset / f"{partition}.parquet"
+        path = layout.table_file(output, asset, partition)
         table = pd.read_parquet(path)
         assert len(table) > 0
-    assert not list((output / "tables").rglob(".partial-*"))
+    assert not list(layout.tables_folder(output).rglob(".partial-*"))
 
 
 def test_tables_round_trip_with_contract_types(materialized):
     output, _ = materialized
-    labels = pd.read_parquet(output / "tables" / "labels" / "chestx_det.train.parquet")
+    labels = pd.read_parquet(layout.table_file(output, "labels", "chestx_det.train"))
     assert list(labels.columns[-21:]) == list(LABEL_COLUMNS)
     assert all(str(labels[c].dtype) == "Int8" for c in LABEL_COLUMNS)
-    index = pd.read_parquet(output / "tables" / "raw_index" / "rexgradient.val.parquet")
+    index = pd.read_parquet(layout.table_file(output, "raw_index", "rexgradient.val"))
     assert list(index.columns[:12]) == [
         "image_id",
         "image_key",
@@ -118,7 +119,7 @@ def test_missing_root_fails_only_that_partition_and_writes_nothing(tiny_copy, tm
     failure = next(e for e in failed.all_events if e.is_step_failure)
     message = failure.step_failure_data.user_failure_data.description
     assert "RADHARMONY_REXGRADIENT_ROOT" in message and "deid_png" in message
-    assert not (output / "tables" / "raw_index").exists()
+    assert not (layout.tables_folder(output) / "raw_index").exists()
     assert materialize(tiny_copy, output, "chestx_det.test").success
 
 
@@ -162,6 +163,6 @@ def test_cli_materializes_with_only_the_chestx_det_root_set(tiny_root, tmp_path)
         timeout=300,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    table = pd.read_parquet(tmp_path / "out" / "tables" / "raw_index" / "chestx_det.train.parquet")
+    table = pd.read_parquet(layout.table_file(tmp_path / "out", "raw_index", "chestx_det.train"))
     expected = json.loads((tiny_root / "chestx-det" / "expected_counts.json").read_text())
     assert len(table) == expected["splits"]["train"]["images"]

@@ -12,6 +12,8 @@ import dagster as dg
 import pandas as pd
 import pytest
 
+from radharmony_pipeline.processing.storage import output_layout as layout
+
 REPOSITORY = Path(__file__).resolve().parent.parent
 SECTION = "## Your downloads"
 
@@ -57,11 +59,11 @@ def test_the_commands_run_verbatim_on_a_data_root_of_tiny_data(tiny_root, tmp_pa
     checked = [line for line in completed.stdout.splitlines() if line.startswith("chestx_det.")]
     assert len(checked) == 2 and all(" ok " in line for line in checked)
     # The run went to the output root and the persistent instance the section sets.
-    output = home / "radharmony" / "output" / "tables"
-    raw_index = pd.read_parquet(output / "raw_index" / "chestx_det.test.parquet")
+    output = home / "radharmony" / "output"
+    raw_index = pd.read_parquet(layout.table_file(output, "raw_index", "chestx_det.test"))
     expected = len(list((tiny_root / "chestx-det" / "test").glob("*.png")))
     assert len(raw_index) == expected
-    assert (output / "images" / "chestx_det.test.parquet").exists()
+    assert layout.table_file(output, "images", "chestx_det.test").exists()
     instance_home = home / "radharmony" / "dagster_home"
     assert (instance_home / "dagster.yaml").exists()
     with pytest.MonkeyPatch.context() as env:

@@ -36,6 +36,7 @@ from radharmony_pipeline.processing.imaging.image_files import (
 from radharmony_pipeline.processing.imaging.tagged_png import INPUT_KEY_TAG
 from radharmony_pipeline.processing.jobs import image_jobs
 from radharmony_pipeline.processing.jobs.image_jobs import ImageJob
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.source_snapshot import compare
 from radharmony_pipeline.processing.storage.source_store import (
     SourceStoreError,
@@ -177,7 +178,7 @@ def test_every_stage_from_s3_equals_a_run_from_the_local_copy(both_runs, dataset
             expected_pixels, expected_tags = png_content(reference)
             np.testing.assert_array_equal(pixels, expected_pixels, err_msg=name)
             assert tags == expected_tags, name
-            if name.startswith("masks/"):  # keyed by annotations only: identical files
+            if name.startswith(f"{layout.MASKS}/"):  # keyed by annotations only: identical files
                 assert mine.read_bytes() == reference.read_bytes(), name
         elif name.endswith(".npy"):
             np.testing.assert_array_equal(np.load(mine), np.load(reference), err_msg=name)
@@ -188,7 +189,7 @@ def test_every_stage_from_s3_equals_a_run_from_the_local_copy(both_runs, dataset
             assert mine.read_bytes() == reference.read_bytes(), name
         compared[name.rsplit(".", 1)[-1]] += 1
     assert all(compared.values()), compared
-    manifest = pd.read_parquet(from_store / "tables" / "unified_manifest.parquet")
+    manifest = pd.read_parquet(from_store / layout.MANIFEST)
     assert set(manifest["dataset"]) == {"chexlocalize", "chestx_det", "ms_cxr"}
     assert manifest["source_image_path"].str.endswith(".dcm").any()
     # Relative to the image folder, never the store's URL or a local path.
@@ -239,11 +240,11 @@ def test_dask_workers_read_the_sources_from_s3_themselves(both_runs, datasets, t
             executed = client.run(lambda dask_worker: dask_worker.state.executed_count)
     # The per-image chunks of masks and images ran in the workers' own processes.
     assert run.success and sum(executed.values()) > 0
-    table = f"tables/images/{partition}.parquet"
+    table = layout.table_path("images", partition)
     pd.testing.assert_frame_equal(
         pd.read_parquet(tmp_path / table), pd.read_parquet(from_disk / table)
     )
-    packed = f"images/{partition}.npy"
+    packed = layout.packed_images(partition)
     np.testing.assert_array_equal(np.load(tmp_path / packed), np.load(from_disk / packed))
 
 

@@ -25,6 +25,7 @@ from fault_support import (
 )
 
 from radharmony_pipeline.processing.imaging.image_files import ImageFileError, header_image_size
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.source_store import (
     NotARegularFile,
     read_source_bytes,
@@ -205,7 +206,7 @@ def empty(path: Path, content: str) -> None:
 
 def assert_declared_schema(output: Path, table: str, partition: str) -> None:
     declared = getattr(table_schemas, table.upper()).arrow()
-    written = pq.read_schema(output / "tables" / table / f"{partition}.parquet")
+    written = pq.read_schema(layout.table_file(output, table, partition))
     assert written.names == declared.names
     assert [f.type for f in written] == [f.type for f in declared], table
 
@@ -249,7 +250,7 @@ def test_an_annotation_file_without_entries_gives_an_empty_typed_partition(
 
 
 def tables_of(output: Path, partition: str, table: str):
-    return pq.read_table(output / "tables" / table / f"{partition}.parquet")
+    return pq.read_table(layout.table_file(output, table, partition))
 
 
 @pytest.mark.timeout(300)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import socket
 from dataclasses import replace
+from pathlib import PurePosixPath
 
 import numpy as np
 import pytest
@@ -14,8 +15,8 @@ from PIL import Image
 from radharmony_pipeline.processing.execution.cluster import LocalPool
 from radharmony_pipeline.processing.jobs import image_jobs as image_jobs_module
 from radharmony_pipeline.processing.jobs.image_jobs import ImageJob, build_packed_images
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
-from radharmony_pipeline.processing.storage.output_layout import NEAR_DUPLICATE_SHEET
 from radharmony_pipeline.processing.storage.store import listing, output_path, publish
 
 BUCKET = "storage-test"
@@ -103,7 +104,7 @@ def image_jobs(sources, root):
             source_file=source,
             union_mask_file=None,
             output_root=root,
-            image_relative=f"images/p/{source.stem}.png",
+            image_relative=layout.resized_image("p", source.stem),
             mask_relative=None,
             size=SIZE,
             resize="letterbox",
@@ -117,21 +118,21 @@ def test_packed_images_on_s3_equal_a_local_build_and_a_rerun_decodes_nothing(buc
     sources = write_sources(tmp_path / "sources", 5)
     local_root = tmp_path / "local"
     local_rows = build_packed_images(
-        image_jobs(sources, local_root), local_root / "images" / "p.npy", SIZE, LocalPool(1)
+        image_jobs(sources, local_root), local_root / layout.packed_images("p"), SIZE, LocalPool(1)
     )
     remote_root = bucket / "corpus"
-    packed = remote_root / "images" / "p.npy"
+    packed = remote_root / layout.packed_images("p")
     remote_rows = build_packed_images(image_jobs(sources, remote_root), packed, SIZE, LocalPool(1))
 
     assert remote_rows == local_rows
     assert [row.status for row in remote_rows] == ["ok"] * 5 + ["error"]
     remote_array = np.load(io.BytesIO(packed.read_bytes()))
-    np.testing.assert_array_equal(remote_array, np.load(local_root / "images" / "p.npy"))
+    np.testing.assert_array_equal(remote_array, np.load(local_root / layout.packed_images("p")))
     keys = all_keys(remote_root)
     assert not [key for key in keys if TEMP_MARKER in key]
-    assert "images/p.npy.keys.json" in keys
+    assert str(layout.packed_keys(PurePosixPath(layout.packed_images("p")))) in keys
     for source in sources[:5]:
-        relative = f"images/p/{source.stem}.png"
+        relative = layout.resized_image("p", source.stem)
         assert (remote_root / relative).read_bytes() == (local_root / relative).read_bytes()
 
     rerun = build_packed_images(image_jobs(sources, remote_root), packed, SIZE, LocalPool(1))
@@ -142,7 +143,7 @@ def test_packed_images_on_s3_equal_a_local_build_and_a_rerun_decodes_nothing(buc
 def test_an_unchanged_partition_on_s3_is_verified_from_headers(bucket, tmp_path, monkeypatch):
     sources = write_sources(tmp_path / "sources", 4)[:4]
     root = bucket / "verified"
-    packed = root / "images" / "p.npy"
+    packed = root / layout.packed_images("p")
     first = build_packed_images(image_jobs(sources, root), packed, SIZE, LocalPool(1))
     assert [row.decoded for row in first] == [True] * 4
 
@@ -170,10 +171,10 @@ def test_the_loader_and_the_duplicate_sheet_retry_transient_store_faults(
     monkeypatch.setattr(loader, "torch", None)
     local = tmp_path / "output"
     table = manifest_table(write_images(local))
-    (local / "tables").mkdir(parents=True)
-    pq.write_table(table, local / "tables" / "unified_manifest.parquet")
-    (local / NEAR_DUPLICATE_SHEET).parent.mkdir(parents=True, exist_ok=True)
-    (local / NEAR_DUPLICATE_SHEET).write_bytes(b"sheet")
+    layout.tables_folder(local).mkdir(parents=True)
+    pq.write_table(table, local / layout.MANIFEST)
+    (local / layout.NEAR_DUPLICATE_SHEET).parent.mkdir(parents=True, exist_ok=True)
+    (local / layout.NEAR_DUPLICATE_SHEET).write_bytes(b"sheet")
     bucket.fs.put(f"{local}/", f"{BUCKET}/loader/", recursive=True)
     bucket.fs.invalidate_cache()
 
@@ -187,8 +188,8 @@ def test_the_loader_and_the_duplicate_sheet_retry_transient_store_faults(
         return await original(self, method, *args, **kwargs)
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", flaky)
-    remote = loader.ManifestDataset(f"s3://{BUCKET}/loader/tables/unified_manifest.parquet")
-    expected = loader.ManifestDataset(local / "tables" / "unified_manifest.parquet")
+    remote = loader.ManifestDataset(f"s3://{BUCKET}/loader/{layout.MANIFEST}")
+    expected = loader.ManifestDataset(local / layout.MANIFEST)
     assert len(remote) == len(expected)
     for got, want in zip(remote, expected, strict=True):
         np.testing.assert_array_equal(got["img"], want["img"])

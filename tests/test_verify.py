@@ -14,6 +14,7 @@ from fault_support import _ASSETS, STAGES
 from radharmony_pipeline import cli
 from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.operations.verify import verify_outputs
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.synthetic import generate_datasets
 
 PARTITION = "chestx_det.test"
@@ -63,14 +64,14 @@ def test_verify_finds_damaged_outputs_and_a_materialize_repairs_exactly_them(
     output, instance, materialize = built
     assert verify_outputs(output, [PARTITION], instance) == []
     clean = files(output)
-    pngs = sorted(output.glob(f"images/{PARTITION}/*[0-9].png"))
-    masks = sorted(output.glob(f"masks/{PARTITION}/**/*.png"))
+    pngs = sorted(output.glob(f"{layout.resized_image_folder(PARTITION)}/*[0-9].png"))
+    masks = sorted(output.glob(f"{layout.mask_folder(PARTITION)}/**/*.png"))
     assert pngs and masks
     damaged = {
         pngs[0]: "flip",
         masks[0]: "flip",
-        output / "images" / f"{PARTITION}.npy": array_damage,
-        output / "tables" / "labels" / f"{PARTITION}.parquet": "flip",
+        output / layout.packed_images(PARTITION): array_damage,
+        layout.table_file(output, "labels", PARTITION): "flip",
     }
     for path, how in damaged.items():
         damage(path, how)
