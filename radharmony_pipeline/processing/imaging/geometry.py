@@ -154,10 +154,9 @@ def reduce_with_partial_blocks(pixels: np.ndarray, factor: int) -> np.ndarray:
     if whole_rows < height:
         blocks = _tile_rows_exactly(blocks, height, factor)
     if whole_columns < width:
-        # As rows of the transpose: gathering whole rows copies contiguous runs, gathering
-        # columns moves one element at a time (several times slower).
-        blocks = _tile_rows_exactly(np.ascontiguousarray(blocks.T), width, factor).T
-    return np.rint(blocks).astype(pixels.dtype, order="C")
+        # As rows of the transpose (cv2.transpose: numpy's strided copy is several times slower).
+        blocks = cv2.transpose(_tile_rows_exactly(cv2.transpose(blocks), width, factor))
+    return np.rint(blocks).astype(pixels.dtype)
 
 
 def _block_means(pixels: np.ndarray, factor: int, rows: int, columns: int) -> np.ndarray:
@@ -181,21 +180,16 @@ def _tile_rows_exactly(blocks: np.ndarray, side: int, factor: int) -> np.ndarray
     """float32 means of `factor`-row blocks (the last one narrower) resampled to
     side // factor rows of side / (side // factor) source rows each: an area resize between
     the two grids, in source coordinates."""
+    return _block_tiling_weights(side, factor) @ blocks
+
+
+@functools.lru_cache(maxsize=256)
+def _block_tiling_weights(side: int, factor: int) -> scipy.sparse.csr_matrix:
+    """From `factor`-wide blocks over `side` (the last one narrower) to side // factor
+    equal cells tiling the same span."""
+    block_edges = np.minimum(np.arange(math.ceil(side / factor) + 1) * factor, side)
     count = side // factor
-    width = side / count  # source rows per output row: at least one block, under two
-    pixel_edges = np.arange(count + 1) * width
-    # An output row is wider than a block but narrower than two, so it meets at most three
-    # of them, starting with the block its first edge falls in.
-    taps = 3
-    index = np.floor(pixel_edges[:-1] / factor).astype(np.intp)[:, None] + np.arange(taps)
-    overlap = np.minimum(pixel_edges[1:, None], np.minimum((index + 1) * factor, side))
-    overlap -= np.maximum(pixel_edges[:-1, None], np.minimum(index * factor, side))
-    tap_weights = (np.clip(overlap, 0, None) / width).astype(np.float32)  # rows sum to 1
-    index = np.minimum(index, len(blocks) - 1)
-    total = np.zeros((count, *blocks.shape[1:]), np.float32)
-    for tap in range(taps):
-        total += blocks[index[:, tap]] * tap_weights[:, tap, None]
-    return total
+    return _overlap_weights(block_edges, np.arange(count + 1) * (side / count))
 
 
 def resize_mask(mask: np.ndarray, geometry: ResizeGeometry) -> np.ndarray:
@@ -280,17 +274,26 @@ def shrink_by_area(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=256)
 def _area_weights(source: int, target: int) -> scipy.sparse.csr_matrix:
-    """target x source float32 weights: row i holds the share of output pixel i's edge
-    interval [i, i+1) * source / target that each source pixel covers (each row sums to 1)."""
-    span = source / target
-    edges = np.arange(target + 1) * span
-    first = np.floor(edges[:-1]).astype(np.intp)
-    index = first[:, None] + np.arange(math.ceil(span) + 1)
-    overlap = np.minimum(edges[1:, None], index + 1) - np.maximum(edges[:-1, None], index)
-    covered = (overlap > 0) & (index < source)
-    rows = np.broadcast_to(np.arange(target)[:, None], index.shape)[covered]
-    weights = (overlap[covered] / span).astype(np.float32)
-    return scipy.sparse.csr_matrix((weights, (rows, index[covered])), shape=(target, source))
+    """From `source` pixels to `target` equal cells tiling the same span."""
+    return _overlap_weights(np.arange(source + 1), np.arange(target + 1) * (source / target))
+
+
+def _overlap_weights(source_edges: np.ndarray, target_edges: np.ndarray) -> scipy.sparse.csr_matrix:
+    """float32 weights resampling values on one grid of cells to another over the same span:
+    entry (i, j) is the share of target cell i that source cell j covers (rows sum to 1).
+    Both grids are increasing edge positions, first and last equal."""
+    low, high = target_edges[:-1, None], target_edges[1:, None]
+    first = np.searchsorted(source_edges, target_edges[:-1], side="right") - 1
+    last = np.searchsorted(source_edges, target_edges[1:], side="left") - 1
+    index = first[:, None] + np.arange(int((last - first).max()) + 1)
+    cells = len(source_edges) - 1
+    clamped = np.minimum(index, cells - 1)
+    overlap = np.minimum(high, source_edges[clamped + 1]) - np.maximum(low, source_edges[clamped])
+    covered = (overlap > 0) & (index < cells)
+    rows = np.broadcast_to(np.arange(len(low))[:, None], index.shape)[covered]
+    weights = (overlap / (high - low))[covered].astype(np.float32)
+    shape = (len(low), cells)
+    return scipy.sparse.csr_matrix((weights, (rows, index[covered])), shape=shape)
 
 
 def _pad(content: np.ndarray, geometry: ResizeGeometry) -> np.ndarray:
