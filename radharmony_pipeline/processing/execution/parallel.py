@@ -32,6 +32,7 @@ _PRELOAD = [
     "radharmony_pipeline.processing.jobs.image_jobs",
     "radharmony_pipeline.processing.jobs.mask_jobs",
     "radharmony_pipeline.processing.imaging.dicom_decode",
+    "scipy.sparse",  # the area resize's weights (imported on first use elsewhere)
 ]
 
 

@@ -24,13 +24,16 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
 import numpy.typing as npt
-import scipy.sparse
 
 from radharmony_pipeline.processing.annotations.boxes import float_array
+
+if TYPE_CHECKING:
+    import scipy.sparse
 
 ArrayLike = npt.ArrayLike
 
@@ -282,6 +285,10 @@ def _overlap_weights(source_edges: np.ndarray, target_edges: np.ndarray) -> scip
     """float32 weights resampling values on one grid of cells to another over the same span:
     entry (i, j) is the share of target cell i that source cell j covers (rows sum to 1).
     Both grids are increasing edge positions, first and last equal."""
+    # Imported here: scipy.sparse is a noticeable part of loading the definitions, which
+    # every CLI command, webserver and step pays, and only resizing needs it.
+    import scipy.sparse
+
     low, high = target_edges[:-1, None], target_edges[1:, None]
     first = np.searchsorted(source_edges, target_edges[:-1], side="right") - 1
     last = np.searchsorted(source_edges, target_edges[1:], side="left") - 1
