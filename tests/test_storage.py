@@ -17,7 +17,14 @@ from radharmony_pipeline.processing.jobs import image_jobs as image_jobs_module
 from radharmony_pipeline.processing.jobs.image_jobs import ImageJob, build_packed_images
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
-from radharmony_pipeline.processing.storage.store import listing, output_path, publish
+from radharmony_pipeline.processing.storage.store import (
+    exists,
+    file_size,
+    listing,
+    output_path,
+    publish,
+    read_bytes,
+)
 
 BUCKET = "storage-test"
 SIZE = 32
@@ -75,6 +82,24 @@ def test_a_failed_write_leaves_neither_object_nor_temporary_key(bucket):
         publish(target, broken)
     assert {key for key in all_keys(bucket) if key.startswith("failed/")} == {"failed/table.bin"}
     assert target.read_bytes() == b"old"
+
+
+def test_an_object_another_process_wrote_after_this_one_listed_its_folder_is_seen(bucket):
+    # The step lists an output folder (clean-up, re-use), then its pool's workers write into
+    # it with filesystems of their own: s3fs's cached listing must not hide their objects.
+    import s3fs
+
+    folder = bucket / "written-elsewhere"
+    publish(folder / "first.png", lambda handle: handle.write(b"first"))
+    assert [info["name"] for info in folder.fs.ls(folder.path, detail=True)] == [
+        f"{folder.path}/first.png"
+    ]  # now cached in this process
+    worker = s3fs.S3FileSystem(skip_instance_cache=True)
+    worker.pipe_file(f"{folder.path}/second.png", b"second")
+    written = folder / "second.png"
+    assert exists(written)
+    assert file_size(written) == len(b"second")
+    assert read_bytes(written) == b"second"
 
 
 def test_listing_is_relative_and_empty_for_a_missing_prefix(bucket):

@@ -295,7 +295,16 @@ def read_bytes(path: OutputPath) -> bytes:
     """The whole file or object (one request, retried)."""
     if is_local(path):
         return Path(path).read_bytes()
+    _forget_listings(path)
     return with_retries(path, "read the object", lambda: path.fs.cat_file(path.path))
+
+
+def _forget_listings(path: UPath) -> None:
+    """Drop what this process's filesystem cached of `path`'s folders. Outputs are written by
+    the pool's worker processes too, and s3fs answers a lookup from a folder listing it made
+    earlier: an object written since would be reported missing (its size, before the read,
+    comes from that lookup)."""
+    path.fs.invalidate_cache(path.path)
 
 
 @contextlib.contextmanager
@@ -314,12 +323,14 @@ def file_size(path: OutputPath) -> int:
     """Bytes of a file or object (FileNotFoundError if absent)."""
     if is_local(path):
         return os.stat(path).st_size
+    _forget_listings(path)
     return with_retries(path, "look up the object", lambda: path.fs.size(path.path))
 
 
 def exists(path: OutputPath) -> bool:
     if is_local(path):
         return Path(path).exists()
+    _forget_listings(path)
     return with_retries(path, "look up the object", path.exists)
 
 
