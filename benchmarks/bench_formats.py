@@ -71,7 +71,7 @@ from radharmony_pipeline.processing.jobs.image_jobs import (
     image_table,
 )
 from radharmony_pipeline.processing.storage import output_layout as layout
-from radharmony_pipeline.processing.storage.atomic import temporary_sibling
+from radharmony_pipeline.processing.storage.atomic import temporary_sibling, write_atomically
 from radharmony_pipeline.settings import TIMEOUT_VARIABLE, job_timeout
 from radharmony_pipeline.sources import SOURCE_TYPES
 from radharmony_pipeline.synthetic.dicom import DicomIdentity, DicomVariant, dicom_bytes
@@ -542,10 +542,8 @@ def work_alone_cpu(sources: Sequence[Path], folder: Path, repeats: int) -> float
         geometry = letterbox_geometry(decoded.source_height, decoded.source_width, SIZE)
         pixels = resize_image(decoded.pixels, geometry)
         content_fingerprints(pixels, geometry)
-        target = folder / f"{source.stem}.png"
-        temp = temporary_sibling(target)
-        temp.write_bytes(radiograph_png(pixels))
-        os.replace(temp, target)
+        png = radiograph_png(pixels)
+        write_atomically(folder / f"{source.stem}.png", lambda temp: temp.write_bytes(png))
 
     return cpu_per_image(work, sources, repeats)
 

@@ -260,8 +260,6 @@ def file_state(path: SourcePath) -> FileState:
         stat = os.stat(path)
         return stat.st_size, stat.st_mtime_ns
     with _store_errors(path):
-        # Not from a listing this process cached earlier: a replaced object must be seen.
-        path.fs.invalidate_cache(path.path)
         return _object_state(
             with_retries(path, "look up the object", lambda: path.fs.info(path.path))
         )
@@ -354,8 +352,6 @@ def _folder_entries(folder: SourcePath) -> dict[str, bool]:
 def _listing(folder: UPath) -> dict[str, FileState]:
     base = folder.path.rstrip("/")
     with _store_errors(folder):
-        # A long-lived process (the next nightly observation) must see today's objects.
-        folder.fs.invalidate_cache(base)
         found = with_retries(folder, "list the prefix", lambda: folder.fs.find(base, detail=True))
     return {
         key[len(base) + 1 :]: _object_state(info)

@@ -141,6 +141,11 @@ for _protocol in ("s3", "s3a"):
 def _s3_options(retry_policy: RetryPolicy) -> dict[str, Any]:
     options: dict[str, Any] = {RETRY_OPTION: _policy_option(retry_policy)}
     options["config_kwargs"] = dict(_CLIENT_CONFIG)
+    # No folder listings kept between requests: the pool's workers write outputs with
+    # filesystems of their own, and a long-lived process (the next nightly observation) must
+    # see today's objects. s3fs would answer a lookup from an earlier listing and report an
+    # object written since as missing.
+    options["use_listings_cache"] = False
     # No endpoint here: botocore (>= 1.31, below what s3fs needs) resolves AWS_ENDPOINT_URL_S3
     # and AWS_ENDPOINT_URL itself, in whichever process makes the request.
     return options
@@ -295,16 +300,7 @@ def read_bytes(path: OutputPath) -> bytes:
     """The whole file or object (one request, retried)."""
     if is_local(path):
         return Path(path).read_bytes()
-    _forget_listings(path)
     return with_retries(path, "read the object", lambda: path.fs.cat_file(path.path))
-
-
-def _forget_listings(path: UPath) -> None:
-    """Drop what this process's filesystem cached of `path`'s folders. Outputs are written by
-    the pool's worker processes too, and s3fs answers a lookup from a folder listing it made
-    earlier: an object written since would be reported missing (its size, before the read,
-    comes from that lookup)."""
-    path.fs.invalidate_cache(path.path)
 
 
 @contextlib.contextmanager
@@ -323,14 +319,12 @@ def file_size(path: OutputPath) -> int:
     """Bytes of a file or object (FileNotFoundError if absent)."""
     if is_local(path):
         return os.stat(path).st_size
-    _forget_listings(path)
     return with_retries(path, "look up the object", lambda: path.fs.size(path.path))
 
 
 def exists(path: OutputPath) -> bool:
     if is_local(path):
         return Path(path).exists()
-    _forget_listings(path)
     return with_retries(path, "look up the object", path.exists)
 
 
