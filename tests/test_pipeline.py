@@ -14,6 +14,7 @@ import pytest
 
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.processing.storage import output_layout as layout
+from radharmony_pipeline.processing.tables import suite_validation
 from radharmony_pipeline.sources import partition_keys
 from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
@@ -51,6 +52,32 @@ def test_every_partition_materializes_with_every_check_passing(materialized, par
         table = pd.read_parquet(path)
         assert len(table) > 0
     assert not list(layout.tables_folder(output).rglob(".partial-*"))
+
+
+def test_suites_validated_in_a_helper_process_give_the_same_results(
+    materialized, tiny_root, tmp_path, monkeypatch
+):
+    """As for ReXGradient train at full scale: GX in a helper started before the read."""
+    _, results = materialized
+    partition = "rexgradient.val"
+    monkeypatch.setattr(suite_validation, "HELPER_SOURCE_BYTES", 0)
+    started = []
+    monkeypatch.setattr(
+        suite_validation.ValidationProcess,
+        "close",
+        lambda self, close=suite_validation.ValidationProcess.close: (
+            started.append(self.pid),
+            close(self),
+        ),
+    )
+    helped = materialize(tiny_root, tmp_path, partition)
+    assert len(started) == 1, "the step did not validate in a helper"
+
+    def evaluations(result):
+        return {e.check_name: (e.passed, e.metadata) for e in result.get_asset_check_evaluations()}
+
+    assert evaluations(helped) == evaluations(results[partition])
+    assert all(passed for passed, _ in evaluations(helped).values())
 
 
 def test_tables_round_trip_with_contract_types(materialized):

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-import pydicom
 from PIL import Image
 
 from ..processing.storage import source_store
@@ -229,6 +228,10 @@ def read_header(path: SourcePath, name: str) -> ImageHeader:
     suffix = PurePosixPath(name).suffix.lower()
     try:
         if suffix == ".dcm":
+            # Imported here: pydicom takes ~0.3 s to import, which loading the definitions
+            # (every CLI command, the webserver, every step) would otherwise pay.
+            import pydicom
+
             with source_store.open_source_file(path) as handle:
                 header = pydicom.dcmread(handle, stop_before_pixels=True)
             return ImageHeader(

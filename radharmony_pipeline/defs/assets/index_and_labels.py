@@ -8,6 +8,8 @@ The checks on both tables run in the same step, on the tables in memory (check_s
 import dagster as dg
 import pandas as pd
 
+from ...processing.storage.source_store import file_state
+from ...processing.tables.suite_validation import suite_validation
 from ...processing.tables.table_schemas import RAW_INDEX
 from ...settings import UNREADABLE_LIMIT_VARIABLE
 from ...sources import (
@@ -21,7 +23,7 @@ from ...sources.base import arrow_system_allocator
 from ...sources.preflight import ImagePresence, image_presence, missing_images_problem
 from ...vocabulary import LABEL_COLUMNS
 from ..automation import REBUILD_WHEN_CHANGED
-from ..checks.index_and_labels import CHECK_SPECS, check_results
+from ..checks.index_and_labels import CHECK_SPECS, check_results, start_suites
 from ..groups import ANNOTATIONS
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
@@ -83,33 +85,57 @@ def raw_index_and_labels(
 ):
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
-    # Counting and summarizing the tables allocate Arrow memory too (hash tables over 239k
-    # ids for ReXGradient train): same allocator as the read, see arrow_system_allocator.
-    with arrow_system_allocator():
-        try:
-            tables = source.read_split(split)
-        except SourceError as exc:
-            raise dg.Failure(
-                description=str(exc), metadata={"partition": context.partition_key}
-            ) from exc
-        tables = _with_parent_identity(source, split, tables)
-        fail_if_strict(tables.index, run_settings.strict, "raw_index")
-        for note in source.layout_notes():
-            context.log.info(f"{context.partition_key}: {note}")
-        presence = _fail_if_images_mostly_missing(
-            context.partition_key, source, split, tables, run_settings.unreadable_limit
+    with suite_validation(_validated_source_bytes(context, source, split)) as validator:
+        # Counting and summarizing the tables allocate Arrow memory too (hash tables over 239k
+        # ids for ReXGradient train): same allocator as the read, see arrow_system_allocator.
+        with arrow_system_allocator():
+            try:
+                tables = source.read_split(split)
+            except SourceError as exc:
+                raise dg.Failure(
+                    description=str(exc), metadata={"partition": context.partition_key}
+                ) from exc
+            tables = _with_parent_identity(source, split, tables)
+            # The tables are final: their validation goes on while the rest is summarized.
+            suites = start_suites(context.selected_asset_check_keys, validator, tables)
+            fail_if_strict(tables.index, run_settings.strict, "raw_index")
+            for note in source.layout_notes():
+                context.log.info(f"{context.partition_key}: {note}")
+            presence = _fail_if_images_mostly_missing(
+                context.partition_key, source, split, tables, run_settings.unreadable_limit
+            )
+            metrics = source.count_metrics(tables)
+            outputs = _outputs(source, split, tables, metrics)
+            outputs["raw_index"][1]["images_present"] = dg.MetadataValue.int(presence.present)
+        context.log.info(f"{context.partition_key}: {len(tables.index)} images, {metrics}")
+        for name in _OUTPUT_ORDER:
+            if dg.AssetKey(name) in context.selected_asset_keys:
+                value, metadata = outputs[name]
+                yield dg.Output(value, output_name=name, metadata=metadata)
+        yield from check_results(
+            context.selected_asset_check_keys,
+            source,
+            split,
+            tables,
+            metrics,
+            run_settings.strict,
+            suites,
         )
-        metrics = source.count_metrics(tables)
-        outputs = _outputs(source, split, tables, metrics)
-        outputs["raw_index"][1]["images_present"] = dg.MetadataValue.int(presence.present)
-    context.log.info(f"{context.partition_key}: {len(tables.index)} images, {metrics}")
-    for name in _OUTPUT_ORDER:
-        if dg.AssetKey(name) in context.selected_asset_keys:
-            value, metadata = outputs[name]
-            yield dg.Output(value, output_name=name, metadata=metadata)
-    yield from check_results(
-        context.selected_asset_check_keys, source, split, tables, metrics, run_settings.strict
-    )
+
+
+def _validated_source_bytes(
+    context: dg.AssetExecutionContext, source: DatasetSource, split: str
+) -> int:
+    """The size of the metadata the step's suites validate (what decides whether GX is
+    imported in a helper while it is read); 0 when no suite is selected or a file is not
+    there (the read reports that)."""
+    suites = {spec.key for spec in CHECK_SPECS if spec.name.endswith("_suite")}
+    if not suites & context.selected_asset_check_keys:
+        return 0
+    try:
+        return sum(file_state(path)[0] for path in source.annotation_files(split))
+    except (OSError, SourceError):
+        return 0
 
 
 def _fail_if_images_mostly_missing(

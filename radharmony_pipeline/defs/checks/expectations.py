@@ -5,6 +5,8 @@ from typing import Any
 import dagster as dg
 import pandas as pd
 
+from ...processing.tables.suite_reports import SuiteReport
+from ...processing.tables.suite_validation import validate_suite
 from ..partitions import blocking_partition_check
 
 
@@ -16,14 +18,13 @@ def suite_check(asset: dg.AssetKey, description: str) -> dg.AssetCheckSpec:
 
 
 def suite_result(table: pd.DataFrame, suite: str, *arguments: Any) -> dg.AssetCheckResult:
-    """Validate `table` against the suite of that name (processing/tables/suites.py); the
-    result lists every failed expectation with its count and sample values."""
-    # Importing GX takes seconds: only a step that validates pays it, not every process that
-    # loads the definitions (the CLI, the webserver, every other step).
-    from ...processing.tables.suites import SUITES
-    from ...processing.tables.validation import validate
+    """Validate `table` against the suite of that name (processing/tables/suites.py), here."""
+    return report_result(validate_suite(table, suite, *arguments))
 
-    report = validate(table, suite, SUITES[suite](*arguments))
+
+def report_result(report: SuiteReport) -> dg.AssetCheckResult:
+    """A suite's report as its check's result: every failed expectation with its count and
+    sample values."""
     summary = report.summary()
     return dg.AssetCheckResult(
         passed=report.success,

@@ -5,18 +5,19 @@ the UI, with its own name, severity and blocking flag, but it costs no extra pro
 Parquet read (design notes: "Checks in the step").
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import dagster as dg
 import pandas as pd
 
+from ...processing.tables.suite_validation import PendingReport, Validator
 from ...sources import DatasetSource, SplitTables
 from ...sources.counts import MASK_METRICS, compare_counts, is_dataset_metric
 from ...vocabulary import LABEL_COLUMNS
 from ..partitions import blocking_partition_check
 from ..row_errors import error_rows_check, row_errors_result
 from .counts import comparison_result
-from .expectations import suite_check, suite_result
+from .expectations import report_result, suite_check
 from .in_step import selected_results
 
 RAW_INDEX = dg.AssetKey("raw_index")
@@ -47,6 +48,22 @@ CHECK_SPECS = [
 ]
 
 
+def start_suites(
+    selected: set[dg.AssetCheckKey], validator: Validator, tables: SplitTables
+) -> dict[str, PendingReport]:
+    """The selected suite checks' validations, started now: in a helper process they run
+    while the step writes its outputs."""
+    tables_by_suite = {
+        "raw_index_suite": lambda: (_usable(tables.index), "raw_index"),
+        "labels_suite": lambda: (_usable(tables.labels), "labels", LABEL_COLUMNS),
+    }
+    return {
+        spec.name: validator.submit(*tables_by_suite[spec.name]())
+        for spec in CHECK_SPECS
+        if spec.name in tables_by_suite and spec.key in selected
+    }
+
+
 def check_results(
     selected: set[dg.AssetCheckKey],
     source: DatasetSource,
@@ -54,12 +71,14 @@ def check_results(
     tables: SplitTables,
     metrics: dict[str, int],
     strict: bool,
+    suites: Mapping[str, PendingReport],
 ) -> Iterator[dg.AssetCheckResult]:
-    """The result of every selected check, computed from the tables in memory."""
+    """The result of every selected check, computed from the tables in memory; the suites'
+    from the validations `start_suites` started."""
     evaluate: dict[str, Callable[[], dg.AssetCheckResult]] = {
         "counts_match_documentation": lambda: _counts(source, split, tables, metrics, strict),
-        "raw_index_suite": lambda: suite_result(_usable(tables.index), "raw_index"),
-        "labels_suite": lambda: suite_result(_usable(tables.labels), "labels", LABEL_COLUMNS),
+        "raw_index_suite": lambda: report_result(suites["raw_index_suite"]()),
+        "labels_suite": lambda: report_result(suites["labels_suite"]()),
         "raw_index_error_rows": lambda: row_errors_result(tables.index, strict),
     }
     yield from selected_results(CHECK_SPECS, selected, evaluate)

@@ -21,7 +21,6 @@ import math
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import great_expectations as gx
@@ -35,12 +34,11 @@ from great_expectations.data_context.types.base import (
 )
 from great_expectations.validator.v1_validator import Validator
 
+from .suite_reports import SAMPLE_SIZE, ExpectationOutcome, SuiteReport
+
 # GX's import leaves ~150k long-lived objects. Frozen, later collections skip them, and so does
 # the interpreter's at exit, which otherwise took seconds in every process that imported GX.
 gc.freeze()
-
-SAMPLE_SIZE = 5
-"""Offending values kept per expectation."""
 
 RESULT_FORMAT = {"result_format": "BASIC", "partial_unexpected_count": SAMPLE_SIZE}
 
@@ -48,50 +46,6 @@ RESULT_FORMAT = {"result_format": "BASIC", "partial_unexpected_count": SAMPLE_SI
 _COLUMN_KWARGS = ("column", "column_A", "column_B", "column_list", "column_set")
 _NOT_DESCRIBED = frozenset({"batch_id"})
 _COLUMN_SET = "expect_table_columns_to_match_set"
-
-
-@dataclass(frozen=True)
-class ExpectationOutcome:
-    """One expectation's result, reduced to JSON-friendly values."""
-
-    expectation: str
-    success: bool
-    unexpected_count: int | None
-    unexpected_sample: tuple  # up to SAMPLE_SIZE offending values, or GX's error message
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "expectation": self.expectation,
-            "unexpected_count": self.unexpected_count,
-            "unexpected_sample": [
-                list(v) if isinstance(v, tuple) else v for v in self.unexpected_sample
-            ],
-        }
-
-
-@dataclass(frozen=True)
-class SuiteReport:
-    """Every outcome of one suite on one table, in the suite's order."""
-
-    suite: str
-    outcomes: tuple[ExpectationOutcome, ...]
-
-    @property
-    def success(self) -> bool:
-        return all(outcome.success for outcome in self.outcomes)
-
-    @property
-    def failures(self) -> tuple[ExpectationOutcome, ...]:
-        return tuple(outcome for outcome in self.outcomes if not outcome.success)
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-friendly digest: suite name, counts and the failed outcomes."""
-        return {
-            "suite": self.suite,
-            "evaluated": len(self.outcomes),
-            "failed": len(self.failures),
-            "failures": [outcome.to_dict() for outcome in self.failures],
-        }
 
 
 def describe(expectation: gxe.Expectation) -> str:

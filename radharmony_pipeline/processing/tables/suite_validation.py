@@ -1,0 +1,200 @@
+"""Validating a table against one of its suites: in this process, or in a helper process
+that imports Great Expectations while the step is still reading its source.
+
+GX takes seconds to import. A step whose source takes longer than that to read (ReXGradient's
+train JSON) starts the helper as it begins, so the import overlaps the read and the
+validation overlaps the step's own Parquet writes. Every other step validates in its own
+process, where GX, once imported, stays for the next validation.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import select
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any, BinaryIO, Protocol
+
+import pandas as pd
+
+from .suite_reports import SuiteReport, unfinished_report
+
+# A source this large takes longer to read and parse than GX takes to import (the train JSON
+# of ReXGradient is ~180 MB; every other split's metadata is a few MB).
+HELPER_SOURCE_BYTES = 64 << 20
+# How long a wait for the helper's report goes between checks that the helper is alive.
+_LIVENESS_SECONDS = 1.0
+# How long a helper with nothing left to do gets to end before it is killed.
+_EXIT_SECONDS = 10.0
+
+# Each reply's length, before it.
+_LENGTH = struct.Struct(">Q")
+
+PendingReport = Callable[[], SuiteReport]
+
+
+def validate_suite(frame: pd.DataFrame, suite: str, *arguments: Any) -> SuiteReport:
+    """`frame` against the named suite (processing/tables/suites.py), in this process."""
+    # Imported here: GX takes seconds, paid only by a process that validates.
+    from .suites import SUITES
+    from .validation import validate
+
+    return validate(frame, suite, SUITES[suite](*arguments))
+
+
+class Validator(Protocol):
+    def submit(self, frame: pd.DataFrame, suite: str, *arguments: Any) -> PendingReport:
+        """Start validating `frame` against `suite`; the returned call gives its report."""
+        ...
+
+
+class InProcessValidation:
+    """Validates in this process, when the report is asked for."""
+
+    def submit(self, frame: pd.DataFrame, suite: str, *arguments: Any) -> PendingReport:
+        return lambda: validate_suite(frame, suite, *arguments)
+
+
+class ValidationProcess:
+    """A helper process that imports GX as it starts, then validates what it is sent, in order.
+
+    Tables go to it from a background thread, so the step goes on (writing its outputs) while
+    the helper may still be importing. A helper that dies gives every report it still owes as
+    failed, with its exit code: a suite that never ran never reads as passed.
+    """
+
+    def __init__(self) -> None:
+        # A fresh interpreter running this module, not multiprocessing's spawn: that would
+        # first re-run the main script of whatever process runs the step (a user's own
+        # script calling materialize() without a __main__ guard, say).
+        to_child, self._to_helper = os.pipe()
+        self._from_helper, from_child = os.pipe()
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(to_child), str(from_child)],
+            pass_fds=(to_child, from_child),
+        )
+        os.close(to_child)
+        os.close(from_child)
+        self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        self._sender = threading.Thread(target=self._send_all, name="validation-sender")
+        self._sender.start()
+        self._reports: dict[int, SuiteReport] = {}
+        self._submitted = 0
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def submit(self, frame: pd.DataFrame, suite: str, *arguments: Any) -> PendingReport:
+        request = self._submitted
+        self._submitted += 1
+        self._outbox.put((request, frame, suite, arguments))
+        return lambda: self._report(request, suite)
+
+    def close(self) -> None:
+        """Let an idle helper end; kill one still owing reports (the step stopped early)."""
+        if len(self._reports) < self._submitted:
+            self._process.kill()
+        self._outbox.put(None)
+        self._sender.join()
+        try:
+            self._process.wait(_EXIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        os.close(self._from_helper)
+
+    def _send_all(self) -> None:
+        """Every queued table, then the end; nothing more once a write fails."""
+        with os.fdopen(self._to_helper, "wb") as requests, suppress(OSError):
+            # OSError: the helper is gone, which waiting for its reports says.
+            while (message := self._outbox.get()) is not None:
+                pickle.dump(message, requests, protocol=pickle.HIGHEST_PROTOCOL)
+                requests.flush()
+
+    def _report(self, request: int, suite: str) -> SuiteReport:
+        while request not in self._reports:
+            ready, _, _ = select.select([self._from_helper], [], [], _LIVENESS_SECONDS)
+            if ready:
+                try:
+                    answered, report = pickle.loads(_read_message(self._from_helper))
+                except (EOFError, OSError, pickle.UnpicklingError):
+                    return self._died(suite)
+                self._reports[answered] = report
+            elif self._process.poll() is not None:
+                return self._died(suite)
+        return self._reports[request]
+
+    def _died(self, suite: str) -> SuiteReport:
+        try:
+            code = self._process.wait(_EXIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            code = None
+        return unfinished_report(
+            suite,
+            f"the validation process (pid {self._process.pid}) ended with exit code {code} "
+            "before reporting; run the step again, and if it ends so again, look for a lack "
+            "of memory in the system log",
+        )
+
+
+def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
+    """The helper's loop: GX first, then one report per table, until the step's end closes
+    the requests."""
+    from . import suites, validation  # noqa: F401  (the import this process exists for)
+
+    while True:
+        try:
+            request, frame, suite, arguments = pickle.load(requests)
+        except EOFError:  # the step is done with this helper, or its process is gone
+            return
+        try:
+            report = validate_suite(frame, suite, *arguments)
+        except Exception as error:  # e.g. an unknown suite: a failed report, not a dead helper
+            report = unfinished_report(suite, f"{type(error).__name__}: {error}")
+        reply = pickle.dumps((request, report), protocol=pickle.HIGHEST_PROTOCOL)
+        replies.write(_LENGTH.pack(len(reply)) + reply)
+        replies.flush()
+
+
+def _read_message(fd: int) -> bytes:
+    """One length-prefixed reply, read straight from the pipe: a buffered reader could hold
+    the next reply where select cannot see it."""
+    (length,) = _LENGTH.unpack(_read_exactly(fd, _LENGTH.size))
+    return _read_exactly(fd, length)
+
+
+def _read_exactly(fd: int, count: int) -> bytes:
+    parts = []
+    while count:
+        part = os.read(fd, count)
+        if not part:
+            raise EOFError("the validation process closed its replies")
+        parts.append(part)
+        count -= len(part)
+    return b"".join(parts)
+
+
+@contextmanager
+def suite_validation(source_bytes: int) -> Iterator[Validator]:
+    """A helper process for tables read from at least HELPER_SOURCE_BYTES of source, else
+    validation in this process."""
+    if source_bytes < HELPER_SOURCE_BYTES:
+        yield InProcessValidation()
+        return
+    helper = ValidationProcess()
+    try:
+        yield helper
+    finally:
+        helper.close()
+
+
+if __name__ == "__main__":
+    with os.fdopen(int(sys.argv[1]), "rb") as requests, os.fdopen(int(sys.argv[2]), "wb") as out:
+        _serve(requests, out)
