@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pyspng
 from PIL import Image
@@ -160,25 +161,18 @@ def _channel_problems(pixels: np.ndarray) -> list[str]:
     return problems
 
 
-def _is_lossless_grayscale(pixels: np.ndarray) -> bool:
-    """R == G == B (and alpha 255) everywhere, in one comparison per pixel for RGBA."""
-    if pixels.shape[-1] == 4 and pixels.flags.c_contiguous:
-        words = pixels.view("<u4")[..., 0]  # bytes R, G, B, A: R + G<<8 + B<<16 + A<<24
-        # The word a grey opaque pixel would have, built in one temporary array.
-        grey = np.bitwise_and(words, np.uint32(0xFF))
-        np.multiply(grey, np.uint32(0x010101), out=grey)
-        np.bitwise_or(grey, np.uint32(0xFF000000), out=grey)
-        return bool(np.array_equal(words, grey))
-    return not _channel_problems(pixels)
-
-
 def _grayscale_from_colour(pixels: np.ndarray, mode: str, path: Path) -> np.ndarray:
-    if _is_lossless_grayscale(pixels):
-        return np.ascontiguousarray(pixels[..., 0])
+    """The red plane of an RGB(A) array that is lossless grayscale: split into planes and
+    compared plane against plane by OpenCV (a few passes over memory; numpy's comparisons
+    of the interleaved array took about twice as long)."""
+    planes = cv2.split(pixels)
+    red = planes[0]
+    grey = all(cv2.norm(red, other, cv2.NORM_INF) == 0 for other in planes[1:3])
+    opaque = len(planes) < 4 or cv2.minMaxLoc(planes[3])[0] == 255
+    if grey and opaque:
+        return red
     problems = _channel_problems(pixels)
-    if problems:
-        raise ImageFileError(path, f"{mode} PNG is not grayscale: {'; '.join(problems)}")
-    return np.ascontiguousarray(pixels[..., 0])
+    raise ImageFileError(path, f"{mode} PNG is not grayscale: {'; '.join(problems)}")
 
 
 def _pyspng_decode(content: bytes) -> tuple[np.ndarray, str] | None:
