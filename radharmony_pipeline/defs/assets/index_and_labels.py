@@ -23,7 +23,12 @@ from ...sources.base import arrow_system_allocator
 from ...sources.preflight import ImagePresence, image_presence, missing_images_problem
 from ...vocabulary import LABEL_COLUMNS
 from ..automation import REBUILD_WHEN_CHANGED
-from ..checks.index_and_labels import CHECK_SPECS, check_results, start_suites
+from ..checks.index_and_labels import (
+    CHECK_SPECS,
+    check_results,
+    start_suites,
+    suites_selected,
+)
 from ..groups import ANNOTATIONS
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
@@ -129,8 +134,7 @@ def _validated_source_bytes(
     """The size of the metadata the step's suites validate (what decides whether GX is
     imported in a helper while it is read); 0 when no suite is selected or a file is not
     there (the read reports that)."""
-    suites = {spec.key for spec in CHECK_SPECS if spec.name.endswith("_suite")}
-    if not suites & context.selected_asset_check_keys:
+    if not suites_selected(context.selected_asset_check_keys):
         return 0
     try:
         return sum(file_state(path)[0] for path in source.annotation_files(split))

@@ -48,19 +48,27 @@ CHECK_SPECS = [
 ]
 
 
+# The checks that validate a GX suite: the table and arguments each one validates.
+_SUITE_TABLES: dict[str, Callable[[SplitTables], tuple]] = {
+    "raw_index_suite": lambda tables: (_usable(tables.index), "raw_index"),
+    "labels_suite": lambda tables: (_usable(tables.labels), "labels", LABEL_COLUMNS),
+}
+
+
+def suites_selected(selected: set[dg.AssetCheckKey]) -> bool:
+    """Whether the run asks for any of the step's suite checks."""
+    return any(spec.key in selected for spec in CHECK_SPECS if spec.name in _SUITE_TABLES)
+
+
 def start_suites(
     selected: set[dg.AssetCheckKey], validator: Validator, tables: SplitTables
 ) -> dict[str, PendingReport]:
     """The selected suite checks' validations, started now: in a helper process they run
     while the step writes its outputs."""
-    tables_by_suite = {
-        "raw_index_suite": lambda: (_usable(tables.index), "raw_index"),
-        "labels_suite": lambda: (_usable(tables.labels), "labels", LABEL_COLUMNS),
-    }
     return {
-        spec.name: validator.submit(*tables_by_suite[spec.name]())
+        spec.name: validator.submit(*_SUITE_TABLES[spec.name](tables))
         for spec in CHECK_SPECS
-        if spec.name in tables_by_suite and spec.key in selected
+        if spec.name in _SUITE_TABLES and spec.key in selected
     }
 
 
