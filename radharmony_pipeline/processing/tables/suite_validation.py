@@ -119,9 +119,11 @@ class ValidationProcess:
                 requests.flush()
 
     def _report(self, request: int, suite: str) -> SuiteReport:
+        # poll, not select: a long-lived step process may hold descriptors above select's 1024.
+        replies = select.poll()
+        replies.register(self._from_helper, select.POLLIN)
         while request not in self._reports:
-            ready, _, _ = select.select([self._from_helper], [], [], _LIVENESS_SECONDS)
-            if ready:
+            if replies.poll(_LIVENESS_SECONDS * 1000):
                 try:
                     answered, report = pickle.loads(_read_message(self._from_helper))
                 except (EOFError, OSError, pickle.UnpicklingError):
@@ -152,7 +154,8 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
     while True:
         try:
             request, frame, suite, arguments = pickle.load(requests)
-        except EOFError:  # the step is done with this helper, or its process is gone
+        except (EOFError, pickle.UnpicklingError):
+            # The step is done with this helper, or its process died (mid-table, perhaps).
             return
         try:
             report = validate_suite(frame, suite, *arguments)
@@ -165,7 +168,7 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
 
 def _read_message(fd: int) -> bytes:
     """One length-prefixed reply, read straight from the pipe: a buffered reader could hold
-    the next reply where select cannot see it."""
+    the next reply where poll cannot see it."""
     (length,) = _LENGTH.unpack(_read_exactly(fd, _LENGTH.size))
     return _read_exactly(fd, length)
 
