@@ -506,7 +506,9 @@ def stage_cost(sources: Sequence[Path], scratch: Path, repeats: int) -> StageCos
     return StageCost(
         cpu=(best_cpu[len(sources)] - best_cpu[few]) / added,
         wall=wall,
-        start={workers: best_wall[(workers, few)] - few * wall[workers] for workers in (1, 2)},
+        start={
+            workers: max(0.0, best_wall[(workers, few)] - few * wall[workers]) for workers in (1, 2)
+        },
     )
 
 
@@ -675,7 +677,7 @@ def corpus_projection(results: dict[str, FormatResult]) -> list[str]:
             continue
         total = sum(mix.values())
         cpu = sum(count * results[key].stage.cpu for key, count in mix.items())
-        # Per image at the marginal rate, plus each of the ten partitions' fixed part once
+        # Per image at the marginal rate, plus each partition's fixed part once
         # (charged at the slowest format's, as a partition's format is not known here).
         per_worker = {
             workers: sum(count * results[key].stage.wall[workers] for key, count in mix.items())

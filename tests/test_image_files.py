@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 from PIL import Image
@@ -178,6 +179,47 @@ def test_rgb_with_channel_differences_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "colour.png"
     Image.fromarray(np.stack([gray, green, gray], axis=-1)).save(path)
     with pytest.raises(ImageFileError, match=rf"channels differ in {2 * WIDTH} pixels"):
+        read_grayscale_png(path)
+
+
+def write_16_bit_colour_png(path: Path, planes: list[np.ndarray]) -> None:
+    """A 16-bit RGB or RGBA PNG (OpenCV writes them; Pillow cannot), planes given as R, G,
+    B(, A): OpenCV takes B, G, R(, A)."""
+    red, green, blue, *alpha = planes
+    assert cv2.imwrite(str(path), np.dstack([blue, green, red, *alpha]))
+
+
+@pytest.mark.parametrize("with_alpha", [False, True])
+def test_16_bit_grey_rgb_keeps_all_16_bits(tmp_path: Path, with_alpha: bool) -> None:
+    # Values 16 apart below the top byte: cut to 8 bits (as Pillow reads such files) they
+    # would collapse, and still look grey.
+    grey = gradient(np.uint16, top=4095) * 16 + 3
+    opaque = [np.full_like(grey, 65535)] if with_alpha else []
+    path = tmp_path / "rgb16.png"
+    write_16_bit_colour_png(path, [grey, grey, grey, *opaque])
+    pixels, mode = read_grayscale_png(path)
+    assert mode == ("RGBA" if with_alpha else "RGB")
+    assert pixels.dtype == np.uint16 and pixels.flags.c_contiguous
+    np.testing.assert_array_equal(pixels, grey)
+
+
+def test_16_bit_rgba_with_alpha_below_65535_is_rejected(tmp_path: Path) -> None:
+    grey = gradient(np.uint16, top=65535)
+    alpha = np.full_like(grey, 65535)
+    alpha[5, 9] = 65279  # 255 in its top byte: opaque if cut to 8 bits
+    path = tmp_path / "translucent16.png"
+    write_16_bit_colour_png(path, [grey, grey, grey, alpha])
+    with pytest.raises(ImageFileError, match=r"alpha != 65535 in 1 pixels"):
+        read_grayscale_png(path)
+
+
+def test_16_bit_rgb_differing_only_in_the_low_byte_is_rejected(tmp_path: Path) -> None:
+    grey = gradient(np.uint16, top=65535)
+    blue = grey.copy()
+    blue[0, :] ^= 1  # one row differs in the blue channel's lowest bit
+    path = tmp_path / "colour16.png"
+    write_16_bit_colour_png(path, [grey, grey, blue])
+    with pytest.raises(ImageFileError, match=rf"channels differ in {WIDTH} pixels"):
         read_grayscale_png(path)
 
 

@@ -6,6 +6,7 @@ Parquet read (design notes: "Checks in the step").
 """
 
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 
 import dagster as dg
 import pandas as pd
@@ -85,11 +86,14 @@ def check_results(
     from the validations `start_suites` started."""
     evaluate: dict[str, Callable[[], dg.AssetCheckResult]] = {
         "counts_match_documentation": lambda: _counts(source, split, tables, metrics, strict),
-        "raw_index_suite": lambda: report_result(suites["raw_index_suite"]()),
-        "labels_suite": lambda: report_result(suites["labels_suite"]()),
+        **{name: partial(_suite_result, suites, name) for name in _SUITE_TABLES},
         "raw_index_error_rows": lambda: row_errors_result(tables.index, strict),
     }
     yield from selected_results(CHECK_SPECS, selected, evaluate)
+
+
+def _suite_result(suites: Mapping[str, PendingReport], name: str) -> dg.AssetCheckResult:
+    return report_result(suites[name]())
 
 
 def _usable(table: pd.DataFrame) -> pd.DataFrame:

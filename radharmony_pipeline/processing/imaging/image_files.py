@@ -35,7 +35,10 @@ UINT16_MAX = np.iinfo(np.uint16).max
 # gives them; pyspng decodes radiograph PNGs ~10 % (grey) to 2x (RGBA) faster than Pillow.
 # Anything else (palette, grey + alpha, 1-4 bits), and any file pyspng refuses, goes to
 # Pillow, whose messages name the problem.
-PYSPNG_MODES = {(0, 8): "L", (0, 16): "I;16", (2, 8): "RGB", (6, 8): "RGBA"}
+# 16-bit RGB(A) too: Pillow would hand those over cut to 8 bits, which would then pass as
+# lossless grayscale.
+PYSPNG_MODES = {(0, 8): "L", (0, 16): "I;16", (2, 8): "RGB", (6, 8): "RGBA",
+                (2, 16): "RGB", (6, 16): "RGBA"}  # fmt: skip
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -152,9 +155,10 @@ def _channel_problems(pixels: np.ndarray) -> list[str]:
     red, green, blue = pixels[..., 0], pixels[..., 1], pixels[..., 2]
     problems = []
     if pixels.shape[-1] == 4:
-        opaque_misses = np.count_nonzero(pixels[..., 3] != 255)
+        opaque = np.iinfo(pixels.dtype).max
+        opaque_misses = np.count_nonzero(pixels[..., 3] != opaque)
         if opaque_misses:
-            problems.append(f"RGBA with alpha != 255 in {opaque_misses:,} pixels")
+            problems.append(f"RGBA with alpha != {opaque} in {opaque_misses:,} pixels")
     channel_misses = np.count_nonzero((red != green) | (red != blue))
     if channel_misses:
         problems.append(f"channels differ in {channel_misses:,} pixels")
@@ -162,13 +166,16 @@ def _channel_problems(pixels: np.ndarray) -> list[str]:
 
 
 def _grayscale_from_colour(pixels: np.ndarray, mode: str, path: Path) -> np.ndarray:
-    """The red plane of an RGB(A) array that is lossless grayscale: split into planes and
-    compared plane against plane by OpenCV (a few passes over memory; numpy's comparisons
-    of the interleaved array took about twice as long)."""
+    """The red plane of an 8- or 16-bit RGB(A) array that is lossless grayscale: split into
+    planes and compared plane against plane by OpenCV (a few passes over memory; numpy's
+    comparisons of the interleaved array took about twice as long)."""
+    if pixels.ndim != 3 or pixels.shape[-1] not in (3, 4) or pixels.dtype.kind != "u":
+        raise ImageFileError(path, f"{mode} PNG decoded to an unexpected {pixels.dtype} array "
+                             f"of shape {pixels.shape}")  # fmt: skip
     planes = cv2.split(pixels)
     red = planes[0]
     grey = all(cv2.norm(red, other, cv2.NORM_INF) == 0 for other in planes[1:3])
-    opaque = len(planes) < 4 or cv2.minMaxLoc(planes[3])[0] == 255
+    opaque = len(planes) < 4 or cv2.minMaxLoc(planes[3])[0] == np.iinfo(pixels.dtype).max
     if grey and opaque:
         return red
     problems = _channel_problems(pixels)
@@ -223,7 +230,8 @@ def read_grayscale_png(path: SourcePath, content: bytes | None = None) -> tuple[
     `content` is the file's bytes when the caller has already read them.
 
     RGB and RGBA are accepted only when they are lossless grayscale (R == G == B, alpha
-    255 everywhere), as in ChestX-Det's RGBA files inherited from ChestX-ray14.
+    opaque everywhere: 255, or 65535 at 16 bits), as in ChestX-Det's RGBA files inherited
+    from ChestX-ray14.
     """
     path = as_source_path(path)
     pixels, mode = _decode_png(path, content)

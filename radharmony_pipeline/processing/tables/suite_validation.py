@@ -30,7 +30,7 @@ from .suite_reports import SuiteReport, unfinished_report
 HELPER_SOURCE_BYTES = 64 << 20
 # How long a wait for the helper's report goes between checks that the helper is alive.
 _LIVENESS_SECONDS = 1.0
-# How long a helper with nothing left to do gets to end before it is killed.
+# How long a helper whose replies cannot be read gets to end before that is reported.
 _EXIT_SECONDS = 10.0
 
 # Each reply's length, before it.
@@ -72,17 +72,28 @@ class ValidationProcess:
     def __init__(self) -> None:
         # A fresh interpreter running this module, not multiprocessing's spawn: that would
         # first re-run the main script of whatever process runs the step (a user's own
-        # script calling materialize() without a __main__ guard, say).
+        # script calling materialize() without a __main__ guard, say). A session of its own:
+        # Ctrl-C in the step's terminal reaches the step, which then stops the helper.
         to_child, self._to_helper = os.pipe()
         self._from_helper, from_child = os.pipe()
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(to_child), str(from_child)],
-            pass_fds=(to_child, from_child),
-        )
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(to_child), str(from_child)],
+                pass_fds=(to_child, from_child),
+                start_new_session=True,
+            )
+        except BaseException:
+            for descriptor in (to_child, self._to_helper, self._from_helper, from_child):
+                os.close(descriptor)
+            raise
         os.close(to_child)
         os.close(from_child)
         self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
-        self._sender = threading.Thread(target=self._send_all, name="validation-sender")
+        self._send_error: BaseException | None = None
+        # A daemon: should close() never come, the step's process still exits.
+        self._sender = threading.Thread(
+            target=self._send_all, name="validation-sender", daemon=True
+        )
         self._sender.start()
         self._reports: dict[int, SuiteReport] = {}
         self._submitted = 0
@@ -91,6 +102,11 @@ class ValidationProcess:
     def pid(self) -> int:
         return self._process.pid
 
+    @property
+    def exit_code(self) -> int | None:
+        """The helper's exit code once it has ended (negative: the signal that ended it)."""
+        return self._process.poll()
+
     def submit(self, frame: pd.DataFrame, suite: str, *arguments: Any) -> PendingReport:
         request = self._submitted
         self._submitted += 1
@@ -98,25 +114,27 @@ class ValidationProcess:
         return lambda: self._report(request, suite)
 
     def close(self) -> None:
-        """Let an idle helper end; kill one still owing reports (the step stopped early)."""
-        if len(self._reports) < self._submitted:
-            self._process.kill()
-        self._outbox.put(None)
-        self._sender.join()
+        """Stop the helper: nothing it could still do is wanted once the step is done with it
+        (an idle one would only finish importing GX)."""
         try:
-            self._process.wait(_EXIT_SECONDS)
-        except subprocess.TimeoutExpired:
             self._process.kill()
+            self._outbox.put(None)
+            self._sender.join()
             self._process.wait()
-        os.close(self._from_helper)
+        finally:
+            os.close(self._from_helper)
 
     def _send_all(self) -> None:
         """Every queued table, then the end; nothing more once a write fails."""
-        with os.fdopen(self._to_helper, "wb") as requests, suppress(OSError):
-            # OSError: the helper is gone, which waiting for its reports says.
-            while (message := self._outbox.get()) is not None:
-                pickle.dump(message, requests, protocol=pickle.HIGHEST_PROTOCOL)
-                requests.flush()
+        try:
+            with suppress(OSError), os.fdopen(self._to_helper, "wb") as requests:
+                # OSError: the helper is gone, which waiting for its reports says.
+                while (message := self._outbox.get()) is not None:
+                    pickle.dump(message, requests, protocol=pickle.HIGHEST_PROTOCOL)
+                    requests.flush()
+                    del message  # not the last table kept alive until the end
+        except Exception as error:  # a table that cannot be pickled: the reports say so
+            self._send_error = error
 
     def _report(self, request: int, suite: str) -> SuiteReport:
         # poll, not select: a long-lived step process may hold descriptors above select's 1024.
@@ -134,10 +152,20 @@ class ValidationProcess:
         return self._reports[request]
 
     def _died(self, suite: str) -> SuiteReport:
+        if self._send_error is not None:
+            reason = (
+                f"the table could not be sent to the validation process: "
+                f"{type(self._send_error).__name__}: {self._send_error}"
+            )
+            return unfinished_report(suite, reason)
         try:
             code = self._process.wait(_EXIT_SECONDS)
         except subprocess.TimeoutExpired:
-            code = None
+            return unfinished_report(
+                suite,
+                f"the validation process (pid {self._process.pid}) sent a reply that could "
+                "not be read; run the step again",
+            )
         return unfinished_report(
             suite,
             f"the validation process (pid {self._process.pid}) ended with exit code {code} "
@@ -162,8 +190,11 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
         except Exception as error:  # e.g. an unknown suite: a failed report, not a dead helper
             report = unfinished_report(suite, f"{type(error).__name__}: {error}")
         reply = pickle.dumps((request, report), protocol=pickle.HIGHEST_PROTOCOL)
-        replies.write(_LENGTH.pack(len(reply)) + reply)
-        replies.flush()
+        try:
+            replies.write(_LENGTH.pack(len(reply)) + reply)
+            replies.flush()
+        except BrokenPipeError:  # the step's process is gone: nobody wants the report
+            return
 
 
 def _read_message(fd: int) -> bytes:
