@@ -62,16 +62,16 @@ def test_suites_validated_in_a_helper_process_give_the_same_results(
     partition = "rexgradient.val"
     monkeypatch.setattr(suite_validation, "HELPER_SOURCE_BYTES", 0)
     started = []
-    monkeypatch.setattr(
-        suite_validation.ValidationProcess,
-        "close",
-        lambda self, close=suite_validation.ValidationProcess.close: (
-            started.append(self.pid),
-            close(self),
-        ),
-    )
+
+    class RecordedValidationProcess(suite_validation.ValidationProcess):
+        def __init__(self) -> None:
+            super().__init__()
+            started.append(self)
+
+    monkeypatch.setattr(suite_validation, "ValidationProcess", RecordedValidationProcess)
     helped = materialize(tiny_root, tmp_path, partition)
     assert len(started) == 1, "the step did not validate in a helper"
+    assert started[0].exit_code is not None, "the helper outlived its step"
 
     def evaluations(result):
         return {e.check_name: (e.passed, e.metadata) for e in result.get_asset_check_evaluations()}

@@ -58,7 +58,7 @@ _SUITE_TABLES: dict[str, Callable[[SplitTables], tuple]] = {
 
 def suites_selected(selected: set[dg.AssetCheckKey]) -> bool:
     """Whether the run asks for any of the step's suite checks."""
-    return any(spec.key in selected for spec in CHECK_SPECS if spec.name in _SUITE_TABLES)
+    return bool(_selected_suites(selected))
 
 
 def start_suites(
@@ -67,10 +67,12 @@ def start_suites(
     """The selected suite checks' validations, started now: in a helper process they run
     while the step writes its outputs."""
     return {
-        spec.name: validator.submit(*_SUITE_TABLES[spec.name](tables))
-        for spec in CHECK_SPECS
-        if spec.name in _SUITE_TABLES and spec.key in selected
+        name: validator.submit(*_SUITE_TABLES[name](tables)) for name in _selected_suites(selected)
     }
+
+
+def _selected_suites(selected: set[dg.AssetCheckKey]) -> list[str]:
+    return [s.name for s in CHECK_SPECS if s.name in _SUITE_TABLES and s.key in selected]
 
 
 def check_results(
