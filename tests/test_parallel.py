@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
+from radharmony_pipeline.processing.execution import supervised
 from radharmony_pipeline.processing.execution.parallel import (
     default_chunk_size,
     map_in_chunks,
@@ -50,6 +51,11 @@ def slow_first(number: int) -> tuple[int, int]:
     if number == 0:
         time.sleep(1.0)
     return number, os.getpid()
+
+
+def short_sleep(number: int) -> int:
+    time.sleep(0.001)
+    return number
 
 
 def stuck_on_bytes(item: bytes) -> int:
@@ -258,3 +264,21 @@ def test_processing_modules_do_not_import_dagster() -> None:
         "assert 'dagster' not in sys.modules, 'dagster was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_quick_items_are_collected_in_batches_not_one_wake_up_each(monkeypatch) -> None:
+    # The parent pauses between wake-ups once a worker's pace is known, and queues enough
+    # items to keep it busy meanwhile: far fewer waits than items, every result in order.
+    waits = []
+    original = supervised.wait
+
+    def counted_wait(*args, **kwargs):
+        waits.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(supervised, "wait", counted_wait)
+    items = list(range(300))
+    roomy = TimeLimit(60.0, LIMIT.on_timeout)
+    results = run_supervised(short_sleep, items, 1, roomy, process_context())
+    assert results == items
+    assert len(waits) < len(items) / 4, f"{len(waits)} wake-ups for {len(items)} items"

@@ -2,12 +2,14 @@
 
 ProcessPoolExecutor cannot stop one task: a worker spinning inside C code (pycocotools on
 malformed RLE text, a decoder on a hostile file) holds its chunk and the step forever. Here
-every worker is a long-lived process fed items over its own pipe, one at a time with the next
-one already queued (so it never waits for the parent between items), and it reports every
-result. The parent kills a worker whose current item exceeds the limit (or that died),
-records `on_timeout(item, reason)` for that item, puts the item queued behind it back in
-line and starts a fresh worker. Handing out single items, not fixed chunks, also keeps every
-worker busy until the last item (no chunk left running on one worker at the end).
+every worker is a long-lived process fed items over its own pipe, with the next ones already
+queued (so it never waits for the parent between items), and it reports every result. The
+parent collects results at most every COLLECT_SECONDS, and queues enough items to cover that
+interval at each worker's own pace. It kills a worker whose current item exceeds the limit
+(or that died), records `on_timeout(item, reason)` for that item, puts the items queued
+behind it back in line and starts a fresh worker. Handing out single items, not fixed
+chunks, also keeps every worker busy until the last item (no chunk left running on one
+worker at the end).
 
 Workers are multiprocessing children, or, in a daemonic process (a stock Dask worker), which
 multiprocessing forbids to have children, plain subprocesses of the same interpreter
@@ -16,6 +18,7 @@ multiprocessing forbids to have children, plain subprocesses of the same interpr
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import pickle
@@ -59,12 +62,19 @@ class TimeLimit(Generic[T, R]):
         return f"took longer than {self.seconds:g} s{where}; stopped"
 
 
-# Items a worker holds at once: the one it works on and the next, so it starts the next as
-# soon as it sends a result instead of waiting for the parent to wake up and answer.
-ITEMS_IN_HAND = 2
-# A queued item bigger than this waits until its worker is idle (reading), so the parent
-# never blocks writing into the pipe of a worker that is stuck on its current item.
-_QUEUE_BYTES = 16 << 10
+# The parent wakes to collect results at most this often. A wake-up per item cost the parent
+# about half a millisecond per item (benchmarks/README.md), as much as a small image's resize;
+# a worker loses nothing by it as long as it holds enough items to cover the interval.
+COLLECT_SECONDS = 0.02
+# Items a worker holds at once: the one it works on and at least the next, so it starts the
+# next as soon as it sends a result instead of waiting for the parent to answer; more for
+# quick items, up to MAX_ITEMS_IN_HAND, so that it is still busy when the parent next looks.
+MIN_ITEMS_IN_HAND = 2
+MAX_ITEMS_IN_HAND = 16
+# Queued items may fill at most half a pipe (64 KiB on Linux); a bigger one waits
+# until its worker is idle (reading), so the parent never blocks writing into the pipe of a
+# worker that is stuck on its current item.
+_QUEUE_BYTES = 32 << 10
 
 
 def _serve(function: Callable[[T], R], connection: Connection) -> None:
@@ -97,7 +107,29 @@ class _Worker:
     connection: Connection
     deadline: float
     in_hand: deque[int] = field(default_factory=deque)  # item indices, oldest = current
+    message_bytes: deque[int] = field(default_factory=deque)  # their pickled sizes
     started: bool = False
+    # Its pace: items finished since its first result arrived (start-up not counted).
+    finished: int = 0
+    first_result_at: float | None = None
+
+    def items_wanted(self) -> int:
+        """Enough items to stay busy until the parent next collects, at this worker's own
+        pace (a worker that has not yet shown its pace, or is slow, holds the minimum)."""
+        if not self.knows_its_pace():
+            return MIN_ITEMS_IN_HAND
+        per_item = max((time.monotonic() - self.first_result_at) / (self.finished - 1), 1e-4)
+        cover = 1 + math.ceil(3 * COLLECT_SECONDS / per_item)
+        return max(MIN_ITEMS_IN_HAND, min(MAX_ITEMS_IN_HAND, cover))
+
+    def knows_its_pace(self) -> bool:
+        """Whether two results have come in: until then the parent does not pause, as the
+        worker holds only the minimum."""
+        return self.finished >= 2 and self.first_result_at is not None
+
+    def queued_bytes(self) -> int:
+        """Bytes of items waiting in its pipe behind the current one."""
+        return sum(self.message_bytes) - (self.message_bytes[0] if self.message_bytes else 0)
 
 
 class SupervisedPool(Generic[T, R]):
@@ -157,16 +189,24 @@ class SupervisedPool(Generic[T, R]):
         for worker in [w for w in active if not w.process.is_alive()]:
             active.remove(worker)  # died while idle since the last map()
             _stop(worker)
+        last_wake = -math.inf
         while finished < len(items):
             while len(active) < min(self.workers, len(waiting)):
                 active.append(_start(self.function, self.context))
             for worker in active:
                 _hand_out(worker, items, waiting, limit.seconds)
-            timeout = max(0.0, min(w.deadline for w in active) - time.monotonic())
+            earliest = min(w.deadline for w in active)
+            if all(w.knows_its_pace() for w in active):
+                # Results that arrive meanwhile are collected together at the next wake-up;
+                # a deadline is checked late by at most the pause, never early.
+                pause = min(last_wake + COLLECT_SECONDS, earliest) - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+            timeout = max(0.0, earliest - time.monotonic())
             ready = set(
                 wait([w.connection for w in active] + [w.process.sentinel for w in active], timeout)
             )
-            now = time.monotonic()
+            now = last_wake = time.monotonic()
             for worker in list(active):
                 exited = worker.process.sentinel in ready
                 if worker.connection not in ready and not exited and now < worker.deadline:
@@ -211,16 +251,19 @@ def _start(function: Callable, context: multiprocessing.context.BaseContext) -> 
 
 
 def _hand_out(worker: _Worker, items: Sequence, waiting: deque[int], seconds: float) -> None:
-    """Give the worker items until it holds ITEMS_IN_HAND (a large one only when idle)."""
-    while waiting and len(worker.in_hand) < ITEMS_IN_HAND:
+    """Give the worker the items it wants (see _Worker.items_wanted), within the pipe's share
+    for queued items (a large one only when it is idle)."""
+    wanted = worker.items_wanted()
+    while waiting and len(worker.in_hand) < wanted:
         index = waiting[0]
         message = ForkingPickler.dumps((index, items[index]))
-        if worker.in_hand and len(message) > _QUEUE_BYTES:
+        if worker.in_hand and worker.queued_bytes() + len(message) > _QUEUE_BYTES:
             return
         waiting.popleft()
         if not worker.in_hand and worker.started:
             worker.deadline = time.monotonic() + seconds
         worker.in_hand.append(index)
+        worker.message_bytes.append(len(message))
         try:
             worker.connection.send_bytes(message)
         except OSError:
@@ -247,6 +290,10 @@ def _drain(
             raise pickle.loads(payload)
         if kind == "item":
             worker.in_hand.popleft()
+            worker.message_bytes.popleft()
+            worker.finished += 1
+            if worker.first_result_at is None:
+                worker.first_result_at = time.monotonic()
             record(index, payload)
         worker.started = True
         # The next item in hand starts now; an idle worker has no deadline.
