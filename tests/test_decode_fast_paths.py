@@ -22,7 +22,11 @@ from pydicom.pixels import apply_modality_lut, apply_voi_lut, apply_windowing
 from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, JPEGLosslessSV1, RLELossless
 from test_decode import write_dicom
 
-from radharmony_pipeline.processing.imaging.decode import decode_grayscale
+from radharmony_pipeline.processing.imaging.decode import (
+    decode_grayscale,
+    reduce_stored_values,
+    uneven_reduction_factor,
+)
 from radharmony_pipeline.processing.imaging.geometry import (
     letterbox_geometry,
     reduce_by_area,
@@ -189,6 +193,19 @@ def test_sixteen_bit_png_sides_without_a_common_factor(tmp_path: Path, shape) ->
     assert_near_within_one_grey_level(
         stage_pixels(path), reference_letterbox(reference_png(path), S)
     )
+
+
+@pytest.mark.parametrize(
+    ("shape", "factor"),
+    [((3050, 2539), 4), ((5003, 4001), 8), ((2701, 2300), 4), ((1201, 1000), 2), ((899, 700), 1)],
+)
+def test_sides_without_a_common_factor_are_reduced_by_a_power_of_two(shape, factor) -> None:
+    # The largest power of two keeping REDUCTION_MARGIN x S pixels on the short side: OpenCV
+    # halves fast, and a factor such as 5 or 3 costs several times more over the whole image.
+    assert uneven_reduction_factor(*shape, S) == factor
+    reduced, used = reduce_stored_values(to_unsigned(radiograph(shape, 3), 12), S)
+    assert used == factor
+    assert reduced.shape == tuple(side // factor for side in shape)
 
 
 def test_partial_block_reduction_keeps_a_ramp_in_place() -> None:

@@ -166,21 +166,21 @@ def reduction_factor(height: int, width: int, target_size: int | None) -> int:
 
 
 def uneven_reduction_factor(height: int, width: int, target_size: int | None) -> int:
-    """For sides without a common factor (e.g. 3050 x 2539): the whole factor, within the
-    same REDUCTION_MARGIN, that leaves the fewest rows and columns outside whole blocks (the
-    larger on a tie; a side it divides needs no resampling); 1 when none leaves the margin
-    (or no target)."""
+    """For sides without a common factor (e.g. 3050 x 2539): the largest power of two within
+    the same REDUCTION_MARGIN, with a narrower last block on each side it does not divide; 1
+    when none leaves the margin (or no target). Powers of two take OpenCV's halving path,
+    where whole blocks of another factor cost several times as much: far more than a second
+    side of partial blocks (benchmarks/README.md)."""
     if target_size is None:
         return 1
     largest = math.floor(min(height, width) / (REDUCTION_MARGIN * target_size))
-    candidates = range(largest, 1, -1)
-    return min(candidates, key=lambda k: (height % k > 0) + (width % k > 0), default=1)
+    return 1 << (largest.bit_length() - 1) if largest >= 2 else 1
 
 
 def reduce_stored_values(pixels: np.ndarray, target_size: int | None) -> tuple[np.ndarray, int]:
     """Stored values (before windowing) shrunk by a whole factor when much larger than
     `target_size`, and that factor: one dividing both sides where there is one, else one
-    with a narrower last block on a side it does not divide (a general area resize of the
+    with a narrower last block on each side it does not divide (a general area resize of the
     full image costs about ten times more)."""
     height, width = pixels.shape
     factor = reduction_factor(height, width, target_size)
