@@ -62,9 +62,9 @@ class TimeLimit(Generic[T, R]):
         return f"took longer than {self.seconds:g} s{where}; stopped"
 
 
-# The parent wakes to collect results at most this often. A wake-up per item cost the parent
-# about half a millisecond per item (benchmarks/README.md), as much as a small image's resize;
-# a worker loses nothing by it as long as it holds enough items to cover the interval.
+# The parent wakes to collect results at most this often: a wake-up per result costs the
+# parent about as much CPU as a small image's resize (benchmarks/README.md), and a worker
+# loses nothing by the wait as long as it holds enough items to cover the interval.
 COLLECT_SECONDS = 0.02
 # Items a worker holds at once: the one it works on and at least the next, so it starts the
 # next as soon as it sends a result instead of waiting for the parent to answer; more for
