@@ -266,10 +266,9 @@ def test_processing_modules_do_not_import_dagster() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_quick_items_are_collected_in_batches_not_one_wake_up_each(monkeypatch) -> None:
-    # The parent pauses between wake-ups once a worker's pace is known, and queues enough
-    # items to keep it busy meanwhile: far fewer waits than items, every result in order.
-    waits = []
+def count_waits(monkeypatch) -> list[int]:
+    """The parent's waits for results from now on, one entry each."""
+    waits: list[int] = []
     original = supervised.wait
 
     def counted_wait(*args, **kwargs):
@@ -277,8 +276,30 @@ def test_quick_items_are_collected_in_batches_not_one_wake_up_each(monkeypatch) 
         return original(*args, **kwargs)
 
     monkeypatch.setattr(supervised, "wait", counted_wait)
+    return waits
+
+
+def test_quick_items_are_collected_in_batches_not_one_wake_up_each(monkeypatch) -> None:
+    # The parent pauses between wake-ups once a worker's pace is known, and queues enough
+    # items to keep it busy meanwhile: far fewer waits than items, every result in order.
+    waits = count_waits(monkeypatch)
     items = list(range(300))
     roomy = TimeLimit(60.0, LIMIT.on_timeout)
     results = run_supervised(short_sleep, items, 1, roomy, process_context())
     assert results == items
     assert len(waits) < len(items) / 4, f"{len(waits)} wake-ups for {len(items)} items"
+
+
+def test_a_kept_worker_is_paced_by_the_current_map_not_its_idle_time(monkeypatch) -> None:
+    # A pool kept between maps (a Dask worker between chunks) sits idle in between: that
+    # time is no part of the worker's pace, which would otherwise look slow and be fed too
+    # few items to cover the parent's pauses.
+    roomy = TimeLimit(60.0, LIMIT.on_timeout)
+    with SupervisedPool(short_sleep, 1, roomy, process_context()) as pool:
+        assert pool.map(list(range(50))) == list(range(50))
+        time.sleep(3)
+        waits = count_waits(monkeypatch)
+        items = list(range(300))
+        assert pool.map(items) == items
+    # Paced by its idle time, the worker held two items per pause: about 70 wake-ups.
+    assert len(waits) < len(items) / 8, f"{len(waits)} wake-ups for {len(items)} items"

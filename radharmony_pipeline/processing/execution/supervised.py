@@ -109,9 +109,10 @@ class _Worker:
     in_hand: deque[int] = field(default_factory=deque)  # item indices, oldest = current
     message_bytes: deque[int] = field(default_factory=deque)  # their pickled sizes
     started: bool = False
-    # Its pace: items finished since its first result arrived (start-up not counted).
+    # Its pace in the current map(): items finished since its first result arrived there
+    # (start-up and idle time between maps not counted).
     finished: int = 0
-    first_result_at: float | None = None
+    first_result_at: float = 0.0  # meaningful once `finished` is at least 1
 
     def items_wanted(self) -> int:
         """Enough items to stay busy until the parent next collects, at this worker's own
@@ -125,7 +126,10 @@ class _Worker:
     def knows_its_pace(self) -> bool:
         """Whether two results have come in: until then the parent does not pause, as the
         worker holds only the minimum."""
-        return self.finished >= 2 and self.first_result_at is not None
+        return self.finished >= 2
+
+    def forget_pace(self) -> None:
+        self.finished, self.first_result_at = 0, 0.0
 
     def queued_bytes(self) -> int:
         """Bytes of items waiting in its pipe behind the current one."""
@@ -189,6 +193,8 @@ class SupervisedPool(Generic[T, R]):
         for worker in [w for w in active if not w.process.is_alive()]:
             active.remove(worker)  # died while idle since the last map()
             _stop(worker)
+        for worker in active:
+            worker.forget_pace()  # its idle time since the last map() is no part of it
         last_wake = -math.inf
         while finished < len(items):
             while len(active) < min(self.workers, len(waiting)):
@@ -292,7 +298,7 @@ def _drain(
             worker.in_hand.popleft()
             worker.message_bytes.popleft()
             worker.finished += 1
-            if worker.first_result_at is None:
+            if worker.finished == 1:
                 worker.first_result_at = time.monotonic()
             record(index, payload)
         worker.started = True
