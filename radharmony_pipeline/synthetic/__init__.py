@@ -20,7 +20,9 @@ from radharmony_pipeline.synthetic.parents import write_parents
 
 # Every registered dataset has its generator here, in the module named like its key.
 DATASET_NAMES = tuple(SOURCE_TYPES)
-SCALES = ("tiny", "small")
+# full: the documented counts (slow: hours of rendering for ReXGradient's 273,004 images;
+# benchmarks/bench_corpus.py renders that corpus in parallel at a chosen pixel side).
+SCALES = ("tiny", "small", "full")
 MIMIC_FORMATS = ms_cxr.MIMIC_FORMATS
 
 __all__ = [

@@ -55,6 +55,10 @@ class Sizing:
 SIZES = {
     "tiny": Sizing({"train": 8, "test": 4}, {"train": 2, "test": 1}, {"train": 1, "test": 1}),
     "small": Sizing({"train": 40, "test": 16}, {"train": 7, "test": 3}, {"train": 3, "test": 1}),
+    # The documented 3,025 / 553 images.
+    "full": Sizing(
+        {"train": 3025, "test": 553}, {"train": 400, "test": 70}, {"train": 5, "test": 2}
+    ),
 }
 
 

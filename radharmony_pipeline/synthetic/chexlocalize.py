@@ -59,6 +59,8 @@ class Sizing:
 SIZES = {
     "tiny": Sizing({"val": 3, "test": 4}, (180, 320)),
     "small": Sizing({"val": 12, "test": 24}, (500, 900)),
+    # The documented patients (200 / 500); small films keep rendering quick.
+    "full": Sizing({"val": 200, "test": 500}, (320, 640)),
 }
 
 

@@ -55,6 +55,8 @@ class Plan:
 PLANS = {
     "tiny": Plan(1, 2, 1, 1, 1, 4, 1, 1),
     "small": Plan(2, 4, 3, 2, 2, 12, 2, 1),
+    # NIH's documented 112,120 films: about 3,500 ChestX-Det originals plus the distractors.
+    "full": Plan(30, 60, 40, 20, 20, 108_572, 10, 5),
 }
 
 
@@ -188,7 +190,7 @@ def _write_nih(root: Path, out: Path, environ: Mapping[str, str], plan: Plan, se
         write_bytes(root / folder / name, data)
         folders[name] = folder
         entries.append((name, owner, follow, patient_split[owner]))
-    _write_nih_metadata(root, entries)
+    write_nih_metadata(root, entries)
     child_kinds = {}
     for i, positions in enumerate(originals):
         for position in positions:
@@ -220,7 +222,9 @@ def _nih_copy(child: Path, kind: str) -> bytes:
     return buffer.getvalue()
 
 
-def _write_nih_metadata(root: Path, entries: list[tuple[str, int, int, str]]) -> None:
+def write_nih_metadata(root: Path, entries: list[tuple[str, int, int, str]]) -> None:
+    """`Data_Entry_2017.csv` and the official split lists for (name, patient, follow-up,
+    split) entries, in the real files' format."""
     lines = [_DATA_ENTRY_HEADER]
     for name, owner, follow, _ in sorted(entries):
         lines.append(

@@ -72,6 +72,11 @@ class SplitSize:
     patients: int
 
 
+FULL_SCALE = {
+    "train": SplitSize(140_000, 238_968, 95_716),
+    "val": SplitSize(10_000, 17_007, 6_964),
+    "test": SplitSize(10_000, 17_029, 6_807),
+}
 SIZES = {
     "tiny": {"train": SplitSize(6, 10, 4), "val": SplitSize(3, 5, 2), "test": SplitSize(3, 5, 2)},
     "small": {
@@ -79,11 +84,7 @@ SIZES = {
         "val": SplitSize(8, 14, 6),
         "test": SplitSize(8, 14, 6),
     },
-}
-FULL_SCALE = {
-    "train": SplitSize(140_000, 238_968, 95_716),
-    "val": SplitSize(10_000, 17_007, 6_964),
-    "test": SplitSize(10_000, 17_029, 6_807),
+    "full": FULL_SCALE,
 }
 # PNG sides after the release's 25 % downsampling (tiny/small keep tests and demos fast).
 IMAGE_SIDES = {"tiny": (200, 360), "small": (400, 700), "full": (480, 1100)}
@@ -96,7 +97,7 @@ def generate(out: Path, scale: str, seed: int) -> Path:
     root = out / "rexgradient"
     studies = write_metadata(root, seed, SIZES[scale], IMAGE_SIDES[scale])
     for split_index, split in enumerate(SPLIT_FILES):
-        _write_images(root, seed, split_index, studies[split])
+        write_images(root, seed, split_index, studies[split])
     return root
 
 
@@ -308,11 +309,19 @@ def _split_counts(studies: list[tuple[str, Study]]) -> dict[str, int]:
     }
 
 
-def _write_images(
-    root: Path, seed: int, split_index: int, studies: list[tuple[str, Study]]
+def write_images(
+    root: Path,
+    seed: int,
+    split_index: int,
+    studies: list[tuple[str, Study]],
+    first_index: int = 0,
 ) -> None:
-    """One PNG per ImagePath, of its ImageShape; 8-bit or 16-bit (first two: one of each)."""
-    index = 0
+    """One PNG per ImagePath, of its ImageShape; 8-bit or 16-bit (first two: one of each).
+
+    `first_index` is the split-wide number of the first study's first image, so a split
+    written in chunks (in parallel) gets the same files as one written whole.
+    """
+    index = first_index
     for _, study in studies:
         # ImageViewPosition may be one short: the missing view renders as a frontal film.
         views = study["ImageViewPosition"] + [None] * len(study["ImagePath"])
