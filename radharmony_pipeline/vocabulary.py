@@ -30,6 +30,14 @@ UNIFIED_LABELS: tuple[str, ...] = (
 
 LABEL_COLUMNS: tuple[str, ...] = tuple(f"label_{name}" for name in UNIFIED_LABELS)
 
+# The mask class of an image's union mask (every class's pixels together): a `mask_class`
+# value beside the unified classes.
+UNION_CLASS = "any"
+# A row's `status`: usable, or kept as an error row whose `error` column says why.
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+ROW_STATUSES: tuple[str, ...] = (STATUS_OK, STATUS_ERROR)
+
 # Normalized values every table uses.
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 VIEW_POSITIONS: tuple[str, ...] = ("PA", "AP", "LATERAL", "LL", "OTHER", "UNKNOWN")

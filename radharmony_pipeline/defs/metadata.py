@@ -5,6 +5,7 @@ import pandas as pd
 
 from ..processing.tables.reasons import error_reasons
 from ..processing.tables.table_schemas import SCHEMA_VERSION, TableSchema
+from ..vocabulary import STATUS_ERROR
 
 
 def column_type(series: pd.Series) -> str:
@@ -58,7 +59,7 @@ def definition_metadata(schema: TableSchema) -> dict:
 def status_counts(table: pd.DataFrame) -> dict[str, int]:
     """Rows by status, and error rows by reason."""
     counts = {str(k): int(v) for k, v in table["status"].value_counts().items()}
-    errors = error_reasons(table.loc[table["status"] == "error", "error"])
+    errors = error_reasons(table.loc[table["status"] == STATUS_ERROR, "error"])
     counts.update({f"error: {reason}": n for reason, n in errors.items()})
     return counts
 

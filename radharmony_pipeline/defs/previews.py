@@ -23,6 +23,7 @@ from ..processing.imaging.decode import decode_grayscale
 from ..processing.imaging.image_files import confined
 from ..processing.storage.output_layout import preview
 from ..sources.base import DatasetSource
+from ..vocabulary import STATUS_OK, UNION_CLASS
 
 SAMPLES = 16
 # Images are decoded for a tile of a few hundred pixels: JPEGs at a reduced DCT scale.
@@ -39,8 +40,8 @@ def mask_preview(
     partition: str,
 ) -> dict:
     """Sheet of ~16 images with their class masks blended in (the union is not drawn)."""
-    ok = table[(table["status"] == "ok") & table["mask_path"].notna()]
-    classes = ok[ok["mask_class"] != "any"]
+    ok = table[(table["status"] == STATUS_OK) & table["mask_path"].notna()]
+    classes = ok[ok["mask_class"] != UNION_CLASS]
     masks_by_image = classes.groupby("image_id")["mask_path"].apply(list).to_dict()
     class_by_path = dict(zip(classes["mask_path"], classes["mask_class"], strict=True))
 
@@ -71,7 +72,7 @@ def box_preview(
     partition: str,
 ) -> dict:
     """Sheet of ~16 images with their boxes and labels drawn."""
-    ok = table[table["status"] == "ok"]
+    ok = table[table["status"] == STATUS_OK]
     boxes = {
         image_id: list(group[[*NORMALIZED_COLUMNS, "label"]].itertuples(index=False, name=None))
         for image_id, group in ok.groupby("image_id")

@@ -10,6 +10,7 @@ import dagster as dg
 import pandas as pd
 
 from ..processing.tables.reasons import error_causes
+from ..vocabulary import STATUS_ERROR
 from .metadata import status_counts
 from .partitions import blocking_partition_check
 
@@ -20,7 +21,7 @@ def fail_if_strict(table: pd.DataFrame, strict: bool, stage: str) -> None:
     """In strict mode, raise the first error row's message as the step's failure."""
     if not strict or "status" not in table:
         return
-    errors = table.loc[table["status"] == "error", "error"]
+    errors = table.loc[table["status"] == STATUS_ERROR, "error"]
     if len(errors):
         raise dg.Failure(
             description=str(errors.iloc[0]),
@@ -38,7 +39,7 @@ def fail_if_mostly_unreadable(table: pd.DataFrame, limit: float, stage: str, fix
     root, a missing decoder): that is a broken partition, not a few bad files."""
     if "status" not in table or table.empty:
         return
-    errors = table.loc[table["status"] == "error", "error"].astype(str)
+    errors = table.loc[table["status"] == STATUS_ERROR, "error"].astype(str)
     reasons = error_causes(errors)
     if not reasons:
         return
@@ -53,7 +54,7 @@ def fail_if_mostly_unreadable(table: pd.DataFrame, limit: float, stage: str, fix
 
 def row_errors_result(table: pd.DataFrame, strict: bool) -> dg.AssetCheckResult:
     """Passes when no row is an error; a warning listing reasons unless strict mode is on."""
-    errors = table.loc[table["status"] == "error", "error"].astype(str)
+    errors = table.loc[table["status"] == STATUS_ERROR, "error"].astype(str)
     return dg.AssetCheckResult(
         passed=errors.empty,
         severity=dg.AssetCheckSeverity.ERROR if strict else dg.AssetCheckSeverity.WARN,

@@ -23,7 +23,7 @@ from ..processing.jobs.mask_jobs import MaskJob, MaskTarget
 from ..processing.storage import source_store
 from ..processing.storage.source_store import FileState, SourcePath
 from ..processing.tables.table_schemas import INDEX_COLUMNS, RAW_INDEX, Column, pandas_dtype
-from ..vocabulary import FORMAT_BY_SUFFIX, LABEL_COLUMNS
+from ..vocabulary import FORMAT_BY_SUFFIX, LABEL_COLUMNS, STATUS_ERROR, STATUS_OK
 from .counts import ExpectedCounts, load_expected_counts
 from .errors import DatasetLayoutError, MetadataError
 from .layouts import nearby
@@ -89,11 +89,11 @@ class RowErrors:
 
     def columns(self) -> tuple[pd.Series, pd.Series]:
         error = pd.Series(pd.NA, index=range(self.rows), dtype="string")
-        status = pd.Series("ok", index=range(self.rows), dtype="string")
+        status = pd.Series(STATUS_OK, index=range(self.rows), dtype="string")
         if self._messages:
             positions = list(self._messages)
             error.iloc[positions] = list(self._messages.values())
-            status.iloc[positions] = "error"
+            status.iloc[positions] = STATUS_ERROR
         return status, error
 
 

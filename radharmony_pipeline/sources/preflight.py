@@ -11,6 +11,7 @@ from PIL import Image
 
 from ..processing.storage import source_store
 from ..processing.storage.source_store import SourcePath
+from ..vocabulary import STATUS_OK
 from .base import DatasetSource, SplitTables
 from .counts import compare_counts, is_dataset_metric
 from .errors import DatasetLayoutError, SourceError
@@ -181,7 +182,7 @@ def image_presence(source: DatasetSource, split: str, tables: SplitTables) -> Im
     """Which of the usable rows' images exist, from one listing of the image folder."""
     base = source.image_dir(split)
     index = tables.index
-    named = index.loc[index["status"] == "ok", "image_path"].dropna().tolist()
+    named = index.loc[index["status"] == STATUS_OK, "image_path"].dropna().tolist()
     present = source_store.existing_names(base, named)
     missing = [name for name in named if name not in present]
     return ImagePresence(
@@ -266,7 +267,7 @@ def _bit_depth(image: Image.Image) -> int:
 
 def _present_sample(source: DatasetSource, split: str, tables: SplitTables) -> list[str]:
     index = tables.index
-    named = index.loc[index["status"] == "ok", "image_path"].dropna().tolist()
+    named = index.loc[index["status"] == STATUS_OK, "image_path"].dropna().tolist()
     if not named:
         return []
     present = source_store.existing_names(source.image_dir(split), _spread(named, 50))

@@ -8,6 +8,7 @@ import pandas as pd
 from ...processing.annotations.boxes import normalize_xywh
 from ...processing.tables.table_schemas import BBOXES
 from ...sources import parse_partition_key
+from ...vocabulary import STATUS_ERROR, STATUS_OK
 from ..checks.bboxes import CHECK_SPECS, check_results
 from ..groups import ANNOTATIONS
 from ..metadata import status_counts
@@ -68,7 +69,9 @@ def bboxes(
     )
     degenerate = pd.Series(converted.degenerate, index=table.index) & malformed.isna()
     failed = degenerate | malformed.notna()
-    table["status"] = pd.Series("ok", index=table.index, dtype="string").mask(failed, "error")
+    table["status"] = pd.Series(STATUS_OK, index=table.index, dtype="string").mask(
+        failed, STATUS_ERROR
+    )
     table["error"] = malformed.fillna(
         _degenerate_messages(native.reset_index(drop=True)).where(degenerate)
     )

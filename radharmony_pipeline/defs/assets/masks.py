@@ -20,6 +20,7 @@ from ...processing.storage.atomic import remove_orphaned_temporaries
 from ...processing.storage.output_layout import image_mask_folder, mask_folder
 from ...processing.tables.table_schemas import MASKS
 from ...sources import parse_partition_key
+from ...vocabulary import STATUS_OK
 from ..checks.masks import CHECK_SPECS, check_results
 from ..groups import ANNOTATIONS
 from ..metadata import status_counts
@@ -63,7 +64,7 @@ def masks(
     root = outputs.root()
     folder = mask_folder(context.partition_key)
     remove_orphaned_temporaries(root / folder)
-    usable = raw_index["status"] == "ok"
+    usable = raw_index["status"] == STATUS_OK
     # Only images the dataset segments get masks (and an `any` row): a lateral view or an
     # image of a dataset without masks is "not annotated", never an all-zero negative.
     segmented = raw_index[(usable & source.localizable_images(raw_index)).to_numpy()]

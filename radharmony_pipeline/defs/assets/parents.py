@@ -26,6 +26,7 @@ from ...processing.tables.table_schemas import NIH_FINGERPRINTS, NIH_PARENT_LINK
 from ...settings import MAX_IMAGE_SIZE, image_size
 from ...sources import SOURCE_TYPES, SourceError
 from ...sources.nih_chestxray14 import LAYOUT
+from ...vocabulary import STATUS_ERROR, STATUS_OK
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import PARENTS
 from ..io_managers import read_table_file
@@ -91,7 +92,7 @@ def nih_fingerprints(
     table, decoded = fingerprint_parent_images(
         jobs, _previous_table(outputs, "nih_fingerprints"), slots, progress.update
     )
-    errors = table[table["status"] == "error"]
+    errors = table[table["status"] == STATUS_ERROR]
     if len(errors) * 2 > len(table):
         raise dg.Failure(
             description=f"{len(errors)} of {len(table)} NIH images could not be fingerprinted, "
@@ -181,7 +182,7 @@ def _chestx_det_images(images: dict[str, pd.DataFrame]) -> pd.DataFrame:
     for partition in CHESTX_DET_PARTITIONS:
         if partition in images:
             table = images[partition]
-            frames.append(table[table["status"] == "ok"].assign(split=partition.split(".")[1]))
+            frames.append(table[table["status"] == STATUS_OK].assign(split=partition.split(".")[1]))
     columns = ["image_id", "split", "size", "resize", "source_sha256", "pixels_sha256"]
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype="string") for c in [*columns, "perceptual_hash"]})

@@ -11,6 +11,7 @@ import pandas as pd
 
 from ...sources import DatasetSource
 from ...sources.counts import compare_counts
+from ...vocabulary import STATUS_ERROR, STATUS_OK
 from ..partitions import blocking_partition_check
 from ..row_errors import error_rows_check, row_errors_result
 from .counts import comparison_result
@@ -45,7 +46,7 @@ def check_results(
     """The result of every selected check, computed from the table in memory."""
     evaluate: dict[str, Callable[[], dg.AssetCheckResult]] = {
         "bboxes_match_documentation": lambda: _counts(source, split, bboxes, strict),
-        "bboxes_suite": lambda: suite_result(bboxes[bboxes["status"] == "ok"], "bboxes"),
+        "bboxes_suite": lambda: suite_result(bboxes[bboxes["status"] == STATUS_OK], "bboxes"),
         "bboxes_error_rows": lambda: row_errors_result(bboxes, strict),
     }
     yield from selected_results(CHECK_SPECS, selected, evaluate)
@@ -59,7 +60,7 @@ def _counts(
     wanted = {}
     if source.has_boxes and "annotations" in expected.for_split(split):
         wanted["boxes"] = expected.for_split(split)["annotations"]
-    errors = int((bboxes["status"] == "error").sum())
+    errors = int((bboxes["status"] == STATUS_ERROR).sum())
     return comparison_result(
         source, split, expected.origin, compare_counts(wanted, found), found, errors, strict
     )

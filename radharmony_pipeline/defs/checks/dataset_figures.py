@@ -22,6 +22,7 @@ from ...sources.counts import (
     compare_counts,
     is_dataset_metric,
 )
+from ...vocabulary import STATUS_OK, UNION_CLASS
 from ..io_managers import read_table_file
 from ..resources import DatasetsResource, OutputsResource
 from ..run_settings import RunSettingsResource
@@ -113,7 +114,7 @@ def _overlap(source: DatasetSource, root: Path, workers: int) -> dict[str, int]:
         for split in source.splits
     ]
     masks = pd.concat(tables, ignore_index=True)
-    classes = masks[(masks["status"] == "ok") & (masks["mask_class"] != "any")]
+    classes = masks[(masks["status"] == STATUS_OK) & (masks["mask_class"] != UNION_CLASS)]
     per_image = [
         dict(zip(group["mask_class"], (root / p for p in group["mask_path"]), strict=True))
         for _, group in classes.groupby("image_id")

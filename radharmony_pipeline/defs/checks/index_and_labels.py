@@ -14,7 +14,7 @@ import pandas as pd
 from ...processing.tables.suite_validation import PendingReport, Validator
 from ...sources import DatasetSource, SplitTables
 from ...sources.counts import MASK_METRICS, compare_counts, is_dataset_metric
-from ...vocabulary import LABEL_COLUMNS
+from ...vocabulary import LABEL_COLUMNS, STATUS_ERROR, STATUS_OK
 from ..partitions import blocking_partition_check
 from ..row_errors import error_rows_check, row_errors_result
 from .counts import comparison_result
@@ -100,7 +100,7 @@ def _suite_result(suites: Mapping[str, PendingReport], name: str) -> dg.AssetChe
 
 def _usable(table: pd.DataFrame) -> pd.DataFrame:
     # Error rows (reported by raw_index_error_rows) may lack a path or size by nature.
-    return table[table["status"] == "ok"]
+    return table[table["status"] == STATUS_OK]
 
 
 def _counts(
@@ -117,7 +117,7 @@ def _counts(
         if k not in MASK_METRICS and not is_dataset_metric(k)
     }
     index = tables.index
-    errors = int((index["status"] == "error").sum()) if "status" in index else 0
+    errors = int((index["status"] == STATUS_ERROR).sum()) if "status" in index else 0
     return comparison_result(
         source, split, expected.origin, compare_counts(wanted, found), found, errors, strict
     )

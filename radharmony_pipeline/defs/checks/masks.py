@@ -10,6 +10,7 @@ from ...processing.storage.output_layout import mask_folder
 from ...processing.storage.store import OutputPath, listing
 from ...sources import DatasetSource
 from ...sources.counts import MASK_METRICS, compare_counts
+from ...vocabulary import STATUS_ERROR, STATUS_OK, UNION_CLASS
 from ..partitions import blocking_partition_check, dataset_split_partitions
 from ..row_errors import error_rows_check, row_errors_result
 from .counts import comparison_result
@@ -68,8 +69,8 @@ def check_results(
 def _counts(
     source: DatasetSource, split: str, masks: pd.DataFrame, strict: bool
 ) -> dg.AssetCheckResult:
-    ok = masks[masks["status"] == "ok"]
-    classes = ok[ok["mask_class"] != "any"]
+    ok = masks[masks["status"] == STATUS_OK]
+    classes = ok[ok["mask_class"] != UNION_CLASS]
     found = {
         "images_with_masks": int(classes["image_id"].nunique()),
         **{
@@ -83,7 +84,7 @@ def _counts(
         for metric, value in expected.for_split(split).items()
         if metric in MASK_METRICS or metric.startswith("class_images.")
     }
-    errors = int(masks.loc[masks["status"] == "error", "image_id"].nunique())
+    errors = int(masks.loc[masks["status"] == STATUS_ERROR, "image_id"].nunique())
     comparisons = compare_counts(wanted, found)
     return comparison_result(source, split, expected.origin, comparisons, found, errors, strict)
 
@@ -95,7 +96,7 @@ def _positives_without_masks(
     localizable = [f"label_{name}" for name in source.mask_classes]
     if not localizable or masks.empty:
         return dg.AssetCheckResult(passed=True, metadata={"note": "dataset has no masks"})
-    masked = set(masks.loc[masks["mask_class"] != "any", "image_id"])
+    masked = set(masks.loc[masks["mask_class"] != UNION_CLASS, "image_id"])
     eligible = raw_index.loc[source.localizable_images(raw_index).to_numpy(), "image_id"]
     positive = labels[labels[localizable].eq(1).any(axis=1) & labels["image_id"].isin(eligible)]
     missing = sorted(set(positive["image_id"]) - masked)
@@ -137,6 +138,6 @@ def _with_derived_columns(masks: pd.DataFrame, root: OutputPath) -> pd.DataFrame
     }
     return masks.assign(
         mask_file_exists=masks["mask_path"].map(lambda path: path in listed, na_action="ignore"),
-        class_area_fraction=masks["area_fraction"].where(masks["mask_class"] != "any"),
+        class_area_fraction=masks["area_fraction"].where(masks["mask_class"] != UNION_CLASS),
         image_class=masks["image_id"] + "/" + masks["mask_class"],
     )

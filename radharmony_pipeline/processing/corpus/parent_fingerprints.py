@@ -20,6 +20,7 @@ from radharmony_pipeline.processing.jobs.image_jobs import (
 )
 from radharmony_pipeline.processing.storage.source_store import FileState, SourcePath
 from radharmony_pipeline.processing.tables.table_schemas import NIH_FINGERPRINTS, pandas_dtype
+from radharmony_pipeline.vocabulary import STATUS_ERROR, STATUS_OK
 
 # Bumped when what is fingerprinted changes, so every parent image is redone once.
 PARENT_FINGERPRINT_VERSION = "1"
@@ -52,7 +53,7 @@ class ParentImageJob:
             "input_key": self.input_key(),
             "size": self.size,
             "resize": self.resize,
-            "status": "ok",
+            "status": STATUS_OK,
             **values,
         }
 
@@ -69,7 +70,7 @@ def fingerprint_parent_image(job: ParentImageJob) -> dict[str, object]:
             **content_fingerprints(pixels, geometry),
         )
     except (DecodeError, OSError, ValueError) as exc:
-        return job.row(status="error", error=str(exc))
+        return job.row(status=STATUS_ERROR, error=str(exc))
 
 
 def parent_image_jobs(
@@ -92,7 +93,7 @@ def fingerprint_parent_images(
     how many images were decoded. Two files with one id: the second is an error row."""
     reusable: dict[str, dict] = {}
     if previous is not None and len(previous):
-        ok = previous[previous["status"] == "ok"]
+        ok = previous[previous["status"] == STATUS_OK]
         reusable = {
             str(row["image_path"]): row
             for row in ok.astype(object).where(ok.notna(), None).to_dict("records")
@@ -104,7 +105,7 @@ def fingerprint_parent_images(
         if job.parent_image_id in seen:
             rows.append(
                 job.row(
-                    status="error",
+                    status=STATUS_ERROR,
                     error=f"{job.source_file}: the same image as {seen[job.parent_image_id]} "
                     "(one Image Index in two folders); remove one copy",
                 )

@@ -16,6 +16,7 @@ from radharmony_pipeline.processing.imaging.perceptual_hash import (
     hashes_to_words,
 )
 from radharmony_pipeline.processing.tables.table_schemas import PARENT_COLUMNS
+from radharmony_pipeline.vocabulary import STATUS_OK
 
 PARENT_IDENTITY: tuple[str, ...] = tuple(column.name for column in PARENT_COLUMNS)
 # Conservative: re-encodes, resizes and brightness changes of one film stay within 7 bits of
@@ -387,7 +388,7 @@ def parent_links(
 ) -> pd.DataFrame:
     """Each child image's match among the parent's fingerprints, with the patient and
     official split of the image found (`entries`: `image_index, patient_id, split`)."""
-    usable = fingerprints[fingerprints["status"] == "ok"]
+    usable = fingerprints[fingerprints["status"] == STATUS_OK]
     links = match_to_parents(children, usable)
     links.insert(1, "split", children["split"].astype("string").to_numpy())
     by_image = entries.set_index("image_index")

@@ -18,6 +18,7 @@ from PIL import Image, ImageDraw, ImageFont
 from radharmony_pipeline.processing.imaging.decode import stretch_to_uint8
 from radharmony_pipeline.processing.imaging.geometry import letterbox_geometry
 from radharmony_pipeline.processing.storage.store import output_path, publish
+from radharmony_pipeline.vocabulary import UNION_CLASS
 
 Colour = tuple[int, int, int]
 Box = tuple[float, float, float, float, str]
@@ -61,7 +62,7 @@ _CLASS_COLOURS: dict[str, Colour] = {
     "pleural_thickening": (90, 110, 255),
     "pleural_other": (255, 160, 120),
     "no_finding": (180, 180, 180),
-    "any": (255, 255, 255),
+    UNION_CLASS: (255, 255, 255),
 }
 _FALLBACK_PALETTE: tuple[Colour, ...] = tuple(_CLASS_COLOURS.values())
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 from radharmony_pipeline.processing.annotations.boxes import NORMALIZED_COLUMNS
-from radharmony_pipeline.vocabulary import LABEL_COLUMNS
+from radharmony_pipeline.vocabulary import LABEL_COLUMNS, STATUS_OK, UNION_CLASS
 
 COLUMNS = 4
 PANEL_INCHES = (4.6, 3.6)
@@ -162,7 +162,7 @@ def _report_length(ax: Axes, labels: pd.DataFrame) -> None:
 
 
 def _mask_area(ax: Axes, masks: pd.DataFrame) -> None:
-    ok = masks[(masks["status"] == "ok") & (masks["mask_class"] != "any")]
+    ok = masks[(masks["status"] == STATUS_OK) & (masks["mask_class"] != UNION_CLASS)]
     if ok.empty:
         return _empty(ax, "no masks")
     by_class = {str(c): g["area_fraction"].to_numpy() for c, g in ok.groupby("mask_class")}
@@ -172,7 +172,7 @@ def _mask_area(ax: Axes, masks: pd.DataFrame) -> None:
 
 
 def _box_size(ax: Axes, bboxes: pd.DataFrame) -> None:
-    ok = bboxes[bboxes["status"] == "ok"]
+    ok = bboxes[bboxes["status"] == STATUS_OK]
     if ok.empty:
         return _empty(ax, "no boxes")
     ax.scatter(ok["x_max"] - ok["x_min"], ok["y_max"] - ok["y_min"], s=6, alpha=0.5)
@@ -184,7 +184,7 @@ def _box_size(ax: Axes, bboxes: pd.DataFrame) -> None:
 
 def _box_heat_map(ax: Axes, bboxes: pd.DataFrame, cells: int = 32) -> None:
     """How often each cell of the (normalized) image is covered by a box."""
-    ok = bboxes[bboxes["status"] == "ok"]
+    ok = bboxes[bboxes["status"] == STATUS_OK]
     if ok.empty:
         return _empty(ax, "no boxes")
     coverage = np.zeros((cells, cells))

@@ -39,8 +39,8 @@ from radharmony_pipeline.processing.tables.table_schemas import (
     row_type,
     rows_frame,
 )
+from radharmony_pipeline.vocabulary import STATUS_ERROR, UNION_CLASS
 
-UNION_CLASS = "any"
 # Bumped when the way masks are computed changes, so every mask is rewritten once.
 MASK_CODE_VERSION = "1"
 
@@ -190,4 +190,4 @@ def _mask_row(job, mask_class: str, mask: np.ndarray, key: str, source: str) -> 
 
 
 def _error_row(image_id: str, message: str) -> MaskRow:
-    return MaskRow(image_id=image_id, mask_class=UNION_CLASS, status="error", error=message)
+    return MaskRow(image_id=image_id, mask_class=UNION_CLASS, status=STATUS_ERROR, error=message)

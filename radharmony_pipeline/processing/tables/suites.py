@@ -15,7 +15,14 @@ from radharmony_pipeline.processing.tables.table_schemas import (
     MASKS,
     PARTITION_COLUMNS,
 )
-from radharmony_pipeline.vocabulary import IMAGE_FORMATS, SPLITS, UNIFIED_LABELS, VIEW_POSITIONS
+from radharmony_pipeline.vocabulary import (
+    IMAGE_FORMATS,
+    ROW_STATUSES,
+    SPLITS,
+    UNIFIED_LABELS,
+    UNION_CLASS,
+    VIEW_POSITIONS,
+)
 
 IMAGE_KEY_REGEX = r"^[A-Za-z0-9._-]+$"
 MAX_IMAGE_SIDE = 100_000
@@ -89,9 +96,11 @@ def masks() -> list[gxe.Expectation]:
             ],
             exact_match=False,
         ),
-        gxe.ExpectColumnValuesToBeInSet(column="mask_class", value_set=[*UNIFIED_LABELS, "any"]),
+        gxe.ExpectColumnValuesToBeInSet(
+            column="mask_class", value_set=[*UNIFIED_LABELS, UNION_CLASS]
+        ),
         gxe.ExpectColumnValuesToBeInSet(column="source", value_set=["rle", "polygon", "empty"]),
-        gxe.ExpectColumnValuesToBeInSet(column="status", value_set=["ok", "error"]),
+        gxe.ExpectColumnValuesToBeInSet(column="status", value_set=list(ROW_STATUSES)),
         gxe.ExpectColumnValuesToBeBetween(column="area_fraction", min_value=0, max_value=1),
         gxe.ExpectColumnValuesToBeInSet(column="mask_file_exists", value_set=[True]),
         image_side("height"),
