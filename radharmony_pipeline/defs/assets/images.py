@@ -28,6 +28,7 @@ from ...processing.storage.store import OutputPath, glob, make_folder, remove
 from ...processing.tables.table_schemas import IMAGES
 from ...settings import MAX_IMAGE_SIZE, UNREADABLE_LIMIT_VARIABLE, image_size
 from ...sources import parse_partition_key
+from ...vocabulary import STATUS_OK, UNION_CLASS
 from ..checks.images import CHECK_SPECS, check_results
 from ..groups import PIXELS
 from ..metadata import status_counts
@@ -140,7 +141,7 @@ def images(
         metadata={
             "images": len(table),
             "decoded": int(table["decoded"].sum()),
-            "reused": int((~table["decoded"] & (table["status"] == "ok")).sum()),
+            "reused": int((~table["decoded"] & (table["status"] == STATUS_OK)).sum()),
             "status": dg.MetadataValue.json(status_counts(table)),
             "packed_array": dg.MetadataValue.path(str(packed)),
             "size": config.size,
@@ -153,7 +154,7 @@ def images(
 
 
 def _union_masks(masks: pd.DataFrame, root: OutputPath) -> dict[str, OutputPath]:
-    ok = masks[(masks["mask_class"] == "any") & (masks["status"] == "ok")]
+    ok = masks[(masks["mask_class"] == UNION_CLASS) & (masks["status"] == STATUS_OK)]
     return {
         image_id: root / path
         for image_id, path in zip(ok["image_id"], ok["mask_path"], strict=True)

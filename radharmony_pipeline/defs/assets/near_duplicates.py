@@ -15,6 +15,7 @@ from ...processing.storage.output_layout import NEAR_DUPLICATE_SHEET
 from ...processing.storage.store import open_for_reading
 from ...processing.tables.table_schemas import NEAR_DUPLICATES
 from ...sources import parse_partition_key
+from ...vocabulary import STATUS_OK
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import CORPUS
 from ..metadata import definition_metadata, table_code_version
@@ -70,7 +71,7 @@ def corpus_images(images: dict[str, pd.DataFrame]) -> pd.DataFrame:
     frames = []
     for partition, table in sorted(images.items()):
         dataset, split = parse_partition_key(partition)
-        ok = table[table["status"] == "ok"].copy()
+        ok = table[table["status"] == STATUS_OK].copy()
         if "perceptual_hash" not in ok:
             raise dg.Failure(
                 description=f"images of {partition} have no perceptual_hash column; "

@@ -92,6 +92,7 @@ from radharmony_pipeline.processing.tables.table_schemas import (
     row_type,
     rows_frame,
 )
+from radharmony_pipeline.vocabulary import STATUS_ERROR
 
 # Bumped when decoding or resizing changes, so every image is redone once.
 # 2: perceptual hash and pixel digest (issue 11). 3: PNG and DICOM pixels reduced by a whole
@@ -235,7 +236,7 @@ class ImageJob:
             size=self.size,
             tensor_index=self.row,
             resize=self.resize,
-            status="error",
+            status=STATUS_ERROR,
             error=message,
         )
 
