@@ -1,0 +1,226 @@
+"""Rows of a packed N×S×S `.npy` array read in bounded windows, from a local file (seek and
+read) or an object (range requests), so that no reader ever holds the whole array.
+
+The header is parsed once (numpy.lib.format); row r then starts at `data_offset + r *
+row_bytes`. Reading with plain reads rather than a memory map keeps the pages out of the
+reader's resident set: a mapped 12 GB array counts in full against `/usr/bin/time -f %M`
+once every row has been touched.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from radharmony_pipeline.processing.storage.store import (
+    OutputPath,
+    file_size,
+    is_local,
+    with_retries,
+)
+
+# The .npy prefix: magic string (6 bytes), version (2), header length (2 bytes in version 1,
+# 4 bytes in versions 2 and 3).
+_MAGIC_BYTES = 8
+_PREFIX_BYTES = _MAGIC_BYTES + 4
+# One range request on an object store reads at most this much: a window is assembled from
+# several, so a cut connection costs one request again and the reader holds at most the
+# window plus one request's body.
+REQUEST_BYTES = 8 << 20
+# Rows read at once by default: small enough for any machine, large enough that a read's
+# fixed cost (a request, a system call) is negligible.
+DEFAULT_WINDOW_BYTES = 16 << 20
+
+
+class PackedArrayError(ValueError):
+    """The file is not a readable packed array (bad header, wrong dtype or order, truncated
+    or overlong): `problem` says what is wrong, the message also names the file."""
+
+    def __init__(self, path: OutputPath, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path, self.problem = path, problem
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where the rows of a packed array lie in its file."""
+
+    path: OutputPath
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    data_offset: int
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0] if self.shape else 0
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        return self.shape[1:]
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def rows_per_window(self, window_bytes: int) -> int:
+        """How many whole rows fit in `window_bytes` (at least one)."""
+        return max(1, window_bytes // max(self.row_bytes, 1))
+
+
+def read_layout(path: OutputPath) -> PackedLayout:
+    """The layout of the packed array at `path`, from its header (a few hundred bytes read),
+    checked against the file's size. FileNotFoundError if absent; PackedArrayError if the
+    file is not a whole C-ordered array (a truncated one says so)."""
+    if is_local(path):
+        with open(path, "rb") as handle:
+            header = _parse_header(path, handle)
+    else:
+        header = _parse_header(path, io.BytesIO(_object_header_bytes(path)))
+    shape, fortran_order, dtype, offset = header
+    if fortran_order:
+        raise PackedArrayError(path, "its rows are stored in Fortran order, C order expected")
+    if dtype.hasobject:
+        raise PackedArrayError(path, f"it holds Python objects ({dtype}), not pixels")
+    layout = PackedLayout(path, shape, dtype, offset)
+    expected = offset + layout.rows * layout.row_bytes
+    actual = file_size(path)
+    if actual < expected:
+        raise PackedArrayError(
+            path, f"truncated: {actual:,} bytes, its header ({shape}, {dtype}) needs {expected:,}"
+        )
+    if actual > expected:
+        raise PackedArrayError(
+            path, f"{actual - expected:,} bytes after its last row (its header: {shape}, {dtype})"
+        )
+    return layout
+
+
+@dataclass
+class PackedRowReader:
+    """Reads rows of one packed array; keeps one open handle for a local file. Counts what it
+    read (`reads`: bytes per read call), so callers and tests can see the window it held."""
+
+    layout: PackedLayout
+    reads: list[int] = field(default_factory=list)
+    _handle: BinaryIO | None = None
+
+    def __enter__(self) -> PackedRowReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) as a new array."""
+        out = np.empty((stop - start, *self.layout.row_shape), dtype=self.layout.dtype)
+        return self.read_into(start, out)
+
+    def read_into(self, start: int, out: np.ndarray) -> np.ndarray:
+        """Rows [start, start + len(out)) written into `out` (C-contiguous, the array's row
+        shape and dtype), which is returned."""
+        if not out.flags.c_contiguous:
+            raise ValueError("rows are read into a C-contiguous array only")
+        stop = start + len(out)
+        if not 0 <= start <= stop <= self.layout.rows:
+            raise IndexError(
+                f"{self.layout.path}: rows [{start}, {stop}) outside its {self.layout.rows}"
+            )
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        begin = self.layout.data_offset + start * self.layout.row_bytes
+        if is_local(self.layout.path):
+            self._read_local(begin, view)
+        else:
+            self._read_object(begin, view)
+        self.reads.append(len(view))
+        return out
+
+    def windows(
+        self, window_bytes: int = DEFAULT_WINDOW_BYTES, start: int = 0, stop: int | None = None
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """(first row, rows) for consecutive windows of at most `window_bytes` covering
+        [start, stop). One buffer is re-used: each window's array is overwritten by the
+        next, so the reader holds one window however large the array."""
+        stop = self.layout.rows if stop is None else stop
+        per_window = min(self.layout.rows_per_window(window_bytes), max(stop - start, 0))
+        buffer = np.empty((per_window, *self.layout.row_shape), dtype=self.layout.dtype)
+        for first in range(start, stop, max(per_window, 1)):
+            count = min(per_window, stop - first)
+            yield first, self.read_into(first, buffer[:count])
+
+    def _read_local(self, begin: int, view: memoryview) -> None:
+        if self._handle is None:
+            self._handle = open(Path(self.layout.path), "rb")  # noqa: SIM115 (closed by close())
+        self._handle.seek(begin)
+        filled = 0
+        while filled < len(view):
+            got = self._handle.readinto(view[filled:])
+            if not got:
+                raise PackedArrayError(
+                    self.layout.path, f"ended at byte {begin + filled:,} (shortened while read?)"
+                )
+            filled += got
+
+    def _read_object(self, begin: int, view: memoryview) -> None:
+        path = self.layout.path
+        for offset in range(0, len(view), REQUEST_BYTES):
+            end = min(offset + REQUEST_BYTES, len(view))
+            body = with_retries(
+                path,
+                "read rows of the array",
+                lambda a=begin + offset, b=begin + end: path.fs.cat_file(path.path, a, b),
+            )
+            if len(body) != end - offset:
+                raise PackedArrayError(
+                    path,
+                    f"{len(body):,} bytes at byte {begin + offset:,}, {end - offset:,} "
+                    "expected (shortened while read?)",
+                )
+            view[offset:end] = body
+
+
+def _object_header_bytes(path: OutputPath) -> bytes:
+    """The header of an object's array: its prefix, then exactly the header it announces."""
+
+    def read(start: int, end: int) -> bytes:
+        return with_retries(
+            path, "read the array's header", lambda: path.fs.cat_file(path.path, start, end)
+        )
+
+    prefix = read(0, _PREFIX_BYTES)
+    if len(prefix) < _PREFIX_BYTES:
+        return prefix  # too short for any header: the parser names the problem
+    major = prefix[6]
+    if major == 1:
+        (length,) = struct.unpack("<H", prefix[_MAGIC_BYTES : _MAGIC_BYTES + 2])
+        total = _MAGIC_BYTES + 2 + length
+    else:
+        (length,) = struct.unpack("<I", prefix[_MAGIC_BYTES : _MAGIC_BYTES + 4])
+        total = _MAGIC_BYTES + 4 + length
+    return prefix + read(_PREFIX_BYTES, total) if total > _PREFIX_BYTES else prefix[:total]
+
+
+def _parse_header(
+    path: OutputPath, handle: BinaryIO
+) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """(shape, fortran_order, dtype, data offset) of the .npy at the handle's start."""
+    try:
+        major, _minor = np.lib.format.read_magic(handle)
+        if major == 1:
+            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(handle)
+        else:
+            # Versions 2 and 3 differ only in the header's length field and text encoding.
+            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(handle)
+    except (ValueError, EOFError, OSError) as error:
+        raise PackedArrayError(path, f"not a readable .npy header: {error}") from error
+    return tuple(int(n) for n in shape), bool(fortran_order), np.dtype(dtype), handle.tell()
