@@ -1,0 +1,1 @@
+"""Reading radiology report text into the unified observations (CheXpert-style rule labels)."""

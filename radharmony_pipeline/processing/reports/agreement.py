@@ -1,0 +1,93 @@
+"""Agreement between two sets of report labels, scored as the CheXpert paper scores its
+labeler: mention, negation and uncertainty F1 (plus positive and no-finding F1), micro-averaged
+over every (text, observation) pair."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from radharmony_pipeline.processing.reports.labeler import (
+    NEGATIVE,
+    NO_FINDING,
+    POSITIVE,
+    REPORT_OBSERVATIONS,
+    UNCERTAIN,
+)
+
+AGREEMENT_SCORES = ("mention_f1", "negation_f1", "uncertainty_f1", "positive_f1", "no_finding_f1")
+PAIRS = "pairs"
+_NULL = -9  # "not mentioned" while the labels sit in one integer array
+_LABEL_VALUES = frozenset({POSITIVE, NEGATIVE, UNCERTAIN})
+
+
+def agreement_scores(predicted: pd.DataFrame, reference: pd.DataFrame) -> dict[str, float]:
+    """The five scores of `predicted` against `reference` (rows in the same order, one column
+    per observation, 1 / 0 / -1 / null) and the number of (text, observation) pairs scored.
+
+    The observations are the `reference` columns that are report observations; no finding
+    has its own score (positive F1 on that column) and stays out of the other four. A score
+    with nothing to score (no pair of its class on either side) is NaN."""
+    if len(predicted) != len(reference):
+        raise ValueError(
+            f"predicted labels have {len(predicted)} rows, the reference {len(reference)}: "
+            "pass both frames with one row per text, in the same order"
+        )
+    observations = [c for c in reference.columns if c in REPORT_OBSERVATIONS]
+    missing = [c for c in observations if c not in predicted.columns]
+    if missing:
+        raise ValueError(f"predicted labels lack the reference's columns {missing}")
+    findings = [c for c in observations if c != NO_FINDING]
+    truth = _label_array(reference, findings, "reference")
+    guess = _label_array(predicted, findings, "predicted")
+    scores = {
+        "mention_f1": _f1(truth != _NULL, guess != _NULL),
+        "negation_f1": _f1(truth == NEGATIVE, guess == NEGATIVE),
+        "uncertainty_f1": _f1(truth == UNCERTAIN, guess == UNCERTAIN),
+        "positive_f1": _f1(truth == POSITIVE, guess == POSITIVE),
+    }
+    if NO_FINDING in observations:
+        truth_nf = _label_array(reference, [NO_FINDING], "reference")
+        guess_nf = _label_array(predicted, [NO_FINDING], "predicted")
+        scores["no_finding_f1"] = _f1(truth_nf == POSITIVE, guess_nf == POSITIVE)
+    else:
+        scores["no_finding_f1"] = math.nan
+    scores[PAIRS] = int(truth.size)
+    return scores
+
+
+def _label_array(frame: pd.DataFrame, columns: list[str], side: str) -> np.ndarray:
+    """The columns as integers, null as _NULL; any other value is an error naming it."""
+    values = frame[columns].apply(pd.to_numeric, errors="coerce")
+    for column in columns:
+        original = frame[column]
+        bad = original.notna() & ~values[column].isin(list(_LABEL_VALUES))
+        if bad.any():
+            row = bad.to_numpy().nonzero()[0][0]
+            raise ValueError(
+                f"{side} labels, column {column!r}, row {row}: {original.iloc[row]!r} is not "
+                "1, 0, -1 or blank"
+            )
+    return values.fillna(_NULL).to_numpy(dtype=np.int64)
+
+
+def _f1(truth: np.ndarray, guess: np.ndarray) -> float:
+    true_positive = int(np.sum(truth & guess))
+    wrong = int(np.sum(truth ^ guess))
+    if true_positive + wrong == 0:
+        return math.nan
+    return 2 * true_positive / (2 * true_positive + wrong)
+
+
+def format_agreement(scores: Mapping[str, float]) -> str:
+    """The scores as printable lines, one per score, then the number of pairs."""
+    lines = [
+        f"{name.removesuffix('_f1').replace('_', ' ') + ' F1':<18} {scores[name]:.3f}"
+        for name in AGREEMENT_SCORES
+    ]
+    if PAIRS in scores:
+        lines.append(f"{'(text, observation) pairs':<18} {int(scores[PAIRS])}")
+    return "\n".join(lines)

@@ -1,0 +1,300 @@
+"""Report labels as `report_labels` rows: each distinct report text read once, every row keyed
+by the labeler's version and the text's SHA-256, so an earlier run's rows are reused for
+texts it has already read and only new or changed texts reach the labeler."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from radharmony_pipeline.processing.reports.labeler import REPORT_OBSERVATIONS, ReportReading
+from radharmony_pipeline.processing.tables.table_schemas import (
+    EVIDENCE,
+    REPORT_LABEL_COLUMNS,
+    REPORT_LABELS,
+    REPORT_RULES,
+)
+from radharmony_pipeline.vocabulary import unified_class
+
+# The largest share of a partition's distinct reports in which no observation is mentioned
+# at all (every report_label_* but no finding null). Radiology reports of chest films nearly
+# always name what was looked for ("no effusion", "heart size normal"); a larger share means
+# the texts are not the findings and impression of chest reports (a wrong column, truncated
+# text) or the labeler misses a phrasing the corpus uses.
+UNMENTIONED_REPORTS_LIMIT = 0.2
+
+# The observation columns except no finding, which a read text gets without any mention.
+_MENTION_COLUMNS = tuple(c for c in REPORT_LABEL_COLUMNS if c != "report_label_no_finding")
+# States of a report label in the prevalence figures, by value (null: not mentioned).
+PREVALENCE_STATES: dict[str, int] = {"positive": 1, "uncertain": -1, "negative": 0}
+
+
+class ReportReader(Protocol):
+    """What reads report texts: the report labeler, or a stand-in in tests."""
+
+    def read_many(self, texts: Sequence[str]) -> list[ReportReading]: ...
+
+
+@dataclass(frozen=True)
+class LabelledReports:
+    """A partition's report_labels rows, and how many distinct texts were read or reused."""
+
+    table: pd.DataFrame
+    distinct_reports: int
+    labelled: int
+    reused: int
+
+
+def text_sha256(texts: Iterable[str]) -> list[str]:
+    """The SHA-256 of each text's UTF-8 bytes, in hex."""
+    return [hashlib.sha256(text.encode("utf-8")).hexdigest() for text in texts]
+
+
+def label_reports(
+    image_ids: pd.Series,
+    reports: pd.Series,
+    reader: ReportReader,
+    labeler_version: str,
+    previous: pd.DataFrame | None = None,
+) -> LabelledReports:
+    """One row per image with a report (null reports have none), in the given order.
+
+    Each distinct text is read once; a text whose (labeler_version, SHA-256) key has a row in
+    `previous` (the partition's last report_labels table) takes that row's labels and evidence
+    instead of being read again.
+    """
+    has_report = reports.notna().to_numpy()
+    ids = image_ids[has_report].astype("string").reset_index(drop=True)
+    texts = reports[has_report].astype(str).reset_index(drop=True)
+    codes, distinct = pd.factorize(texts)
+    keys = text_sha256(distinct)
+    known = _reusable_rows(previous, labeler_version)
+    reused = [key in known.index for key in keys]
+    to_read = [text for text, done in zip(distinct, reused, strict=True) if not done]
+    readings = iter(reader.read_many(to_read) if to_read else [])
+    labels = {column: [] for column in REPORT_LABEL_COLUMNS}
+    evidence: list[object] = []
+    for key, done in zip(keys, reused, strict=True):
+        if done:
+            row = known.loc[key]
+            values = [row[column] for column in REPORT_LABEL_COLUMNS]
+            evidence.append(_plain_evidence(row["report_label_evidence"]))
+        else:
+            reading = next(readings)
+            values = [reading.labels.get(name) for name in REPORT_OBSERVATIONS]
+            evidence.append(_evidence_dicts(reading))
+        for column, value in zip(REPORT_LABEL_COLUMNS, values, strict=True):
+            labels[column].append(None if pd.isna(value) else int(value))
+    per_text = pa.table(
+        {
+            "report_sha256": pa.array(keys, pa.string()),
+            **{column: pa.array(labels[column], pa.int8()) for column in REPORT_LABEL_COLUMNS},
+            "report_label_evidence": pa.array(evidence, EVIDENCE),
+        }
+    ).take(pa.array(codes, pa.int64()))
+    table = _rows(ids, labeler_version, per_text)
+    return LabelledReports(
+        table=table,
+        distinct_reports=len(keys),
+        labelled=len(to_read),
+        reused=int(sum(reused)),
+    )
+
+
+def _reusable_rows(previous: pd.DataFrame | None, labeler_version: str) -> pd.DataFrame:
+    """The previous rows by report_sha256 that the same labeler version read from text."""
+    if previous is None or previous.empty:
+        return pd.DataFrame(columns=["report_sha256"]).set_index("report_sha256")
+    same = previous[
+        (previous["report_label_source"] == REPORT_RULES)
+        & (previous["report_labeler_version"] == labeler_version)
+        & previous["report_sha256"].notna()
+    ]
+    return same.drop_duplicates("report_sha256").set_index("report_sha256")
+
+
+def _evidence_dicts(reading: ReportReading) -> list[dict[str, object]]:
+    return [
+        {"observation": e.observation, "value": e.value, "sentence": e.sentence}
+        for e in reading.evidence
+    ]
+
+
+def _plain_evidence(value: object) -> list[dict[str, object]]:
+    """Evidence as read back from Parquet (an array of dicts, or None) as a list of dicts."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return []
+    return [dict(item) for item in value]
+
+
+def _rows(ids: pd.Series, version: str, per_image: pa.Table) -> pd.DataFrame:
+    """The rows in declared column order (dataset and split are the partition's, filled on
+    writing); the evidence stays in its declared Arrow type."""
+    frame = pd.DataFrame(
+        {
+            "image_id": ids,
+            "report_labeler_version": pd.Series(version, index=ids.index, dtype="string"),
+            "report_sha256": pd.Series(
+                per_image.column("report_sha256").to_pylist(), index=ids.index, dtype="string"
+            ),
+            **{
+                column: pd.Series(
+                    per_image.column(column).to_pandas(types_mapper=_nullable), index=ids.index
+                ).astype("Int8")
+                for column in REPORT_LABEL_COLUMNS
+            },
+            "report_label_source": pd.Series(REPORT_RULES, index=ids.index, dtype="string"),
+            "report_label_evidence": evidence_series(
+                per_image.column("report_label_evidence"), ids.index
+            ),
+        }
+    )
+    return frame[[c for c in REPORT_LABELS.names if c in frame.columns]]
+
+
+def _nullable(type_: pa.DataType) -> object:
+    return pd.Int8Dtype() if type_ == pa.int8() else None
+
+
+def evidence_series(values: pa.ChunkedArray | pa.Array, index: pd.Index) -> pd.Series:
+    """Evidence lists as a pandas column of the declared Arrow type (written as declared)."""
+    return pd.Series(pd.arrays.ArrowExtensionArray(values.cast(EVIDENCE)), index=index, copy=False)
+
+
+def read_texts(texts: pd.Series, reader: ReportReader) -> pd.DataFrame:
+    """One row per text, in order: the report_label_* columns and the evidence (for reports a
+    user holds, outside any partition). Each distinct text is read once; a null text gets
+    null labels and no evidence."""
+    present = texts.notna().to_numpy()
+    codes, distinct = pd.factorize(texts[present].astype(str))
+    readings = reader.read_many(list(distinct)) if len(distinct) else []
+    # One more entry, all null and without evidence: where the null texts point.
+    positions = np.full(len(texts), len(readings), dtype=np.int64)
+    positions[present] = codes
+    frame = pd.DataFrame(
+        {
+            column: pd.array(
+                [*(reading.labels.get(name) for reading in readings), None], dtype="Int8"
+            )[positions]
+            for name, column in zip(REPORT_OBSERVATIONS, REPORT_LABEL_COLUMNS, strict=True)
+        }
+    )
+    evidence = pa.array([*map(_evidence_dicts, readings), []], EVIDENCE).take(pa.array(positions))
+    frame["report_label_evidence"] = evidence_series(evidence, frame.index)
+    return frame
+
+
+def observation_of(name: str) -> str | None:
+    """The report observation a column or class name denotes (`Pleural Effusion`,
+    `No Finding`, `report_label_edema`, `pleural_effusion`), or None when it names none."""
+    try:
+        observation = unified_class(str(name).removeprefix("report_label_"))
+    except KeyError:
+        return None
+    return observation if observation in REPORT_OBSERVATIONS else None
+
+
+def observation_columns(columns: Iterable[str]) -> dict[str, str]:
+    """Of `columns`, those naming a report observation: {column: report_label_<name>}.
+    Raises ValueError when two columns name the same observation."""
+    found: dict[str, str] = {}
+    for column in columns:
+        observation = observation_of(column)
+        if observation is None:
+            continue
+        target = f"report_label_{observation}"
+        if target in found.values():
+            other = next(c for c, t in found.items() if t == target)
+            raise ValueError(f"columns {other!r} and {column!r} both name {observation}")
+        found[column] = target
+    return found
+
+
+class LabelValueError(ValueError):
+    """A label cell that is not 1, 0, -1 or blank: its row position and value."""
+
+    def __init__(self, position: int, value: object):
+        super().__init__(f"{value!r} is not 1, 0, -1 or blank")
+        self.position = position
+        self.value = value
+
+
+def tri_state_labels(values: pd.Series) -> pd.Series:
+    """Labels written as 1/0/-1 (1.0, "-1"; blank = null) as nullable Int8; raises
+    LabelValueError at the first other value."""
+    text = values.astype("string").str.strip()
+    numbers = pd.to_numeric(text.mask(text == ""), errors="coerce")
+    bad = (text.notna() & (text != "") & ~numbers.isin([1, 0, -1])).to_numpy()
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise LabelValueError(first, values.iloc[first])
+    return pd.Series(numbers.to_numpy(dtype=float), index=values.index).astype("Int8")
+
+
+def report_label_prevalence(table: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """Per observation: rows positive, uncertain, negative and not mentioned."""
+    figures = {}
+    for name, column in zip(REPORT_OBSERVATIONS, REPORT_LABEL_COLUMNS, strict=True):
+        values = table[column] if column in table else pd.Series(dtype="Int8")
+        counts = {state: int(values.eq(value).sum()) for state, value in PREVALENCE_STATES.items()}
+        figures[name] = {**counts, "not_mentioned": int(values.isna().sum())}
+    return figures
+
+
+def unmentioned_share(table: pd.DataFrame) -> tuple[int, int]:
+    """(distinct reports in which no observation is mentioned at all, distinct reports);
+    rows without a report hash (labels read from a file) count one per row."""
+    if table.empty:
+        return 0, 0
+    keys = table["report_sha256"].fillna(table["image_id"])
+    distinct = table.loc[~keys.duplicated()]
+    unmentioned = distinct[list(_MENTION_COLUMNS)].isna().all(axis=1)
+    return int(unmentioned.sum()), len(distinct)
+
+
+def empty_report_labels() -> pd.DataFrame:
+    """A report_labels table without rows, typed as declared."""
+    frame = pd.DataFrame(
+        {
+            "image_id": pd.Series(dtype="string"),
+            "report_labeler_version": pd.Series(dtype="string"),
+            "report_sha256": pd.Series(dtype="string"),
+            **{column: pd.Series(dtype="Int8") for column in REPORT_LABEL_COLUMNS},
+            "report_label_source": pd.Series(dtype="string"),
+        }
+    )
+    frame["report_label_evidence"] = evidence_series(pa.array([], EVIDENCE), frame.index)
+    return frame
+
+
+def file_labels(
+    image_ids: pd.Series, labels: pd.DataFrame, source: str, version: str
+) -> pd.DataFrame:
+    """report_labels rows for labels read from a file (`labels`: report_label_* columns,
+    row-aligned with `image_ids`): no text hash, no evidence."""
+    index = pd.RangeIndex(len(image_ids))
+    frame = pd.DataFrame(
+        {
+            "image_id": image_ids.astype("string").to_numpy(),
+            "report_labeler_version": pd.Series(version, index=index, dtype="string"),
+            "report_sha256": pd.Series(None, index=index, dtype="string"),
+            **{
+                column: (
+                    labels[column].astype("Int8").to_numpy()
+                    if column in labels
+                    else pd.array([None] * len(index), dtype="Int8")
+                )
+                for column in REPORT_LABEL_COLUMNS
+            },
+            "report_label_source": pd.Series(source, index=index, dtype="string"),
+        },
+        index=index,
+    )
+    frame["report_label_evidence"] = evidence_series(pa.array([[] for _ in index], EVIDENCE), index)
+    return frame
