@@ -66,6 +66,7 @@ def write_inputs(root: Path, count: int, rng: np.random.Generator) -> list[Expor
         pixels = resize_image(to_uint8(np.clip(noisy, 0, 1)), geometry)
         key = f"bench__{number:06d}"
         image = root / layout.resized_image(PARTITION, key)
+        image.parent.mkdir(exist_ok=True)
         image.write_bytes(radiograph_png(pixels))
         mask, class_masks = None, {}
         if number % 2 == 0:

@@ -467,7 +467,7 @@ class StageCost:
 
 def stage_run(sources: Sequence[Path], root: Path, workers: int) -> tuple[float, float]:
     """(wall, CPU) seconds of build_packed_images over `sources` into a fresh `root`."""
-    jobs = stage_jobs(sources, root, layout.resized_image_folder("bench"))
+    jobs = stage_jobs(sources, root, "bench")
     (root / layout.resized_image_folder("bench")).mkdir(parents=True)
     start, cpu_start = time.perf_counter(), pool_cpu_seconds()
     rows = build_packed_images(

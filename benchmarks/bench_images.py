@@ -166,16 +166,17 @@ class StageRun:
     packed: Path
 
 
-def stage_jobs(sources: Sequence[Path], output_root: Path, folder: str) -> list[ImageJob]:
+def stage_jobs(sources: Sequence[Path], output_root: Path, partition: str) -> list[ImageJob]:
     """The jobs the `images` asset builds for these sources (letterbox, S, no union masks),
-    their PNGs under `folder` of `output_root`; the one place the benchmarks build them."""
+    their PNGs where the layout puts `partition`'s under `output_root`; the one place the
+    benchmarks build them."""
     return [
         ImageJob(
             image_id=source.stem,
             source_file=source,
             union_mask_file=None,
             output_root=output_root,
-            image_relative=f"{folder}/{source.stem}.png",
+            image_relative=layout.resized_image(partition, source.stem),
             mask_relative=None,
             size=SIZE,
             resize="letterbox",
@@ -192,7 +193,7 @@ def run_stage(sources: Sequence[Path], output_root: Path, workers: int) -> Stage
     packed = output_root / layout.packed_images(PARTITION)
     start, cpu_start = time.perf_counter(), pool_cpu_seconds()
     folder.mkdir(parents=True, exist_ok=True)
-    jobs = stage_jobs(sources, output_root, layout.resized_image_folder(PARTITION))
+    jobs = stage_jobs(sources, output_root, PARTITION)
     # As the asset runs them: executor and time limit from the run settings (imported here,
     # not at the top, so pool workers re-importing this module do not import dagster).
     from radharmony_pipeline.defs.run_settings import RunSettingsResource

@@ -108,6 +108,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     free.set_defaults(run=_free_slots)
     subcommands["free-slots"] = free
     subcommands["verify"] = _add_verify(commands)
+    subcommands["migrate-layout"] = _add_migrate_layout(commands)
     return parser, subcommands
 
 
@@ -386,6 +387,51 @@ def _verify(args: argparse.Namespace) -> int:
         )
         return 1
     print(f"radharmony verify: every output of {checked} matches its record")
+    return 0
+
+
+def _add_migrate_layout(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    migrate = commands.add_parser(
+        "migrate-layout",
+        help="move an output root's per-image files into shard folders (renames, nothing "
+        "decoded); the stages also do this for the partition they build",
+    )
+    migrate.add_argument(
+        "--partition", action="append", help="only this `<dataset>.<split>` (repeatable)"
+    )
+    migrate.add_argument(
+        "--output-root",
+        default=None,
+        help="folder or s3:// URL of the outputs (default: the pipeline's output root)",
+    )
+    migrate.set_defaults(run=_migrate_layout)
+    return migrate
+
+
+def _migrate_layout(args: argparse.Namespace) -> int:
+    """Rewritten tables' checksums go to the instance at DAGSTER_HOME, when there is one."""
+    import dagster as dg
+
+    from .defs.resources import OutputsResource
+    from .operations.migrate_layout import migrate_output_root
+    from .processing.storage.layout_migration import LayoutMigrationError
+    from .sources import partition_keys
+
+    outputs = (
+        OutputsResource(output_root=args.output_root) if args.output_root else OutputsResource()
+    )
+    partitions = args.partition or partition_keys()
+    instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else None
+    try:
+        results = migrate_output_root(outputs.root(), partitions, instance, print)
+    except LayoutMigrationError as error:
+        print(f"radharmony migrate-layout: error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        if instance is not None:
+            instance.dispose()
+    moved = sum(result.moved for result in results)
+    print(f"radharmony migrate-layout: {outputs.root()} is in shard folders ({moved:,} moved)")
     return 0
 
 

@@ -68,6 +68,7 @@ from radharmony_pipeline.processing.corpus.parents import (
     without_parent_patient_leaks,
     without_parent_train_leaks,
 )
+from radharmony_pipeline.processing.storage.layout_migration import refuse_unfinished_migration
 from radharmony_pipeline.processing.storage.output_layout import root_of_table_file
 from radharmony_pipeline.processing.storage.store import (
     OutputPath,
@@ -129,6 +130,7 @@ class ManifestDataset(_DatasetBase):
         patient_disjoint_parents: bool = False,
     ) -> None:
         self.output_root = _output_root(manifest, output_root)
+        refuse_unfinished_migration(self.output_root)
         deduplicating = drop_cross_split_duplicates or one_per_duplicate_group
         by_parent = drop_parent_train_leaks or drop_parent_patient_leaks or patient_disjoint_parents
         table = _read_manifest(

@@ -102,7 +102,7 @@ def build(sources: list[Path], output: Path) -> tuple[list[tuple], np.ndarray, d
     rows = build_packed_images(jobs_for(sources, output), packed, SIZE, executor, time_limit=LIMIT)
     files = {
         p.relative_to(output).as_posix(): p.read_bytes()
-        for p in sorted((output / layout.resized_image_folder("p")).glob("*.png"))
+        for p in sorted(output.glob(layout.resized_png_glob("p")))
     }
     return [(r.image_id, r.status, r.error, r.source_sha256) for r in rows], np.load(packed), files
 
@@ -169,7 +169,8 @@ def run_in_thread(target) -> tuple[threading.Thread, dict]:
 def wait_for_written_images(output: Path, count: int, seconds: float = 120) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if len(list((output / layout.resized_image_folder("p")).glob("view*.png"))) >= count:
+        written = [p for p in output.glob(layout.resized_png_glob("p")) if p.name[:4] == "view"]
+        if len(written) >= count:
             return
         time.sleep(0.05)
     pytest.fail(f"fewer than {count} images written after {seconds} s")
@@ -348,7 +349,7 @@ def test_a_postgres_restart_during_a_run_leaves_the_instance_consistent(
         )
     try:
         deadline = time.monotonic() + 300
-        while not list((output / layout.resized_image_folder(PARTITION)).glob("*.png")):
+        while not list(output.glob(layout.resized_png_glob(PARTITION))):
             assert first.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "images never started"
             time.sleep(0.05)

@@ -358,7 +358,8 @@ def test_a_stopped_image_job_removes_only_its_dead_writers_temporaries(tmp_path)
     from radharmony_pipeline.processing.jobs.image_jobs import ImageJob, image_job_stopped
     from radharmony_pipeline.processing.storage.atomic import temporary_sibling
 
-    folder = tmp_path / layout.resized_image_folder("p")
+    image_relative = layout.resized_image("p", "x[1]")
+    folder = (tmp_path / image_relative).parent
     folder.mkdir(parents=True)
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
@@ -384,8 +385,8 @@ def test_a_stopped_image_job_removes_only_its_dead_writers_temporaries(tmp_path)
         source_file=tmp_path / "x[1].jpg",
         union_mask_file=None,
         output_root=tmp_path,
-        image_relative=layout.resized_image("p", "x[1]"),
-        mask_relative=layout.resized_image_folder("p") + "/x[1]-mask.png",
+        image_relative=image_relative,
+        mask_relative=image_relative.removesuffix(".png") + "-mask.png",
         size=32,
         resize="letterbox",
         row=0,

@@ -64,8 +64,9 @@ def test_verify_finds_damaged_outputs_and_a_materialize_repairs_exactly_them(
     output, instance, materialize = built
     assert verify_outputs(output, [PARTITION], instance) == []
     clean = files(output)
-    pngs = sorted(output.glob(f"{layout.resized_image_folder(PARTITION)}/*[0-9].png"))
-    masks = sorted(output.glob(f"{layout.mask_folder(PARTITION)}/**/*.png"))
+    resized = sorted(output.glob(layout.resized_png_glob(PARTITION)))
+    pngs = [p for p in resized if not p.name.endswith(".mask.png")]
+    masks = sorted(output.glob(layout.mask_png_glob(PARTITION)))
     assert pngs and masks
     damaged = {
         pngs[0]: "flip",

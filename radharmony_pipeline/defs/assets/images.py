@@ -17,6 +17,7 @@ from ...processing.jobs.image_jobs import (
     image_table,
 )
 from ...processing.storage.atomic import TEMP_MARKER, remove_orphaned_temporaries, writer_is_gone
+from ...processing.storage.layout_migration import migrate_stage_outputs
 from ...processing.storage.output_layout import (
     packed_images,
     resized_image,
@@ -82,6 +83,10 @@ def images(
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
     root = outputs.root()
+    # A root of the flat layout moves into shard folders first: renamed, nothing decoded.
+    migrated = migrate_stage_outputs(root, "images", context.partition_key)
+    if migrated.changed:
+        context.log.info(migrated.describe())
     folder = root / resized_image_folder(context.partition_key)
     packed = root / packed_images(context.partition_key)
     make_folder(folder)

@@ -17,6 +17,7 @@ from ...processing.jobs.mask_jobs import (
     run_mask_job,
 )
 from ...processing.storage.atomic import remove_orphaned_temporaries
+from ...processing.storage.layout_migration import migrate_stage_outputs
 from ...processing.storage.output_layout import image_mask_folder, mask_folder
 from ...processing.tables.table_schemas import MASKS
 from ...sources import parse_partition_key
@@ -42,11 +43,11 @@ from ..stages import HEAVY_POOL, checked_stage
     pool=HEAVY_POOL,
     description=(
         "Binary masks at the source image's native resolution, written as 0/255 PNGs under "
-        "`masks/<partition>/<image_key>/<class>.png`: one per class present (unified names, "
-        "`Airspace Opacity` → `lung_opacity`) and the union `any` for every image the dataset "
-        "segments (all-zero when nothing is found; none for laterals, MS-CXR, ReXGradient). "
-        "CheXlocalize RLEs are unioned by merging "
-        "before one decode; ChestX-Det polygons are filled per class, overlaps kept. Unchanged "
+        "`masks/<partition>/<shard>/<image_key>/<class>.png`: one per class present (unified "
+        "names, `Airspace Opacity` → `lung_opacity`) and the union `any` for every image the "
+        "dataset segments (all-zero when nothing is found; none for laterals, MS-CXR, "
+        "ReXGradient). CheXlocalize RLEs are unioned by merging before one decode; ChestX-Det "
+        "polygons are filled per class, overlaps kept. Unchanged "
         "masks are not rewritten. Datasets without masks give an empty table."
     ),
     kinds={"png", "parquet"},
@@ -62,6 +63,10 @@ def masks(
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
     root = outputs.root()
+    # A root of the flat layout moves into shard folders first: renamed, nothing rewritten.
+    migrated = migrate_stage_outputs(root, "masks", context.partition_key)
+    if migrated.changed:
+        context.log.info(migrated.describe())
     folder = mask_folder(context.partition_key)
     remove_orphaned_temporaries(root / folder)
     usable = raw_index["status"] == STATUS_OK

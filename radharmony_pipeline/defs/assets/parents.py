@@ -25,6 +25,7 @@ from ...processing.storage.source_store import annotation_fingerprint
 from ...processing.tables.table_schemas import NIH_FINGERPRINTS, NIH_PARENT_LINKS, PARENT_PROVENANCE
 from ...settings import MAX_IMAGE_SIZE, image_size
 from ...sources import SOURCE_TYPES, SourceError
+from ...sources.nih_chestxray14 import KEY as NIH_KEY
 from ...sources.nih_chestxray14 import LAYOUT
 from ...vocabulary import STATUS_ERROR, STATUS_OK
 from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
@@ -37,7 +38,14 @@ from ..run_settings import RunSettingsResource, from_environment
 
 CODE_VERSION = "1"
 NOT_CONFIGURED = "parent not configured"
-CHESTX_DET_PARTITIONS = ("chestx_det.train", "chestx_det.test")
+# The partitions of the datasets carved out of NIH ChestX-ray14 (ChestX-Det): their images are
+# matched to NIH's by content.
+NIH_CHILD_PARTITIONS = tuple(
+    f"{key}.{split}"
+    for key, source in SOURCE_TYPES.items()
+    if source.parent_dataset == NIH_KEY
+    for split in source.splits
+)
 
 
 class NihFingerprintsConfig(dg.Config):
@@ -130,7 +138,7 @@ def _previous_table(outputs: OutputsResource, name: str) -> pd.DataFrame | None:
     ins={
         "images": dg.AssetIn(
             "images",
-            partition_mapping=dg.SpecificPartitionsPartitionMapping(list(CHESTX_DET_PARTITIONS)),
+            partition_mapping=dg.SpecificPartitionsPartitionMapping(list(NIH_CHILD_PARTITIONS)),
             metadata={"allow_missing_partitions": True},
         ),
         "nih_fingerprints": dg.AssetIn("nih_fingerprints"),
@@ -179,7 +187,7 @@ def nih_parent_links(
 
 def _chestx_det_images(images: dict[str, pd.DataFrame]) -> pd.DataFrame:
     frames = []
-    for partition in CHESTX_DET_PARTITIONS:
+    for partition in NIH_CHILD_PARTITIONS:
         if partition in images:
             table = images[partition]
             frames.append(table[table["status"] == STATUS_OK].assign(split=partition.split(".")[1]))

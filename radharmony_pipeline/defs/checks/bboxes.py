@@ -4,7 +4,8 @@ Like raw_index/labels (checks/index_and_labels.py): separate checks in the UI, n
 process, step or Parquet read.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import dagster as dg
 import pandas as pd
@@ -16,24 +17,40 @@ from ..partitions import blocking_partition_check
 from ..row_errors import error_rows_check, row_errors_result
 from .counts import comparison_result
 from .expectations import suite_check, suite_result
-from .in_step import selected_results
+from .in_step import StepCheck, specs_of, step_results
 
 BBOXES = dg.AssetKey("bboxes")
 
-CHECK_SPECS = [
-    blocking_partition_check(
-        "bboxes_match_documentation",
-        asset=BBOXES,
-        description="Box rows equal the documented annotations of the split. Degenerate and "
-        "malformed boxes are reported by bboxes_error_rows.",
+
+@dataclass(frozen=True)
+class _BboxesStep:
+    source: DatasetSource
+    split: str
+    bboxes: pd.DataFrame
+    strict: bool
+
+
+CHECKS: list[StepCheck[_BboxesStep]] = [
+    StepCheck(
+        blocking_partition_check(
+            "bboxes_match_documentation",
+            asset=BBOXES,
+            description="Box rows equal the documented annotations of the split. Degenerate "
+            "and malformed boxes are reported by bboxes_error_rows.",
+        ),
+        lambda step: _counts(step.source, step.split, step.bboxes, step.strict),
     ),
-    suite_check(
-        BBOXES,
-        "coordinates in [0, 1], y_min < y_max and x_min < x_max for "
-        "valid boxes, labels in the unified vocabulary.",
+    StepCheck(
+        suite_check(
+            BBOXES,
+            "coordinates in [0, 1], y_min < y_max and x_min < x_max for "
+            "valid boxes, labels in the unified vocabulary.",
+        ),
+        lambda step: suite_result(step.bboxes[step.bboxes["status"] == STATUS_OK], "bboxes"),
     ),
-    error_rows_check(BBOXES),
+    StepCheck(error_rows_check(BBOXES), lambda step: row_errors_result(step.bboxes, step.strict)),
 ]
+CHECK_SPECS = specs_of(CHECKS)
 
 
 def check_results(
@@ -44,12 +61,7 @@ def check_results(
     strict: bool,
 ) -> Iterator[dg.AssetCheckResult]:
     """The result of every selected check, computed from the table in memory."""
-    evaluate: dict[str, Callable[[], dg.AssetCheckResult]] = {
-        "bboxes_match_documentation": lambda: _counts(source, split, bboxes, strict),
-        "bboxes_suite": lambda: suite_result(bboxes[bboxes["status"] == STATUS_OK], "bboxes"),
-        "bboxes_error_rows": lambda: row_errors_result(bboxes, strict),
-    }
-    yield from selected_results(CHECK_SPECS, selected, evaluate)
+    yield from step_results(CHECKS, selected, _BboxesStep(source, split, bboxes, strict))
 
 
 def _counts(

@@ -6,6 +6,7 @@ Parquet read (design notes: "Checks in the step").
 """
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from functools import partial
 
 import dagster as dg
@@ -19,41 +20,77 @@ from ..partitions import blocking_partition_check
 from ..row_errors import error_rows_check, row_errors_result
 from .counts import comparison_result
 from .expectations import report_result, suite_check
-from .in_step import selected_results
+from .in_step import StepCheck, specs_of, step_results
 
 RAW_INDEX = dg.AssetKey("raw_index")
 LABELS = dg.AssetKey("labels")
 
-CHECK_SPECS = [
-    blocking_partition_check(
-        "counts_match_documentation",
-        asset=LABELS,
-        additional_deps=[RAW_INDEX],
-        description=(
-            "Images, patients, studies, negatives, segmentation entries, annotations and "
-            "per-class image counts of the partition equal the dataset documentation's figures "
-            "(a root's expected_counts.json replaces them). A short count blocks downstream "
-            "stages."
+
+@dataclass(frozen=True)
+class _IndexAndLabelsStep:
+    source: DatasetSource
+    split: str
+    tables: SplitTables
+    metrics: dict[str, int]
+    strict: bool
+    # The suite validations start_suites started, by check name.
+    suites: Mapping[str, PendingReport]
+
+
+@dataclass(frozen=True)
+class _SuiteCheck:
+    """A check that validates a GX suite: its spec, and the table and arguments validated."""
+
+    spec: dg.AssetCheckSpec
+    validated: Callable[[SplitTables], tuple]
+
+
+_SUITE_CHECKS = (
+    _SuiteCheck(
+        suite_check(
+            RAW_INDEX,
+            "unique non-null image_id/image_key, non-empty paths, known "
+            "formats, splits and normalized view positions, positive source sizes.",
         ),
+        lambda tables: (_usable(tables.index), "raw_index"),
     ),
-    suite_check(
-        RAW_INDEX,
-        "unique non-null image_id/image_key, non-empty paths, known "
-        "formats, splits and normalized view positions, positive source sizes.",
+    _SuiteCheck(
+        suite_check(
+            LABELS,
+            "unique image_id, every label_* column in {0, 1, null}, report never the string "
+            '"None".',
+        ),
+        lambda tables: (_usable(tables.labels), "labels", LABEL_COLUMNS),
     ),
-    suite_check(
-        LABELS,
-        'unique image_id, every label_* column in {0, 1, null}, report never the string "None".',
+)
+
+
+def _suite_result(name: str, step: _IndexAndLabelsStep) -> dg.AssetCheckResult:
+    return report_result(step.suites[name]())
+
+
+CHECKS: list[StepCheck[_IndexAndLabelsStep]] = [
+    StepCheck(
+        blocking_partition_check(
+            "counts_match_documentation",
+            asset=LABELS,
+            additional_deps=[RAW_INDEX],
+            description=(
+                "Images, patients, studies, negatives, segmentation entries, annotations and "
+                "per-class image counts of the partition equal the dataset documentation's "
+                "figures (a root's expected_counts.json replaces them). A short count blocks "
+                "downstream stages."
+            ),
+        ),
+        lambda step: _counts(step.source, step.split, step.tables, step.metrics, step.strict),
     ),
-    error_rows_check(RAW_INDEX),
+    *(StepCheck(suite.spec, partial(_suite_result, suite.spec.name)) for suite in _SUITE_CHECKS),
+    StepCheck(
+        error_rows_check(RAW_INDEX),
+        lambda step: row_errors_result(step.tables.index, step.strict),
+    ),
 ]
-
-
-# The checks that validate a GX suite: the table and arguments each one validates.
-_SUITE_TABLES: dict[str, Callable[[SplitTables], tuple]] = {
-    "raw_index_suite": lambda tables: (_usable(tables.index), "raw_index"),
-    "labels_suite": lambda tables: (_usable(tables.labels), "labels", LABEL_COLUMNS),
-}
+CHECK_SPECS = specs_of(CHECKS)
 
 
 def suites_selected(selected: set[dg.AssetCheckKey]) -> bool:
@@ -67,12 +104,13 @@ def start_suites(
     """The selected suite checks' validations, started now: in a helper process they run
     while the step writes its outputs."""
     return {
-        name: validator.submit(*_SUITE_TABLES[name](tables)) for name in _selected_suites(selected)
+        suite.spec.name: validator.submit(*suite.validated(tables))
+        for suite in _selected_suites(selected)
     }
 
 
-def _selected_suites(selected: set[dg.AssetCheckKey]) -> list[str]:
-    return [s.name for s in CHECK_SPECS if s.name in _SUITE_TABLES and s.key in selected]
+def _selected_suites(selected: set[dg.AssetCheckKey]) -> list[_SuiteCheck]:
+    return [suite for suite in _SUITE_CHECKS if suite.spec.key in selected]
 
 
 def check_results(
@@ -86,16 +124,8 @@ def check_results(
 ) -> Iterator[dg.AssetCheckResult]:
     """The result of every selected check, computed from the tables in memory; the suites'
     from the validations `start_suites` started."""
-    evaluate: dict[str, Callable[[], dg.AssetCheckResult]] = {
-        "counts_match_documentation": lambda: _counts(source, split, tables, metrics, strict),
-        **{name: partial(_suite_result, suites, name) for name in _SUITE_TABLES},
-        "raw_index_error_rows": lambda: row_errors_result(tables.index, strict),
-    }
-    yield from selected_results(CHECK_SPECS, selected, evaluate)
-
-
-def _suite_result(suites: Mapping[str, PendingReport], name: str) -> dg.AssetCheckResult:
-    return report_result(suites[name]())
+    step = _IndexAndLabelsStep(source, split, tables, metrics, strict, suites)
+    yield from step_results(CHECKS, selected, step)
 
 
 def _usable(table: pd.DataFrame) -> pd.DataFrame:

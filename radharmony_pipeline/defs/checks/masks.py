@@ -1,7 +1,8 @@
 """Checks on `masks`, run inside its step on the table it has just built (check_specs):
 documented counts, the GX suite, positives without a mask, error rows."""
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import dagster as dg
 import pandas as pd
@@ -15,36 +16,65 @@ from ..partitions import blocking_partition_check, dataset_split_partitions
 from ..row_errors import error_rows_check, row_errors_result
 from .counts import comparison_result
 from .expectations import suite_check, suite_result
-from .in_step import selected_results
+from .in_step import StepCheck, specs_of, step_results
 
 MASKS = dg.AssetKey("masks")
 # Ids written into a warning's description; the metadata lists up to 200.
 _IDS_IN_DESCRIPTION = 10
 
-CHECK_SPECS = [
-    blocking_partition_check(
-        "masks_match_documentation",
-        asset=MASKS,
-        description="Images with at least one class mask and per-class image counts equal the "
-        "documented figures (CheXlocalize test: 499 of 668). Error rows are reported by "
-        "masks_error_rows.",
+
+@dataclass(frozen=True)
+class _MasksStep:
+    source: DatasetSource
+    split: str
+    # masks, labels and raw_index of the partition, in memory.
+    tables: dict[str, pd.DataFrame]
+    root: OutputPath
+    strict: bool
+
+    @property
+    def masks(self) -> pd.DataFrame:
+        return self.tables["masks"]
+
+
+CHECKS: list[StepCheck[_MasksStep]] = [
+    StepCheck(
+        blocking_partition_check(
+            "masks_match_documentation",
+            asset=MASKS,
+            description="Images with at least one class mask and per-class image counts equal "
+            "the documented figures (CheXlocalize test: 499 of 668). Error rows are reported "
+            "by masks_error_rows.",
+        ),
+        lambda step: _counts(step.source, step.split, step.masks, step.strict),
     ),
-    dg.AssetCheckSpec(
-        "positives_without_masks",
-        asset=MASKS,
-        additional_deps=[dg.AssetKey("labels")],
-        partitions_def=dataset_split_partitions,
-        description="Images with a positive localizable label but no mask. The ones the "
-        "dataset's documentation names (CheXlocalize: patient65086_study1_view1_frontal) pass "
-        "and are listed in the metadata; any other warns, with its id in this description.",
+    StepCheck(
+        dg.AssetCheckSpec(
+            "positives_without_masks",
+            asset=MASKS,
+            additional_deps=[dg.AssetKey("labels")],
+            partitions_def=dataset_split_partitions,
+            description="Images with a positive localizable label but no mask. The ones the "
+            "dataset's documentation names (CheXlocalize: patient65086_study1_view1_frontal) "
+            "pass and are listed in the metadata; any other warns, with its id in this "
+            "description.",
+        ),
+        lambda step: _positives_without_masks(step.source, step.tables),
     ),
-    suite_check(
-        MASKS,
-        "class-mask area fractions in (0, 1], union fractions in [0, 1], "
-        "every mask file exists, classes in the vocabulary.",
+    StepCheck(
+        suite_check(
+            MASKS,
+            "class-mask area fractions in (0, 1], union fractions in [0, 1], "
+            "every mask file exists, classes in the vocabulary.",
+        ),
+        lambda step: suite_result(
+            _with_derived_columns(step.masks, step.root, f"{step.source.key}.{step.split}"),
+            "masks",
+        ),
     ),
-    error_rows_check(MASKS),
+    StepCheck(error_rows_check(MASKS), lambda step: row_errors_result(step.masks, step.strict)),
 ]
+CHECK_SPECS = specs_of(CHECKS)
 
 
 def check_results(
@@ -56,14 +86,7 @@ def check_results(
     strict: bool,
 ) -> Iterator[dg.AssetCheckResult]:
     """The result of every selected check, from `tables` (masks, labels, raw_index) in memory."""
-    masks = tables["masks"]
-    evaluate: dict[str, Callable[[], dg.AssetCheckResult]] = {
-        "masks_match_documentation": lambda: _counts(source, split, masks, strict),
-        "positives_without_masks": lambda: _positives_without_masks(source, tables),
-        "masks_suite": lambda: suite_result(_with_derived_columns(masks, root), "masks"),
-        "masks_error_rows": lambda: row_errors_result(masks, strict),
-    }
-    yield from selected_results(CHECK_SPECS, selected, evaluate)
+    yield from step_results(CHECKS, selected, _MasksStep(source, split, tables, root, strict))
 
 
 def _counts(
@@ -126,16 +149,12 @@ def _positives_without_masks(
     )
 
 
-def _with_derived_columns(masks: pd.DataFrame, root: OutputPath) -> pd.DataFrame:
+def _with_derived_columns(masks: pd.DataFrame, root: OutputPath, partition: str) -> pd.DataFrame:
     """The columns the suite checks beyond the table: whether each mask file exists, the area
     of class masks (not unions) and the (image, class) pair."""
     # One listing of the partition's folder, not one request per mask on object storage.
-    partitions = {path.split("/")[1] for path in masks["mask_path"].dropna()}
-    listed = {
-        f"{mask_folder(partition)}/{name}"
-        for partition in partitions
-        for name in listing(root / mask_folder(partition))
-    }
+    folder = mask_folder(partition)
+    listed = {f"{folder}/{name}" for name in listing(root / folder)}
     return masks.assign(
         mask_file_exists=masks["mask_path"].map(lambda path: path in listed, na_action="ignore"),
         class_area_fraction=masks["area_fraction"].where(masks["mask_class"] != UNION_CLASS),

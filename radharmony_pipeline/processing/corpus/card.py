@@ -11,14 +11,14 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from radharmony_pipeline.processing.storage.output_layout import MANIFEST, RESIZED_PNG_GLOB
+from radharmony_pipeline.processing.storage.output_layout import MANIFEST, resized_png_glob
 from radharmony_pipeline.processing.tables.table_schemas import UNIFIED_MANIFEST
 from radharmony_pipeline.vocabulary import LABEL_COLUMNS, UNIFIED_LABELS
 
 CARD_NAME = "DATASET_CARD.md"
 CROISSANT_NAME = "croissant.json"
 MANIFEST_FILE = MANIFEST
-IMAGE_FILES = RESIZED_PNG_GLOB
+IMAGE_FILES = resized_png_glob()
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ it); functions taking `root` give the path itself (a local Path or a UPath on a 
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 TABLES = "tables"
@@ -14,9 +15,15 @@ MASKS = "masks"
 PREVIEWS = "previews"
 OBSERVATIONS = "observations"
 EXPORTS = "exports"
+LAYOUT_MIGRATIONS = f"{OBSERVATIONS}/layout_migration"
 
-# Every resized PNG (image and union mask) of every partition, as a glob under the root.
-RESIZED_PNG_GLOB = f"{IMAGES}/*/*.png"
+# Per-image outputs are spread over 16**SHARD_DIGITS = 256 shard folders per partition, named
+# by the first hex digits of the SHA-1 of the image_key (as git spreads its objects): ReXGradient
+# train's 238,968 images give about 930 per folder, a 1,000,000-image partition about 3,900,
+# and a partition's folder holds at most 256 entries. A shard name never equals an image_key:
+# every key holds `__` (`<dataset>__<native id>`).
+SHARD_DIGITS = 2
+SHARD_COUNT = 16**SHARD_DIGITS
 NEAR_DUPLICATE_SHEET = f"{PREVIEWS}/near_duplicates/examples.png"
 HUGGINGFACE_EXPORT = f"{EXPORTS}/huggingface"
 WEBDATASET_EXPORT = f"{EXPORTS}/webdataset"
@@ -47,17 +54,36 @@ def root_of_table_file(path: Any) -> Any:
 MANIFEST = table_path("unified_manifest")
 
 
+def image_shard(image_key: str) -> str:
+    """The shard folder of an image's outputs: the first SHARD_DIGITS hex digits of the SHA-1
+    of its key (stable across runs, machines and Python versions)."""
+    return hashlib.sha1(image_key.encode()).hexdigest()[:SHARD_DIGITS]
+
+
+def is_shard_name(name: str) -> bool:
+    """Whether a folder name is one image_shard gives (never an image_key)."""
+    return len(name) == SHARD_DIGITS and all(c in "0123456789abcdef" for c in name)
+
+
 def resized_image_folder(partition: str) -> str:
-    """The partition's resized PNGs (images and their union masks)."""
+    """The partition's resized PNGs (images and their union masks), in shard folders."""
     return f"{IMAGES}/{partition}"
 
 
 def resized_image(partition: str, image_key: str) -> str:
-    return f"{resized_image_folder(partition)}/{image_key}.png"
+    """`images/<partition>/<shard>/<image_key>.png`."""
+    return f"{resized_image_folder(partition)}/{image_shard(image_key)}/{image_key}.png"
 
 
 def resized_union_mask(partition: str, image_key: str) -> str:
-    return f"{resized_image_folder(partition)}/{image_key}.mask.png"
+    """`images/<partition>/<shard>/<image_key>.mask.png`, beside its image."""
+    return f"{resized_image_folder(partition)}/{image_shard(image_key)}/{image_key}.mask.png"
+
+
+def resized_png_glob(partition: str = "*") -> str:
+    """Every resized PNG (images and union masks) of a partition, by default of every
+    partition, as a glob relative to the root (Croissant's file set, listings in tests)."""
+    return f"{resized_image_folder(partition)}/*/*.png"
 
 
 def packed_images(partition: str) -> str:
@@ -71,18 +97,31 @@ def packed_keys(packed: Any) -> Any:
 
 
 def mask_folder(partition: str) -> str:
-    """The partition's native-resolution masks, one folder per image."""
+    """The partition's native-resolution masks, one folder per image in shard folders."""
     return f"{MASKS}/{partition}"
 
 
 def image_mask_folder(partition: str, image_key: str) -> str:
-    """One image's masks: `<class>.png` per class and `any.png`, their union."""
-    return f"{mask_folder(partition)}/{image_key}"
+    """One image's masks, `masks/<partition>/<shard>/<image_key>/`: `<class>.png` per class
+    and `any.png`, their union."""
+    return f"{mask_folder(partition)}/{image_shard(image_key)}/{image_key}"
+
+
+def mask_png_glob(partition: str = "*") -> str:
+    """Every native-resolution mask PNG of a partition (by default of every partition), as a
+    glob relative to the root."""
+    return f"{mask_folder(partition)}/*/*/*.png"
 
 
 def source_snapshot(partition: str) -> str:
     """The partition's last observation of its source files (what changed since)."""
     return f"{OBSERVATIONS}/source_files/{partition}.json.gz"
+
+
+def layout_migration_journal(stage: str, partition: str) -> str:
+    """Present while a stage's outputs of a partition are being moved into shard folders
+    (`radharmony migrate-layout`, or the stage itself): the partition is unfinished."""
+    return f"{LAYOUT_MIGRATIONS}/{stage}/{partition}.json"
 
 
 def preview(kind: str, name: str) -> str:
