@@ -1,4 +1,6 @@
-"""The run-time settings: each one's variable, default, bounds and parser, written once here.
+"""Every setting: each one's variable, default, bounds and parser, written once here; the
+variables of one dataset's location are declared in its module under sources/ and listed here
+(`every_variable`).
 
 Parsers take the environment as a value (defs/run_settings.py hands them this process's), so a bad
 value (RADHARMONY_IMAGE_SIZE=0, RADHARMONY_WORKERS=two) stops the run before any work with a
@@ -10,6 +12,18 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
+# Where the downloads are (each dataset's own variable overrides it for that dataset).
+DATA_ROOT_VARIABLE = "RADHARMONY_DATA_ROOT"
+# The demo's synthetic datasets, the data root when none is set.
+DEFAULT_DATA_ROOT = "data/demo"
+OUTPUT_ROOT_VARIABLE = "RADHARMONY_OUTPUT_ROOT"
+# The output roots when none is set: the demo's datasets' and any other data's, so a run on real
+# downloads never overwrites or joins the demo's tables.
+DEMO_OUTPUT_ROOT = "data/output"
+REAL_OUTPUT_ROOT = "data/output-real"
+# When the schedule fingerprints the downloads (cron); nightly at 02:00 by default.
+OBSERVE_CRON_VARIABLE = "RADHARMONY_OBSERVE_CRON"
+DEFAULT_OBSERVE_CRON = "0 2 * * *"
 IMAGE_SIZE_VARIABLE = "RADHARMONY_IMAGE_SIZE"
 DEFAULT_IMAGE_SIZE = 224
 # Larger outputs than the largest radiographs make no sense and would allocate N x S x S bytes.
@@ -134,6 +148,24 @@ _PARSERS: dict[str, Callable[[Mapping[str, str]], object]] = {
     UNREADABLE_LIMIT_VARIABLE: unreadable_limit,
     PARENT_LEAKS_VARIABLE: parent_leaks,
 }
+
+
+def observe_cron(environ: Mapping[str, str]) -> str:
+    """RADHARMONY_OBSERVE_CRON: the observation schedule's cron, else nightly at 02:00."""
+    return (environ.get(OBSERVE_CRON_VARIABLE) or "").strip() or DEFAULT_OBSERVE_CRON
+
+
+def every_variable() -> list[str]:
+    """Every `RADHARMONY_*` variable the pipeline reads: the ones above, and each dataset's
+    location variables as its module under sources/ declares them (`env_vars`)."""
+    # sources/ reads the data root's variable from this module: its declarations are imported
+    # when they are asked for, not when this module loads.
+    from .sources import SOURCE_TYPES
+    from .sources.nih_chestxray14 import ENV_VAR as NIH_ROOT_VARIABLE
+
+    own = [DATA_ROOT_VARIABLE, OUTPUT_ROOT_VARIABLE, OBSERVE_CRON_VARIABLE, *_PARSERS]
+    datasets = [v for source in SOURCE_TYPES.values() for v in source.env_vars.values()]
+    return [*own, *datasets, NIH_ROOT_VARIABLE]
 
 
 def validate_settings(environ: Mapping[str, str]) -> None:

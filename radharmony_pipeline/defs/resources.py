@@ -10,17 +10,18 @@ from pydantic import Field, create_model
 
 from ..processing.storage.source_store import is_remote, source_path
 from ..processing.storage.store import DEFAULT_RETRY_POLICY, OutputPath, RetryPolicy, output_path
+from ..settings import (
+    DATA_ROOT_VARIABLE,
+    DEFAULT_DATA_ROOT,
+    DEMO_OUTPUT_ROOT,
+    OUTPUT_ROOT_VARIABLE,
+    REAL_OUTPUT_ROOT,
+)
 from ..sources import SOURCE_TYPES, DatasetSource, SourceLocation, open_source
-from ..sources.location import DATA_ROOT_ENV, DEFAULT_DATA_ROOT, data_root, expand_path
-from ..sources.nih_chestxray14 import ENV_VAR as NIH_ROOT_ENV
+from ..sources.location import data_root, expand_path
+from ..sources.nih_chestxray14 import ENV_VAR as NIH_ROOT_VARIABLE
 from ..sources.nih_chestxray14 import NihChestXray14
 from .run_settings import RunSettingsResource
-
-OUTPUT_ROOT_ENV = "RADHARMONY_OUTPUT_ROOT"
-# Outputs of the demo's synthetic datasets, and of any other data: a run on real downloads
-# never overwrites or joins the demo's tables.
-DEMO_OUTPUT_ROOT = "data/output"
-REAL_OUTPUT_ROOT = "data/output-real"
 
 
 def uses_demo_data(environ: Mapping[str, str] = os.environ) -> bool:
@@ -34,8 +35,8 @@ def uses_demo_data(environ: Mapping[str, str] = os.environ) -> bool:
 
 def default_output_root(environ: Mapping[str, str] = os.environ) -> str:
     """RADHARMONY_OUTPUT_ROOT, else the demo's or the real data's default output root."""
-    if environ.get(OUTPUT_ROOT_ENV):
-        return expand_path(environ[OUTPUT_ROOT_ENV], environ)
+    if environ.get(OUTPUT_ROOT_VARIABLE):
+        return expand_path(environ[OUTPUT_ROOT_VARIABLE], environ)
     return DEMO_OUTPUT_ROOT if uses_demo_data(environ) else REAL_OUTPUT_ROOT
 
 
@@ -83,22 +84,22 @@ class _DatasetsResourceBase(dg.ConfigurableResource):
     data_root: str | None = Field(
         default=None,
         description="Folder or object-store URL (s3://bucket/prefix) of all datasets; default "
-        "RADHARMONY_DATA_ROOT.",
+        f"{DATA_ROOT_VARIABLE}.",
     )
     store_retries: ObjectStoreRetries = _retries_field("the datasets")
 
     nih_root: str | None = Field(
         default=None,
         description="NIH ChestX-ray14 download (ChestX-Det's parent); default "
-        f"{NIH_ROOT_ENV}, else <data root>/nih-chestxray14 when present.",
+        f"{NIH_ROOT_VARIABLE}, else <data root>/nih-chestxray14 when present.",
     )
 
     def nih(self) -> NihChestXray14 | None:
         """The NIH ChestX-ray14 download, or None when the user has none."""
-        given = self.nih_root or os.environ.get(NIH_ROOT_ENV)
+        given = self.nih_root or os.environ.get(NIH_ROOT_VARIABLE)
         environ = dict(os.environ)
         if self.data_root:
-            environ[DATA_ROOT_ENV] = self.data_root
+            environ[DATA_ROOT_VARIABLE] = self.data_root
         policy = self.store_retries.policy()
         located = source_path(expand_path(given, environ), policy) if given else None
         return NihChestXray14.located(located, data_root(environ, policy))
@@ -106,7 +107,7 @@ class _DatasetsResourceBase(dg.ConfigurableResource):
     def source(self, dataset: str) -> DatasetSource:
         environ = dict(os.environ)
         if self.data_root:
-            environ[DATA_ROOT_ENV] = self.data_root
+            environ[DATA_ROOT_VARIABLE] = self.data_root
         config = getattr(self, dataset, None) or SourceLocationConfig()
         policy = self.store_retries.policy()
         location = SourceLocation.from_strings(config.model_dump(), environ, policy)
@@ -139,7 +140,7 @@ class OutputsResource(dg.ConfigurableResource):
     output_root: str = Field(
         default_factory=default_output_root,
         description="Folder or object-store URL (s3://bucket/prefix) of all outputs; default "
-        f"RADHARMONY_OUTPUT_ROOT, else {DEMO_OUTPUT_ROOT} for the demo datasets and "
+        f"{OUTPUT_ROOT_VARIABLE}, else {DEMO_OUTPUT_ROOT} for the demo datasets and "
         f"{REAL_OUTPUT_ROOT} for any other data.",
     )
     store_retries: ObjectStoreRetries = _retries_field("the outputs")
@@ -159,9 +160,9 @@ def pipeline_resources(
     """
     from .io_managers import parquet_io_manager
 
-    datasets = DatasetsResource(data_root=_setting(data_root, DATA_ROOT_ENV))
+    datasets = DatasetsResource(data_root=_setting(data_root, DATA_ROOT_VARIABLE))
     outputs = OutputsResource(
-        output_root=_setting(output_root, OUTPUT_ROOT_ENV) or default_output_root()
+        output_root=_setting(output_root, OUTPUT_ROOT_VARIABLE) or default_output_root()
     )
     return {
         "datasets": datasets,

@@ -4,15 +4,13 @@ import os
 
 import dagster as dg
 
+from ..settings import OBSERVE_CRON_VARIABLE, observe_cron
 from .jobs import observe_source_files_job
-
-OBSERVE_CRON_ENV = "RADHARMONY_OBSERVE_CRON"
-DEFAULT_OBSERVE_CRON = "0 2 * * *"  # nightly, 02:00
 
 nightly_observation = dg.ScheduleDefinition(
     name="observe_source_files_nightly",
     job=observe_source_files_job,
-    cron_schedule=os.environ.get(OBSERVE_CRON_ENV) or DEFAULT_OBSERVE_CRON,
+    cron_schedule=observe_cron(os.environ),
     default_status=dg.DefaultScheduleStatus.RUNNING,
-    description=f"Fingerprint every partition's downloads (cron from {OBSERVE_CRON_ENV}).",
+    description=f"Fingerprint every partition's downloads (cron from {OBSERVE_CRON_VARIABLE}).",
 )

@@ -13,9 +13,7 @@ from pathlib import Path
 
 from ..processing.storage.source_store import SourcePath, source_path
 from ..processing.storage.store import DEFAULT_RETRY_POLICY, RetryPolicy
-
-DATA_ROOT_ENV = "RADHARMONY_DATA_ROOT"
-DEFAULT_DATA_ROOT = "data/demo"
+from ..settings import DATA_ROOT_VARIABLE, DEFAULT_DATA_ROOT
 
 
 @dataclass(frozen=True)
@@ -63,7 +61,7 @@ def data_root(
     environ: Mapping[str, str], retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY
 ) -> SourcePath:
     return source_path(
-        expand_path(environ.get(DATA_ROOT_ENV) or DEFAULT_DATA_ROOT, environ), retry_policy
+        expand_path(environ.get(DATA_ROOT_VARIABLE) or DEFAULT_DATA_ROOT, environ), retry_policy
     )
 
 
