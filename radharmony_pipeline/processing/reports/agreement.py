@@ -5,7 +5,8 @@ over every (text, observation) pair."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,6 +17,7 @@ from radharmony_pipeline.processing.reports.labeler import (
     POSITIVE,
     REPORT_OBSERVATIONS,
     UNCERTAIN,
+    ReportReading,
 )
 
 AGREEMENT_SCORES = ("mention_f1", "negation_f1", "uncertainty_f1", "positive_f1", "no_finding_f1")
@@ -91,3 +93,36 @@ def format_agreement(scores: Mapping[str, float]) -> str:
     if PAIRS in scores:
         lines.append(f"{'(text, observation) pairs':<18} {int(scores[PAIRS])}")
     return "\n".join(lines)
+
+
+def reading_labels(readings: Sequence[ReportReading]) -> pd.DataFrame:
+    """One row per reading, one nullable Int8 column per report observation."""
+    return pd.DataFrame(
+        {
+            name: pd.array([r.labels[name] for r in readings], dtype="Int8")
+            for name in REPORT_OBSERVATIONS
+        }
+    )
+
+
+def read_labelled_reports(path: str | Path) -> tuple[list[str], pd.DataFrame]:
+    """A labelled set's texts and reference labels from a CSV with `id`, `text` and observation
+    columns (1 / 0 / -1 / blank)."""
+    frame = pd.read_csv(
+        path,
+        dtype={"id": str, "text": str},
+        keep_default_na=False,
+        na_values={c: [""] for c in REPORT_OBSERVATIONS},
+    )
+    missing = [c for c in ("id", "text") if c not in frame.columns]
+    if missing:
+        raise ValueError(
+            f"{path}: no column {missing[0]!r}; a labelled set has `id`, `text` "
+            "and one column per observation"
+        )
+    observations = [c for c in frame.columns if c in REPORT_OBSERVATIONS]
+    try:
+        _label_array(frame, observations, str(path))
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+    return frame["text"].tolist(), frame[observations].astype("Int8")

@@ -43,11 +43,16 @@ _TRIGGERS = "radharmony_report_triggers"
 # Kinds of phrase the one mention matcher finds besides mentions.
 _UNCERTAIN_BEFORE = "uncertain_before"
 _UNCERTAIN_AFTER = "uncertain_after"
+_UNCERTAIN_AFTER_NEAREST = "uncertain_after_nearest"
 _ALTERNATIVE = "alternative"
 _CLAUSE_END = "clause_end"
 _NEGATION_BEFORE = "negation_before"
 _ENLARGED = "enlarged"
 _NORMAL_SIZE = "normal_size"
+_NOT_UNCERTAIN = "not_uncertain"
+_ATTRIBUTION = "attribution"
+_ARTIFACT = "artifact"
+_DEVICE_PART = "device_part"
 _IGNORED = "ignored"
 # Subjects named through their size, and what their enlargement and normal size state.
 _SIZE_SUBJECTS: dict[str, tuple[tuple[str, ...], tuple[str, tuple[str, ...]]]] = {
@@ -149,9 +154,14 @@ class _MentionFinder:
         add(_NORMAL_SIZE, _NORMAL_SIZE, phrases.NORMAL_SIZE)
         add(_UNCERTAIN_BEFORE, _UNCERTAIN_BEFORE, phrases.UNCERTAIN_BEFORE)
         add(_UNCERTAIN_AFTER, _UNCERTAIN_AFTER, phrases.UNCERTAIN_AFTER)
+        add(_UNCERTAIN_AFTER_NEAREST, _UNCERTAIN_AFTER_NEAREST, phrases.UNCERTAIN_AFTER_NEAREST)
         add(_ALTERNATIVE, _ALTERNATIVE, phrases.ALTERNATIVES)
         add(_CLAUSE_END, _CLAUSE_END, clause_ends)
         add(_NEGATION_BEFORE, _NEGATION_BEFORE, negations_before)
+        add(_NOT_UNCERTAIN, _NOT_UNCERTAIN, phrases.NOT_UNCERTAIN)
+        add(_ATTRIBUTION, _ATTRIBUTION, phrases.ATTRIBUTIONS)
+        add(_ARTIFACT, _ARTIFACT, phrases.ARTIFACT_CAUSES)
+        add(_DEVICE_PART, _DEVICE_PART, phrases.DEVICE_PARTS)
 
     def __call__(self, doc: Doc) -> Doc:
         found: dict[str, list[Span]] = {}
@@ -233,11 +243,15 @@ def _piece_findings(doc: Doc) -> _PieceFindings:
     def clause(token: int) -> int:
         return bisect_right(starts, token)
 
-    before = found.get(_UNCERTAIN_BEFORE, [])
-    after = found.get(_UNCERTAIN_AFTER, [])
+    neutral = found.get(_NOT_UNCERTAIN, [])
+    before = _outside(found.get(_UNCERTAIN_BEFORE, []), neutral)
+    after = _outside(found.get(_UNCERTAIN_AFTER, []), neutral)
     negations = found.get(_NEGATION_BEFORE, [])
+    part_ends = {span.end for span in found.get(_DEVICE_PART, [])}
     ents = list(doc.ents)
     alternative = _alternatives(ents, found.get(_ALTERNATIVE, []), clause)
+    alternative |= _nearest_before(ents, found.get(_UNCERTAIN_AFTER_NEAREST, []), clause)
+    explained = _explained_away(ents, found, clause)
     findings = []
     for index, ent in enumerate(ents):
         observations, fixed = _observations_of(ent.label_)
@@ -245,18 +259,49 @@ def _piece_findings(doc: Doc) -> _PieceFindings:
         cues_before = [t for t in before if t.start < ent.end and clause(t.start) == own]
         uncertain = (
             index in alternative
+            or index in explained
             or bool(cues_before)
             or any(t.start >= ent.end and clause(t.start) == own for t in after)
         )
+        negated = (
+            ent._.negex
+            and ent.start not in part_ends
+            and not _uncertainty_nearer(ent, cues_before, negations, ents, clause)
+        )
         if fixed is not None:
             value = fixed
-        elif ent._.negex and not _uncertainty_nearer(ent, cues_before, negations, clause):
+        elif negated:
             value = NEGATIVE
         else:
             value = UNCERTAIN if uncertain else POSITIVE
         sentence = ent.sent.text
         findings.extend((name, value, sentence) for name in observations)
     return tuple(findings)
+
+
+def _outside(cues: list[Span], neutral: list[Span]) -> list[Span]:
+    """The cues that are not part of a phrase that takes their doubt away."""
+    if not neutral:
+        return cues
+    return [c for c in cues if not any(n.start <= c.start < n.end for n in neutral)]
+
+
+def _explained_away(ents: list[Span], found: dict[str, list[Span]], clause) -> set[int]:
+    """Indexes of mentions that their clause attributes to technique or overlying tissue."""
+    links = found.get(_ATTRIBUTION, [])
+    causes = found.get(_ARTIFACT, [])
+    if not links or not causes:
+        return set()
+    return {
+        i
+        for i, e in enumerate(ents)
+        if any(
+            e.end <= link.start < cause.start
+            and clause(link.start) == clause(e.start) == clause(cause.start)
+            for link in links
+            for cause in causes
+        )
+    }
 
 
 def _alternatives(ents: list[Span], words: list[Span], clause) -> set[int]:
@@ -283,14 +328,34 @@ def _alternatives(ents: list[Span], words: list[Span], clause) -> set[int]:
     return uncertain
 
 
-def _uncertainty_nearer(ent: Span, cues: list[Span], negations: list[Span], clause) -> bool:
-    """An uncertainty cue between the nearest negation cue and the mention wins
-    ("no effusion, possible pneumothorax" leaves the pneumothorax uncertain)."""
+def _nearest_before(ents: list[Span], words: list[Span], clause) -> set[int]:
+    """Indexes of the mention right before each word (in its clause)."""
+    nearest = set()
+    for word in words:
+        before = [
+            i
+            for i, e in enumerate(ents)
+            if e.end <= word.start and clause(e.start) == clause(word.start)
+        ]
+        if before:
+            nearest.add(before[-1])
+    return nearest
+
+
+def _uncertainty_nearer(
+    ent: Span, cues: list[Span], negations: list[Span], ents: list[Span], clause
+) -> bool:
+    """An uncertainty cue that follows another mention after the nearest negation cue wins over
+    the negation ("no effusion, possible pneumothorax" leaves the pneumothorax uncertain; "no
+    suspicious nodules" stays negative)."""
     if not cues:
         return False
     own = clause(ent.start)
     preceding = [n.start for n in negations if n.start < ent.start and clause(n.start) == own]
-    return bool(preceding) and max(c.start for c in cues) > max(preceding)
+    if not preceding:
+        return False
+    negation, cue = max(preceding), max(c.start for c in cues)
+    return cue > negation and any(negation < e.start and e.end <= cue for e in ents)
 
 
 class ReportLabeler:

@@ -84,6 +84,8 @@ MENTIONS: dict[tuple[str, ...], tuple[str, ...]] = {
         "tumour",
         "malignancy",
         "carcinoma",
+        "cancer",
+        "lung cancer",
         "metastasis",
         "metastases",
         "metastatic disease",
@@ -296,6 +298,7 @@ MENTIONS: dict[tuple[str, ...], tuple[str, ...]] = {
         "hardware",
         "fixation hardware",
         "guidewire",
+        "cabg",
     ),
     ("emphysema",): (
         "emphysema",
@@ -409,8 +412,9 @@ NORMAL_SIZE: tuple[str, ...] = (
     "no longer enlarged",
 )
 # Tokens an attribute may be from its subject and still describe it ("the heart is mildly
-# enlarged": 2 tokens between).
-ATTRIBUTE_REACH = 5
+# enlarged": 2 tokens between; "the cardiomediastinal silhouette, hilar contours and pleural
+# surfaces are normal": 7).
+ATTRIBUTE_REACH = 7
 
 # Uncertainty: written before the mentions it reaches, after them, or between two alternatives.
 UNCERTAIN_BEFORE: tuple[str, ...] = (
@@ -435,6 +439,7 @@ UNCERTAIN_BEFORE: tuple[str, ...] = (
     "concerning for",
     "concern for",
     "worrisome for",
+    "suspicious",
     "suspicious for",
     "suspicious of",
     "suspected",
@@ -470,6 +475,12 @@ UNCERTAIN_BEFORE: tuple[str, ...] = (
     "can not be ruled out",
     "not ruled out",
     "atypical",
+    "apparent",
+    "favor",
+    "favors",
+    "favored",
+    "favoured",
+    "favoring",
 )
 UNCERTAIN_AFTER: tuple[str, ...] = (
     "is possible",
@@ -498,9 +509,80 @@ UNCERTAIN_AFTER: tuple[str, ...] = (
     "is not entirely excluded",
     "?",
 )
+# "atelectasis favored over pneumonia": the preference doubts only the finding it follows.
+UNCERTAIN_AFTER_NEAREST: tuple[str, ...] = ("favored", "favoured", "is favored", "is favoured")
 ALTERNATIVES: tuple[str, ...] = ("or", "versus", "vs", "vs.", "and/or")
 # How close two mentions sit to an alternative word for both to be uncertain.
 ALTERNATIVE_REACH = 4
+
+# Words around "suggest" that deny rather than doubt: "no consolidation to suggest pneumonia".
+NOT_UNCERTAIN: tuple[str, ...] = (
+    "to suggest",
+    "to indicate",
+    "to explain",
+    "that would suggest",
+    "to account for",
+)
+# A finding explained by how the film was taken or what overlies the lung is uncertain when a
+# linking word comes between them: "opacity likely due to overlying breast tissue".
+ATTRIBUTIONS: tuple[str, ...] = (
+    "due to",
+    "related to",
+    "accentuated by",
+    "exaggerated by",
+    "caused by",
+    "attributable to",
+    "represents",
+    "represent",
+    "reflects",
+    "reflect",
+    "from",
+    "likely",
+    "probably",
+    "may be",
+    "could be",
+)
+ARTIFACT_CAUSES: tuple[str, ...] = (
+    "technique",
+    "ap technique",
+    "portable technique",
+    "positioning",
+    "rotation",
+    "patient rotation",
+    "projection",
+    "overlap",
+    "overlapping",
+    "overlying",
+    "superimposition",
+    "summation",
+    "soft tissue",
+    "soft tissues",
+    "breast tissue",
+    "nipple",
+    "nipple shadow",
+    "body habitus",
+    "low lung volumes",
+    "low volumes",
+    "poor inspiration",
+    "shallow inspiration",
+    "hypoinflation",
+    "artifact",
+    "skin fold",
+    "epicardial fat",
+    "fat pad",
+    "vessels",
+    "vascular crowding",
+    "crowding",
+)
+# A device named through a part of it keeps its presence when the part is not seen: "the tip of
+# the enteric tube is not visualized".
+DEVICE_PARTS: tuple[str, ...] = (
+    "tip of the",
+    "tip of",
+    "distal tip of the",
+    "course of the",
+    "side port of the",
+)
 
 # Clause ends (added to negspacy's termination terms): negation and uncertainty stop here.
 CLAUSE_ENDS: tuple[str, ...] = (

@@ -7,20 +7,24 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from radharmony_pipeline.processing.reports.labeler import REPORT_OBSERVATIONS, ReportReading
 from radharmony_pipeline.processing.tables.table_schemas import (
     EVIDENCE,
     REPORT_LABEL_COLUMNS,
     REPORT_LABELS,
     REPORT_RULES,
 )
-from radharmony_pipeline.vocabulary import unified_class
+from radharmony_pipeline.vocabulary import REPORT_OBSERVATIONS, unified_class
+
+if TYPE_CHECKING:
+    # The labeler imports spaCy (and with it torch, when installed): only its type here, so
+    # the definitions load without it.
+    from radharmony_pipeline.processing.reports.labeler import ReportReading
 
 # The largest share of a partition's distinct reports in which no observation is mentioned
 # at all (every report_label_* but no finding null). Radiology reports of chest films nearly
