@@ -108,6 +108,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     free.set_defaults(run=_free_slots)
     subcommands["free-slots"] = free
     subcommands["verify"] = _add_verify(commands)
+    subcommands["label-reports"] = _add_label_reports(commands)
     subcommands["migrate-layout"] = _add_migrate_layout(commands)
     return parser, subcommands
 
@@ -337,6 +338,66 @@ def _free_slots(args: argparse.Namespace) -> int:
         print("no run with a dead process holds a pool slot")
     for holder in remaining:
         print(f"still holding or waiting: {holder.describe()}")
+    return 0
+
+
+def _add_label_reports(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    command = commands.add_parser(
+        "label-reports",
+        help="label report texts of your own (CSV or Parquet) with the report labeler",
+        description="Read every report of a CSV or Parquet file with the report labeler and "
+        "write one row per input row, in order: the id column (when there is one), "
+        "report_label_<observation> (1 positive, 0 negative, -1 uncertain, null not "
+        "mentioned) and the evidence sentences. With --agreement, print the agreement with "
+        "labels you hold for the same reports (docs/report-labels.md).",
+    )
+    command.add_argument("--input", type=Path, required=True, help="the reports: .csv or .parquet")
+    command.add_argument("--text-column", required=True, help="the column holding the text")
+    command.add_argument("--output", type=Path, required=True, help="the labels: .parquet")
+    command.add_argument(
+        "--agreement",
+        type=Path,
+        help="a CSV of labels for the same reports: the id column plus observation columns "
+        "(CheXpert's names, e.g. `Pleural Effusion`, or ours) with 1, 0, -1 or blank",
+    )
+    command.add_argument(
+        "--id-column",
+        default="id",
+        help="the column naming each report in --input and --agreement (default: id)",
+    )
+    command.set_defaults(run=_label_reports)
+    return command
+
+
+def _label_reports(args: argparse.Namespace) -> int:
+    from .operations.label_reports import (
+        ReportInputError,
+        labelled_reports,
+        paired_labels,
+        read_table,
+        reference_labels,
+        require_column,
+        write_labels,
+    )
+
+    try:
+        reports = read_table(args.input)
+        require_column(reports, args.text_column, args.input, "--text-column")
+        reference = reference_labels(args.agreement, args.id_column) if args.agreement else None
+        # Imported once the files are known good: spaCy takes seconds to import.
+        from .processing.reports.labeler import ReportLabeler
+
+        labels = labelled_reports(reports, args.text_column, args.id_column, ReportLabeler())
+        pairs = paired_labels(labels, reference, args.id_column) if reference is not None else None
+    except ReportInputError as error:
+        raise UserError(str(error)) from error
+    write_labels(labels, args.output)
+    print(f"wrote report labels of {len(labels)} reports to {args.output}")
+    if pairs is not None:
+        from .processing.reports.agreement import agreement_scores, format_agreement
+
+        print(f"agreement with {args.agreement} on {len(pairs[0])} reports:")
+        print(format_agreement(agreement_scores(*pairs)))
     return 0
 
 

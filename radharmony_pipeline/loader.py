@@ -14,8 +14,14 @@ Each sample is a dict:
   (letterbox padding included), (0, 4) when none; `bbox_labels`: list[str] and `label_text`:
   list[str | None], parallel to `bboxes` (entry i of each describes box i; MS-CXR phrases,
   duplicates kept; None where the dataset has no phrase).
-- `cls`: float32 (21,) of the `label_*` columns in `UNIFIED_LABELS` order, NaN where the
-  dataset did not annotate the class (unknown is not negative: mask NaNs out of the loss).
+- `cls`: float32 (21,) in `UNIFIED_LABELS` order, NaN where the class is unknown (unknown is
+  not negative: mask NaNs out of the loss). `labels=` chooses what fills it: `"annotations"`
+  (default) the dataset's own `label_*` columns; `"reports"` the labels read from the image's
+  report (`report_label_*`: null where the report does not mention the class, for classes the
+  report labeler does not read, and for images without report labels); `"both"` per class
+  the annotation where there is one, else the report label. `uncertain=` says what an
+  uncertain label (-1, from reports) becomes: `"ignore"` NaN (default), `"zeros"` 0 or
+  `"ones"` 1, the policies of the CheXpert paper. A null never becomes 0.
 - `report`: str or None. `image_id`, `dataset`, `split`: str.
 
 When torch is importable the class is a `torch.utils.data.Dataset` and `img`, `mask`, `cls`,
@@ -77,9 +83,18 @@ from radharmony_pipeline.processing.storage.store import (
     open_for_reading,
     output_path,
 )
-from radharmony_pipeline.processing.tables.manifest import PARTITION_MANIFEST_COLUMNS
+from radharmony_pipeline.processing.tables.manifest import (
+    PARTITION_MANIFEST_COLUMNS,
+    REPORT_MANIFEST_COLUMNS,
+)
+from radharmony_pipeline.processing.tables.table_schemas import REPORT_LABEL_PREFIX
 from radharmony_pipeline.sources import SOURCE_TYPES
-from radharmony_pipeline.vocabulary import LABEL_COLUMNS, snake_case, unified_class
+from radharmony_pipeline.vocabulary import (
+    LABEL_COLUMNS,
+    UNIFIED_LABELS,
+    snake_case,
+    unified_class,
+)
 
 try:  # torch is optional: without it samples are numpy arrays.
     import torch
@@ -93,6 +108,20 @@ Filter = str | Collection[str] | None
 TENSOR_FIELDS: tuple[str, ...] = ("img", "mask", "cls", "bboxes")
 # Needed only by the duplicate options (manifests built before issue 11 lack it).
 DUPLICATE_COLUMNS: tuple[str, ...] = ("duplicate_group",)
+# Every manifest column a sample needs whatever the options (manifests built before issue 31
+# lack the report labels, needed only by labels="reports" or "both").
+_SAMPLE_COLUMNS = tuple(c for c in PARTITION_MANIFEST_COLUMNS if c not in REPORT_MANIFEST_COLUMNS)
+# What fills `cls`: the datasets' annotations, the labels read from reports, or both.
+LABEL_CHOICES: tuple[str, ...] = ("annotations", "reports", "both")
+# What an uncertain label (-1) becomes in `cls`, by policy.
+UNCERTAIN_VALUES: dict[str, float] = {"ignore": np.nan, "zeros": 0.0, "ones": 1.0}
+# The report label column of each unified class, in UNIFIED_LABELS order (None: not read).
+_REPORT_COLUMN_OF_CLASS: tuple[str | None, ...] = tuple(
+    f"{REPORT_LABEL_PREFIX}{name}"
+    if f"{REPORT_LABEL_PREFIX}{name}" in REPORT_MANIFEST_COLUMNS
+    else None
+    for name in UNIFIED_LABELS
+)
 
 
 class ManifestDataset(_DatasetBase):
@@ -113,6 +142,7 @@ class ManifestDataset(_DatasetBase):
     `patient_disjoint_parents`: leave out the val/test images of a dataset whose parent patient
     also has a train image in it (ChestX-Det's patients, recovered through NIH). These three
     are decided on the whole manifest, before the filters; rows whose parent is unknown stay.
+    `labels` and `uncertain` choose what fills `cls` (see the module's docstring).
     """
 
     def __init__(
@@ -128,7 +158,11 @@ class ManifestDataset(_DatasetBase):
         drop_parent_train_leaks: bool = False,
         drop_parent_patient_leaks: bool = False,
         patient_disjoint_parents: bool = False,
+        labels: str = "annotations",
+        uncertain: str = "ignore",
     ) -> None:
+        _check_choice("labels", labels, LABEL_CHOICES)
+        _check_choice("uncertain", uncertain, tuple(UNCERTAIN_VALUES))
         self.output_root = _output_root(manifest, output_root)
         refuse_unfinished_migration(self.output_root)
         deduplicating = drop_cross_split_duplicates or one_per_duplicate_group
@@ -138,6 +172,7 @@ class ManifestDataset(_DatasetBase):
             (
                 *(DUPLICATE_COLUMNS if deduplicating else ()),
                 *(PARENT_IDENTITY if by_parent else ()),
+                *(REPORT_MANIFEST_COLUMNS if labels != "annotations" else ()),
             ),
         )
         if drop_cross_split_duplicates:
@@ -154,7 +189,7 @@ class ManifestDataset(_DatasetBase):
             self.table = _one_per_group(self.table)
         self.use_packed = use_packed
         # Done once for all rows: per-sample pandas conversions would dominate __getitem__.
-        self._labels = _label_matrix(self.table)
+        self._labels = _class_matrix(self.table, labels, uncertain)
         self._packed: dict[Path, np.ndarray | None] = {}
 
     def __len__(self) -> int:
@@ -229,7 +264,7 @@ def _output_root(manifest: str | Path | pd.DataFrame, output_root: str | Path | 
 def _read_manifest(
     manifest: str | Path | pd.DataFrame, extra: tuple[str, ...] = ()
 ) -> pd.DataFrame:
-    wanted = [*PARTITION_MANIFEST_COLUMNS, *extra]
+    wanted = [*_SAMPLE_COLUMNS, *extra]
     if isinstance(manifest, pd.DataFrame):
         table = manifest
     else:
@@ -281,9 +316,39 @@ def _available(table: pd.DataFrame, filters: dict[str, Filter]) -> str:
     )
 
 
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(
+            f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
+        )
+
+
 def _label_matrix(table: pd.DataFrame) -> np.ndarray:
-    """(rows, 21) float32 in vocabulary order; null labels become NaN, never 0."""
+    """(rows, 21) float32 of the annotations in vocabulary order; null becomes NaN, never 0."""
     return table[list(LABEL_COLUMNS)].to_numpy(dtype=np.float32, na_value=np.nan)
+
+
+def _report_matrix(table: pd.DataFrame) -> np.ndarray:
+    """(rows, 21) float32 of the report labels in vocabulary order (-1 kept); NaN where the
+    report states nothing of the class or the labeler does not read it."""
+    matrix = np.full((len(table), len(UNIFIED_LABELS)), np.nan, dtype=np.float32)
+    for position, column in enumerate(_REPORT_COLUMN_OF_CLASS):
+        if column is not None:
+            matrix[:, position] = table[column].to_numpy(dtype=np.float32, na_value=np.nan)
+    return matrix
+
+
+def _class_matrix(table: pd.DataFrame, labels: str, uncertain: str) -> np.ndarray:
+    """`cls` of every row: the chosen labels, per cell the annotation first for "both",
+    uncertain (-1) replaced by the policy's value."""
+    if labels == "annotations":
+        matrix = _label_matrix(table)
+    elif labels == "reports":
+        matrix = _report_matrix(table)
+    else:
+        annotations = _label_matrix(table)
+        matrix = np.where(np.isnan(annotations), _report_matrix(table), annotations)
+    return np.where(matrix == -1, np.float32(UNCERTAIN_VALUES[uncertain]), matrix)
 
 
 def _checked_index(index: int, length: int) -> int:

@@ -30,6 +30,13 @@ UNIFIED_LABELS: tuple[str, ...] = (
 
 LABEL_COLUMNS: tuple[str, ...] = tuple(f"label_{name}" for name in UNIFIED_LABELS)
 
+# The unified classes the report labeler reads from report text (the report_label_* columns):
+# every class but diffuse nodules, which reports do not tell apart from nodules. Here, not in
+# the labeler, so that declaring the columns does not import spaCy.
+REPORT_OBSERVATIONS: tuple[str, ...] = tuple(
+    name for name in UNIFIED_LABELS if name != "diffuse_nodule"
+)
+
 # The mask class of an image's union mask (every class's pixels together): a `mask_class`
 # value beside the unified classes.
 UNION_CLASS = "any"

@@ -103,6 +103,15 @@ def entry_error(path: SourcePath, where: str, field: str, problem: str) -> str:
 
 
 @dataclass(frozen=True)
+class ReportLabelFile:
+    """Report labels a dataset's own file gives: the file, and per image (`image_id`) its
+    report_label_<name> columns (nullable Int8: 1, 0, -1, null)."""
+
+    path: SourcePath
+    labels: pd.DataFrame
+
+
+@dataclass(frozen=True)
 class SourceCard:
     """What a dataset card says of a source, as its dataset page states it."""
 
@@ -180,6 +189,16 @@ class DatasetSource(ABC):
     ) -> list[MaskJob]:
         """One job per image that writes its masks; `target_for(image_key)` says where."""
         return []
+
+    # Where the `report_labels` of the dataset come from (a `report_label_source` value of
+    # table_schemas): REPORT_RULES when its `labels` hold report text for the report labeler
+    # to read, a file's source when `read_report_labels` reads them; None: it has none.
+    report_label_source: ClassVar[str | None] = None
+
+    def read_report_labels(self, split: str, index: pd.DataFrame) -> ReportLabelFile | None:
+        """The report labels the dataset's own files give for the images of `index`; None
+        when the file is not there (the partition then has no report labels)."""
+        return None
 
     def localizable_images(self, index: pd.DataFrame) -> pd.Series:
         """Which images the dataset segments: they get masks, and an `any` mask that is

@@ -10,9 +10,11 @@ import pandas as pd
 from ..processing.corpus.parents import parent_identity, patient_splits_of, splits_by_patient
 from ..processing.storage import source_store
 from ..processing.storage.source_store import FileState, SourcePath
+from ..processing.tables.table_schemas import MIMIC_CHEXPERT
 from ..vocabulary import snake_case, unified_class
 from .base import (
     DatasetSource,
+    ReportLabelFile,
     RowErrors,
     SourceCard,
     SplitTables,
@@ -26,6 +28,7 @@ from .counts import ExpectedCounts
 from .errors import DatasetLayoutError, MetadataError
 from .layouts import Found, mimic_files_dir, ms_cxr_csv_folder, nearby
 from .location import SourceLocation
+from .mimic_chexpert import CHEXPERT_NAMES, chexpert_csv, read_study_labels
 from .mimic_splits import read_official_splits, split_csv
 from .mimic_views import metadata_csv, raw_view_positions
 from .views import normalize_view_positions
@@ -74,7 +77,8 @@ class MsCxrSource(DatasetSource):
 ms-cxr/{CSV_NAME}              (RADHARMONY_MS_CXR_CSV)
 mimic-cxr/files/pNN/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg or .dcm   (RADHARMONY_MIMIC_FILES_DIR)
 mimic-cxr/mimic-cxr-2.0.0-metadata.csv.gz   (optional, view positions; else DICOM headers)
-mimic-cxr/mimic-cxr-2.0.0-split.csv.gz      (optional, MIMIC-CXR's official split)"""
+mimic-cxr/mimic-cxr-2.0.0-split.csv.gz      (optional, MIMIC-CXR's official split)
+mimic-cxr/{CHEXPERT_NAMES[0]}   (optional, MIMIC's report labels per study)"""
     documented_counts = ExpectedCounts(
         origin="MS-CXR dataset page",
         total={"images": 1047, "annotations": 1448},
@@ -155,8 +159,22 @@ mimic-cxr/mimic-cxr-2.0.0-split.csv.gz      (optional, MIMIC-CXR's official spli
         return self._files
 
     def annotation_files(self, split: str) -> list[SourcePath]:
-        views = metadata_csv(self._files.parent)
-        return [self.csv_path(), *([views] if views is not None else []), *self.parent_files()]
+        mimic_root = self._files.parent
+        optional = [metadata_csv(mimic_root), chexpert_csv(mimic_root)]
+        return [self.csv_path(), *(p for p in optional if p is not None), *self.parent_files()]
+
+    # MIMIC-CXR-JPG's CheXpert labels of every study, when the user has the file.
+    report_label_source = MIMIC_CHEXPERT
+
+    def read_report_labels(self, split: str, index: pd.DataFrame) -> ReportLabelFile | None:
+        """Per image of `index` whose study the file labels, that study's labels."""
+        path = chexpert_csv(self._files.parent)
+        if path is None:
+            return None
+        studies = read_study_labels(path)
+        images = index[["image_id", "study_id"]].astype("string")
+        labelled = images.merge(studies, on="study_id", how="inner", validate="many_to_one")
+        return ReportLabelFile(path, labelled.drop(columns="study_id").reset_index(drop=True))
 
     parent_dataset = "mimic_cxr"
 

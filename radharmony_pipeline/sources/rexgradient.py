@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from ..processing.corpus.parents import parent_identity
 from ..processing.storage import source_store
 from ..processing.storage.source_store import FileState, SourcePath
+from ..processing.tables.table_schemas import REPORT_RULES
 from .base import (
     DatasetSource,
     RowErrors,
@@ -59,6 +60,8 @@ class ReXGradientSource(DatasetSource):
         citation="ReXGradient-160K, Rajpurkar Lab (rajpurkarlab/ReXGradient-160K)",
     )
     splits = ("train", "val", "test")
+    # Its reports are free text only: the report labeler reads them.
+    report_label_source = REPORT_RULES
     env_vars = {"root": "RADHARMONY_REXGRADIENT_ROOT"}
     layout = """\
 rexgradient/

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from radharmony_pipeline.sources.chexlocalize import CHEXPERT_LABELS
+from radharmony_pipeline.sources.mimic_chexpert import CHEXPERT_NAMES, STUDY_COLUMNS
 from radharmony_pipeline.sources.ms_cxr import CATEGORIES, CSV_COLUMNS, CSV_NAME
 from radharmony_pipeline.synthetic.dicom import COVERING_VARIANTS, DicomIdentity, DicomVariant
 from radharmony_pipeline.synthetic.dicom import dicom_bytes as encode_dicom
@@ -79,6 +81,8 @@ class Sizing:
     side: tuple[int, int]
 
 
+# The stream of the CheXpert label file's choices (0 plans the images, 1 renders them).
+_LABEL_STREAM = 2
 # "full": patients enough for about the documented 1,047 images (a tenth have two studies).
 SIZES = {
     "tiny": Sizing(8, (200, 400)),
@@ -142,6 +146,7 @@ def generate(out: Path, scale: str, seed: int, mimic_format: str = "mixed") -> P
         write_bytes(out / "mimic-cxr" / image.disk_path, _encode(pixels, image, identity))
         rows += _csv_rows(image, boxes, image_rng)
     _write_view_metadata(out / "mimic-cxr", images)
+    _write_chexpert_labels(out / "mimic-cxr", images, dataset_rng(seed, DATASET, _LABEL_STREAM))
     root = out / "ms-cxr"
     write_text(root / CSV_NAME, _csv_text(rows))
     _write_counts(root, images)
@@ -317,6 +322,26 @@ def _write_view_metadata(mimic_root: Path, images: list[MimicImage]) -> None:
     ]
     text = _csv_text(rows, VIEW_METADATA_COLUMNS)
     write_bytes(mimic_root / VIEW_METADATA_NAME, gzip.compress(text.encode(), mtime=0))
+
+
+def _write_chexpert_labels(
+    mimic_root: Path, images: list[MimicImage], rng: np.random.Generator
+) -> None:
+    """`mimic-cxr-2.0.0-chexpert.csv.gz` as MIMIC-CXR-JPG ships it: per study, the CheXpert
+    observations (alphabetical, as there) as 1.0 / 0.0 / -1.0 or blank. The study's grounded
+    categories are positive; one other observation is negative or uncertain, the rest blank."""
+    observations = sorted(CHEXPERT_LABELS)
+    studies = {image.study: image for image in images}
+    rows = []
+    for study, image in sorted(studies.items()):
+        values = dict.fromkeys(observations, "")
+        for phrase in image.phrases:
+            values[phrase.category] = "1.0"
+        others = [o for o in observations if not values[o] and o != "No Finding"]
+        values[str(rng.choice(others))] = str(rng.choice(["0.0", "-1.0"]))
+        rows.append([image.subject, study, *values.values()])
+    text = _csv_text(rows, (*STUDY_COLUMNS, *observations))
+    write_bytes(mimic_root / CHEXPERT_NAMES[0], gzip.compress(text.encode(), mtime=0))
 
 
 def _write_counts(root: Path, images: list[MimicImage]) -> None:

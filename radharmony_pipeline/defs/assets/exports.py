@@ -34,7 +34,7 @@ from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import OutputsResource
 from ..run_settings import RunSettingsResource
 
-STAGES = ("raw_index", "labels", "masks", "bboxes", "images")
+STAGES = ("raw_index", "labels", "masks", "bboxes", "images", "report_labels")
 # Every class some dataset draws masks for, in vocabulary order: one mask column each.
 MASK_CLASSES = tuple(
     name
@@ -72,7 +72,8 @@ def _export_asset(name: str, description: str, kinds: set[str]):
     "(`exports/huggingface/<dataset>/<split>-NNNNN.parquet`, one configuration per dataset, "
     "`val` named `validation`) with declared Features: the resized image and union mask as "
     "`Image` (PNG bytes embedded), each class mask as a nullable `Image` with "
-    "`has_<class>_mask`, the 21 nullable labels, boxes with labels and phrases, report and ids; "
+    "`has_<class>_mask`, the 21 nullable labels, the labels derived from the report "
+    "(`report_label_*`, `report_label_source`), boxes with labels and phrases, report and ids; "
     "a shard index `<split>.index.json` lists every sample.",
     {"parquet", "huggingface"},
 )
@@ -84,12 +85,15 @@ def huggingface_export(
     masks: pd.DataFrame,
     bboxes: pd.DataFrame,
     images: pd.DataFrame,
+    report_labels: pd.DataFrame,
     outputs: OutputsResource,
     run_settings: RunSettingsResource,
 ) -> dg.MaterializeResult:
     dataset, split = parse_partition_key(context.partition_key)
     root = outputs.root()
-    samples = _samples(context.partition_key, raw_index, labels, masks, bboxes, images, root)
+    samples = _samples(
+        context.partition_key, raw_index, labels, masks, bboxes, images, report_labels, root
+    )
     # The same bytes from every partition's run: the configurations of every dataset.
     write_huggingface_configs(
         root / HUGGINGFACE_FOLDER, {key: source.splits for key, source in SOURCE_TYPES.items()}
@@ -110,7 +114,8 @@ def huggingface_export(
     "webdataset_export",
     "The partition's manifest rows as WebDataset tar shards of bounded size "
     "(`exports/webdataset/<partition>/<partition>-NNNNNN.tar`): per sample `<key>.png`, "
-    "`<key>.mask.png` when annotated and `<key>.json` (ids, labels, boxes, phrases, report); "
+    "`<key>.mask.png` when annotated and `<key>.json` (ids, labels, labels derived from the "
+    "report, boxes, phrases, report); "
     "`index.json` lists every shard and sample.",
     {"webdataset", "tar"},
 )
@@ -122,12 +127,13 @@ def webdataset_export(
     masks: pd.DataFrame,
     bboxes: pd.DataFrame,
     images: pd.DataFrame,
+    report_labels: pd.DataFrame,
     outputs: OutputsResource,
     run_settings: RunSettingsResource,
 ) -> dg.MaterializeResult:
     root = outputs.root()
     partition = context.partition_key
-    samples = _samples(partition, raw_index, labels, masks, bboxes, images, root)
+    samples = _samples(partition, raw_index, labels, masks, bboxes, images, report_labels, root)
     return _export(
         context,
         samples,
@@ -147,10 +153,13 @@ def _samples(
     masks: pd.DataFrame,
     bboxes: pd.DataFrame,
     images: pd.DataFrame,
+    report_labels: pd.DataFrame,
     root: OutputPath,
 ) -> list[ExportSample]:
     # The same rows the manifest holds for this partition, from the same function.
-    rows, _excluded = partition_manifest(partition, raw_index, labels, masks, bboxes, images)
+    rows, _excluded = partition_manifest(
+        partition, raw_index, labels, masks, bboxes, images, report_labels
+    )
     return export_samples(rows, images, masks, root)
 
 

@@ -6,7 +6,12 @@ import pandas as pd
 from ...processing.annotations.boxes import NORMALIZED_COLUMNS
 from ...processing.corpus.duplicates import with_duplicate_groups
 from ...processing.corpus.parents import PARENT_IDENTITY, with_parent_columns
-from ...processing.tables.manifest import PARTITION_MANIFEST_COLUMNS, combine, partition_manifest
+from ...processing.tables.manifest import (
+    PARTITION_MANIFEST_COLUMNS,
+    REPORT_MANIFEST_COLUMNS,
+    combine,
+    partition_manifest,
+)
 from ...processing.tables.table_schemas import (
     IMAGES,
     PARTITION_KEY_COLUMNS,
@@ -19,8 +24,10 @@ from ..groups import CORPUS
 from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS, every_partition_of
 
-CODE_VERSION = "3"  # 2: duplicate_group from near_duplicates; 3: parent identity
+CODE_VERSION = "4"  # 2: duplicate_group from near_duplicates; 3: parent identity; 4: reports
 UPSTREAM = ("raw_index", "labels", "masks", "bboxes", "images")
+# Joined where materialized: a partition without them has null report labels.
+REPORT_LABELS = "report_labels"
 
 _BOX_EDGES = NORMALIZED_COLUMNS
 # Manifest columns copied unchanged from `images` (the partition columns aside) and from
@@ -40,6 +47,7 @@ _COLUMN_SOURCES: dict[str, tuple[tuple[str, str], ...]] = {
     **{column: (("images", column),) for column in _IMAGES_COLUMNS},
     "tensor_path": (("images", "tensor_index"),),
     **{column: (("labels", column),) for column in ("report", *LABEL_COLUMNS)},
+    **{column: ((REPORT_LABELS, column),) for column in REPORT_MANIFEST_COLUMNS},
     "label_text": (("bboxes", "label_text"),),
     "mask_classes": (("masks", "mask_class"),),
     "has_mask": (("masks", "mask_class"),),
@@ -85,7 +93,7 @@ def column_lineage_markdown() -> str:
 @dg.asset(
     group_name=CORPUS,
     owners=OWNERS,
-    ins=every_partition_of(*UPSTREAM)
+    ins=every_partition_of(*UPSTREAM, REPORT_LABELS)
     | {
         "near_duplicates": dg.AssetIn("near_duplicates"),
         "parent_provenance": dg.AssetIn("parent_provenance"),
@@ -94,7 +102,9 @@ def column_lineage_markdown() -> str:
         "One row per usable image of every materialized partition: ids, split, view, source "
         "and resized paths, packed-array row, masks, boxes in the source frame (`bboxes`) and "
         "in the resized frame (`bboxes_resized`, letterbox padding included), phrases, report "
-        "and the 21 unified label columns, and `duplicate_group` (the image's group in "
+        "and the 21 unified label columns, the labels read from its report "
+        "(`report_label_*`, derived from reports, and `report_label_source`; null without "
+        "them), `duplicate_group` (the image's group in "
         "`near_duplicates`, else null), and the parent identity columns (`parent_*`, from "
         "`parent_provenance`). Images whose stage errored are left out and "
         "counted by reason."
@@ -111,6 +121,7 @@ def unified_manifest(
     masks: dict[str, pd.DataFrame],
     bboxes: dict[str, pd.DataFrame],
     images: dict[str, pd.DataFrame],
+    report_labels: dict[str, pd.DataFrame],
     near_duplicates: pd.DataFrame,
     parent_provenance: pd.DataFrame,
 ) -> dg.Output[pd.DataFrame]:
@@ -124,6 +135,7 @@ def unified_manifest(
             masks[partition],
             bboxes[partition],
             images[partition],
+            report_labels.get(partition),
         )
     manifest = with_duplicate_groups(combine(parts), near_duplicates)
     manifest = with_parent_columns(manifest, parent_provenance)

@@ -7,6 +7,7 @@ import dagster as dg
 import pandas as pd
 
 from ...processing.corpus.profile_plots import CorpusTables, label_prevalence, profile_pngs
+from ...processing.reports.report_table import empty_report_labels, report_label_prevalence
 from ...processing.storage.output_layout import preview
 from ...processing.storage.store import publish
 from ...processing.tables.table_schemas import CORPUS_PROFILE, PARTITION_PROFILE
@@ -21,8 +22,12 @@ FILE_DPI = 100
 # The UI shows inline metadata in a dialog about 1,000 pixels wide: the 4-panel rows fit.
 INLINE_DPI = 56
 STAGES = ("raw_index", "labels", "masks", "bboxes", "images")
+# Drawn where materialized (a partition without them shows no report panel).
+REPORT_LABELS = "report_labels"
 DESCRIPTION = (
     "label prevalence per unified class (positive / negative / not annotated, per dataset), "
+    "the labels read from reports (positive / uncertain / negative / not mentioned per "
+    "observation, per dataset with reports), "
     "view positions, source image sizes, report length, mask area fraction per class, box "
     "size and a box position heat map, and the class co-occurrence matrix of every dataset "
     "annotating all its classes on every image (ChestX-Det). The table holds the prevalence "
@@ -47,16 +52,22 @@ def partition_profile(
     masks: pd.DataFrame,
     bboxes: pd.DataFrame,
     images: pd.DataFrame,
+    report_labels: pd.DataFrame,
     outputs: OutputsResource,
 ) -> dg.Output[pd.DataFrame]:
-    tables = CorpusTables(raw_index, labels, masks, bboxes, images)
-    return _profile(tables, context.partition_key, outputs)
+    tables = CorpusTables(raw_index, labels, masks, bboxes, images, report_labels)
+    output = _profile(tables, context.partition_key, outputs)
+    # One entry per observation: the metadata does not grow with the images.
+    output.metadata["report_label_prevalence"] = dg.MetadataValue.json(
+        report_label_prevalence(report_labels)
+    )
+    return output
 
 
 @dg.asset(
     group_name=CORPUS,
     owners=OWNERS,
-    ins=every_partition_of(*STAGES),
+    ins=every_partition_of(*STAGES, REPORT_LABELS),
     description=f"A visual profile of every materialized partition together: {DESCRIPTION}",
     automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
     code_version=table_code_version(CODE_VERSION),
@@ -69,16 +80,19 @@ def corpus_profile(
     masks: dict[str, pd.DataFrame],
     bboxes: dict[str, pd.DataFrame],
     images: dict[str, pd.DataFrame],
+    report_labels: dict[str, pd.DataFrame],
     outputs: OutputsResource,
 ) -> dg.Output[pd.DataFrame]:
     complete = sorted(set(raw_index) & set(labels) & set(masks) & set(bboxes) & set(images))
     if not complete:
         raise dg.Failure(description="no partition has every stage materialized yet")
+    reports = [report_labels[key] for key in complete if key in report_labels]
     tables = CorpusTables(
         *(
             pd.concat([stage[key] for key in complete], ignore_index=True)
             for stage in (raw_index, labels, masks, bboxes, images)
-        )
+        ),
+        pd.concat([empty_report_labels(), *reports], ignore_index=True),
     )
     output = _profile(tables, "corpus", outputs)
     output.metadata["partitions"] = dg.MetadataValue.json(complete)

@@ -11,8 +11,13 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from radharmony_pipeline.processing.reports.report_table import PREVALENCE_STATES
 from radharmony_pipeline.processing.storage.output_layout import MANIFEST, resized_png_glob
-from radharmony_pipeline.processing.tables.table_schemas import UNIFIED_MANIFEST
+from radharmony_pipeline.processing.tables.table_schemas import (
+    REPORT_LABEL_COLUMNS,
+    REPORT_LABEL_PREFIX,
+    UNIFIED_MANIFEST,
+)
 from radharmony_pipeline.vocabulary import LABEL_COLUMNS, UNIFIED_LABELS
 
 CARD_NAME = "DATASET_CARD.md"
@@ -64,6 +69,7 @@ def card_figures(inputs: CardInputs) -> dict[str, Any]:
         "images": len(manifest),
         "counts": _counts(manifest),
         "prevalence": _prevalence(manifest),
+        "report_labels": _report_prevalence(manifest),
         "masks": _mask_availability(manifest),
         "boxes": _box_availability(manifest),
         "near_duplicates": _duplicate_findings(inputs.near_duplicates),
@@ -115,6 +121,31 @@ def _prevalence(manifest: pd.DataFrame) -> dict[str, dict[str, dict[str, int]]]:
                 "not_annotated": int(values.isna().sum()),
             }
         figures[str(dataset)] = per_label
+    return figures
+
+
+def _report_prevalence(manifest: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """dataset -> where its report labels come from, and per observation the images positive,
+    uncertain, negative and not mentioned; only datasets with report labels."""
+    figures: dict[str, dict[str, Any]] = {}
+    for dataset, group in manifest.groupby("dataset", sort=True):
+        sources = group["report_label_source"].dropna()
+        if sources.empty:
+            continue
+        per_observation = {}
+        for column in REPORT_LABEL_COLUMNS:
+            values = group.loc[sources.index, column]
+            per_observation[column.removeprefix(REPORT_LABEL_PREFIX)] = {
+                **{
+                    state: int(values.eq(value).sum()) for state, value in PREVALENCE_STATES.items()
+                },
+                "not_mentioned": int(values.isna().sum()),
+            }
+        figures[str(dataset)] = {
+            "images": len(sources),
+            "sources": sorted(sources.astype(str).unique()),
+            "observations": per_observation,
+        }
     return figures
 
 
@@ -195,6 +226,7 @@ def card_markdown(inputs: CardInputs, figures: Mapping[str, Any]) -> str:
         "",
         *_prevalence_table(figures["prevalence"]),
         "",
+        *_report_label_lines(figures["report_labels"]),
         "## Masks and boxes",
         "",
         *_availability_lines("Masks", figures["masks"]),
@@ -252,6 +284,36 @@ def _prevalence_table(prevalence: Mapping[str, Mapping[str, Mapping[str, int]]])
                 else f"{counts['positive']} / {counts['negative']} / {counts['not_annotated']}"
             )
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _report_label_lines(figures: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The report labels' section: derived from the report text, not annotated."""
+    if not figures:
+        return []
+    datasets = sorted(figures)
+    states = "/".join([*PREVALENCE_STATES, "not mentioned"])
+    lines = [
+        "## Labels derived from reports",
+        "",
+        f"`{REPORT_LABEL_PREFIX}*` columns are read from each image's report, not annotated "
+        "by the dataset: "
+        + "; ".join(
+            f"{d}: {figures[d]['images']} images ({', '.join(figures[d]['sources'])})"
+            for d in datasets
+        )
+        + f". Images {states} per observation (docs/report-labels.md).",
+        "",
+        "| observation | " + " | ".join(datasets) + " |",
+        "|---|" + "---:|" * len(datasets),
+    ]
+    for column in REPORT_LABEL_COLUMNS:
+        name = column.removeprefix(REPORT_LABEL_PREFIX)
+        cells = [
+            " / ".join(str(n) for n in figures[d]["observations"][name].values()) for d in datasets
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("")
     return lines
 
 

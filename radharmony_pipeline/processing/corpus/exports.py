@@ -38,6 +38,9 @@ from radharmony_pipeline.processing.storage.store import (
 from radharmony_pipeline.processing.tables.table_schemas import (
     BOOL,
     CORPUS_WIDE_COLUMNS,
+    MIMIC_CHEXPERT,
+    REPORT_LABEL_PREFIX,
+    REPORT_RULES,
     UNIFIED_MANIFEST,
     Column,
     TableSchema,
@@ -46,7 +49,7 @@ from radharmony_pipeline.processing.tables.table_schemas import (
 )
 
 # Bumped when the bytes of a shard would change for the same inputs.
-EXPORT_CODE_VERSION = "1"
+EXPORT_CODE_VERSION = "2"  # 2: the labels derived from reports (issue 31)
 INDEX_VERSION = 1
 DEFAULT_MAX_SHARD_BYTES = 256 * 2**20
 
@@ -152,7 +155,17 @@ def huggingface_configs_card(splits_by_dataset: Mapping[str, Sequence[str]]) -> 
         for split in splits:
             name = HUGGINGFACE_SPLITS[split]
             lines += [f"  - split: {name}", f"    path: {dataset}/{name}-*.parquet"]
-    lines += ["---", "", "RadHarmony corpus: one configuration per dataset.", ""]
+    lines += [
+        "---",
+        "",
+        "RadHarmony corpus: one configuration per dataset.",
+        "",
+        f"`{REPORT_LABEL_PREFIX}*` columns are derived from the report text, not annotated: "
+        f"`report_label_source` says how (`{REPORT_RULES}`: read by the RadHarmony report "
+        f"labeler; `{MIMIC_CHEXPERT}`: MIMIC-CXR's CheXpert labels of the study). 1 positive, "
+        "0 negative, -1 uncertain, null not mentioned.",
+        "",
+    ]
     return "\n".join(lines)
 
 

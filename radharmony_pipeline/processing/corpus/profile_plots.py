@@ -1,6 +1,7 @@
 """A visual profile of a partition or of the whole corpus: one PNG of matplotlib panels
-(label prevalence per dataset, view positions, source sizes, report length, mask area per
-class, box size and position, class co-occurrence), drawn with the Agg backend."""
+(label prevalence per dataset, labels read from reports per dataset, view positions, source
+sizes, report length, mask area per class, box size and position, class co-occurrence), drawn
+with the Agg backend."""
 
 from __future__ import annotations
 
@@ -16,12 +17,18 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 from radharmony_pipeline.processing.annotations.boxes import NORMALIZED_COLUMNS
+from radharmony_pipeline.processing.reports.report_table import (
+    PREVALENCE_STATES,
+    report_label_prevalence,
+)
 from radharmony_pipeline.vocabulary import LABEL_COLUMNS, STATUS_OK, UNION_CLASS
 
 COLUMNS = 4
 PANEL_INCHES = (4.6, 3.6)
 STATES = ("positive", "negative", "not annotated")
 STATE_COLOURS = ("#d62728", "#2ca02c", "#c7c7c7")
+# Report labels: positive, uncertain, negative (PREVALENCE_STATES order), then not mentioned.
+REPORT_STATE_COLOURS = ("#d62728", "#ff7f0e", "#2ca02c", "#c7c7c7")
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,7 @@ class CorpusTables:
     masks: pd.DataFrame
     bboxes: pd.DataFrame
     images: pd.DataFrame
+    report_labels: pd.DataFrame
 
 
 def label_prevalence(tables: CorpusTables) -> pd.DataFrame:
@@ -64,6 +72,11 @@ def profile_pngs(tables: CorpusTables, title: str, dpis: tuple[int, ...]) -> lis
     cooccurring = _fully_annotated(tables)
     panels = [
         *[(f"labels: {d}", lambda ax, d=d: _prevalence(ax, prevalence, d)) for d in datasets],
+        *[
+            (f"labels read from reports: {d}", lambda ax, g=g: _report_prevalence(ax, g))
+            for d, g in tables.report_labels.groupby("dataset", sort=True)
+            if len(g)
+        ],
         ("view positions", lambda ax: _views(ax, tables.raw_index)),
         ("source image sizes", lambda ax: _sizes(ax, tables.images)),
         ("report length", lambda ax: _report_length(ax, tables.labels)),
@@ -129,6 +142,23 @@ def _prevalence(ax: Axes, prevalence: pd.DataFrame, dataset: str) -> None:
         ax.barh(y, values, left=left, color=colour, label=state, height=0.8)
         left += values
     ax.set_yticks(y, rows["label"], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("images", fontsize=8)
+    ax.legend(fontsize=6, loc="lower right")
+
+
+def _report_prevalence(ax: Axes, report_labels: pd.DataFrame) -> None:
+    """Per observation, the images whose report states it positive, uncertain or negative,
+    and those whose report does not mention it."""
+    counts = pd.DataFrame(report_label_prevalence(report_labels)).T
+    states = [*PREVALENCE_STATES, "not_mentioned"]
+    y = np.arange(len(counts))
+    left = np.zeros(len(counts))
+    for state, colour in zip(states, REPORT_STATE_COLOURS, strict=True):
+        values = counts[state].to_numpy(dtype=float)
+        ax.barh(y, values, left=left, color=colour, label=state.replace("_", " "), height=0.8)
+        left += values
+    ax.set_yticks(y, counts.index, fontsize=6)
     ax.invert_yaxis()
     ax.set_xlabel("images", fontsize=8)
     ax.legend(fontsize=6, loc="lower right")

@@ -14,6 +14,8 @@ from radharmony_pipeline.processing.tables.reasons import error_reasons
 from radharmony_pipeline.processing.tables.table_schemas import (
     CORPUS_WIDE_COLUMNS,
     RAW_INDEX,
+    REPORT_LABEL_COLUMNS,
+    REPORT_LABELS,
     UNIFIED_MANIFEST,
     pandas_dtype,
 )
@@ -23,6 +25,8 @@ from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 PARTITION_MANIFEST_COLUMNS: tuple[str, ...] = tuple(
     name for name in UNIFIED_MANIFEST.names if name not in CORPUS_WIDE_COLUMNS
 )
+# The manifest's columns from report_labels (the evidence stays in report_labels).
+REPORT_MANIFEST_COLUMNS: tuple[str, ...] = (*REPORT_LABEL_COLUMNS, "report_label_source")
 # Columns only some datasets' raw_index has (demographics), typed as declared when absent.
 _EXTRAS = {
     c.name: pandas_dtype(c.type)
@@ -38,8 +42,13 @@ def partition_manifest(
     masks: pd.DataFrame,
     bboxes: pd.DataFrame,
     images: pd.DataFrame,
+    report_labels: pd.DataFrame | None,
 ) -> tuple[pd.DataFrame, dict[str, int]]:
-    """Manifest rows of one partition, and the images left out, counted by reason."""
+    """Manifest rows of one partition, and the images left out, counted by reason.
+
+    `report_labels` is None when the partition's report labels are not materialized: its
+    report_label_* columns are then null, as for an image without a report.
+    """
     # An index error reaches `images` as its error row, whose status decides below.
     rows = raw_index.drop(columns=["status", "error"], errors="ignore").rename(
         columns={"image_path": "source_image_path"}
@@ -62,6 +71,9 @@ def partition_manifest(
         how="left",
         validate="one_to_one",
     )
+    rows = rows.merge(
+        _report_columns(report_labels), on="image_id", how="left", validate="one_to_one"
+    )
     rows = rows.merge(_mask_classes(masks), on="image_id", how="left")
     rows["mask_classes"] = [
         list(v) if isinstance(v, (list, np.ndarray)) else [] for v in rows["mask_classes"]
@@ -80,6 +92,15 @@ def partition_manifest(
         )
     ]
     return rows[list(PARTITION_MANIFEST_COLUMNS)].reset_index(drop=True), excluded
+
+
+def _report_columns(report_labels: pd.DataFrame | None) -> pd.DataFrame:
+    """image_id and the manifest's report-label columns, typed as declared."""
+    columns = ("image_id", *REPORT_MANIFEST_COLUMNS)
+    dtypes = {name: pandas_dtype(REPORT_LABELS.column(name).type) for name in columns}
+    if report_labels is None:
+        return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in dtypes.items()})
+    return report_labels[list(columns)].astype(dtypes)
 
 
 def _mask_classes(masks: pd.DataFrame) -> pd.DataFrame:

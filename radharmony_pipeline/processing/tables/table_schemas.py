@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import pandas as pd
 import pyarrow as pa
 
-from radharmony_pipeline.vocabulary import UNIFIED_LABELS
+from radharmony_pipeline.vocabulary import REPORT_OBSERVATIONS, UNIFIED_LABELS
 
 # Written into each file's key-value metadata; bumped whenever a declaration changes.
-SCHEMA_VERSION = "6"  # 6: parent identity columns (issue 21)
+SCHEMA_VERSION = "7"  # 6: parent identity columns (issue 21); 7: report labels (issue 31)
 SCHEMA_VERSION_KEY = b"radharmony.schema_version"
 TABLE_NAME_KEY = b"radharmony.table"
 
@@ -120,6 +120,38 @@ def _label_columns() -> tuple[Column, ...]:
         )
         for name in UNIFIED_LABELS
     )
+
+
+# Where a row's report labels come from (`report_label_source`): the project's report labeler
+# reading the report text, or MIMIC-CXR's own CheXpert-labeler file, per study.
+REPORT_RULES = "report_rules"
+MIMIC_CHEXPERT = "mimic_chexpert"
+REPORT_LABEL_PREFIX = "report_label_"
+REPORT_LABEL_COLUMNS: tuple[str, ...] = tuple(
+    f"{REPORT_LABEL_PREFIX}{name}" for name in REPORT_OBSERVATIONS
+)
+# What decided a report label: the observation, its value and the sentence that decided it.
+EVIDENCE = pa.list_(pa.struct([("observation", STRING), ("value", INT8), ("sentence", STRING)]))
+
+
+def _report_label_columns() -> tuple[Column, ...]:
+    return tuple(
+        col(
+            column,
+            INT8,
+            f"`{name}` as read from the report (derived, not annotated): 1 positive, "
+            "0 negative, -1 uncertain, null not mentioned or no report labels",
+        )
+        for name, column in zip(REPORT_OBSERVATIONS, REPORT_LABEL_COLUMNS, strict=True)
+    )
+
+
+_REPORT_LABEL_SOURCE = col(
+    "report_label_source",
+    STRING,
+    f"Where the report labels come from: `{REPORT_RULES}` (the report labeler read the text) "
+    f"or `{MIMIC_CHEXPERT}` (MIMIC-CXR's CheXpert labels of the study); null without them",
+)
 
 
 def _native(name: str, datasets: str) -> Column:
@@ -292,6 +324,8 @@ UNIFIED_MANIFEST = TableSchema(
         col("label_text", STRINGS, "Phrase of each box (null where none), parallel to bboxes"),
         col("report", STRING, "Report text; null when none"),
         *_label_columns(),
+        *_report_label_columns(),
+        _REPORT_LABEL_SOURCE,
         col("patient_sex", STRING, "M or F; null when unknown"),
         col("patient_age_years", FLOAT64, "Age in years; null when unknown"),
         col("study_date", TIMESTAMP, "Study date; null when unknown"),
@@ -330,6 +364,33 @@ NEAR_DUPLICATES = TableSchema(
         ),
         col("source_sha256", STRING, "SHA-256 of the source file"),
         col("pixels_sha256", STRING, "SHA-256 of the resized S×S pixels"),
+    ),
+)
+
+REPORT_LABELS = TableSchema(
+    "report_labels",
+    (
+        *_PARTITION,
+        col(
+            "report_labeler_version",
+            STRING,
+            f"The report labeler's version that labelled the text (`{REPORT_RULES}`); "
+            f"the file's name for `{MIMIC_CHEXPERT}`",
+        ),
+        col(
+            "report_sha256",
+            STRING,
+            "SHA-256 of the report text (UTF-8) the labels were read from; with the labeler "
+            "version the key a later run reuses the row by; null for labels read from a file",
+        ),
+        *_report_label_columns(),
+        _REPORT_LABEL_SOURCE,
+        col(
+            "report_label_evidence",
+            EVIDENCE,
+            "Per positive and uncertain label, the sentence that decided it "
+            "({observation, value, sentence}); empty for labels read from a file",
+        ),
     ),
 )
 
@@ -405,6 +466,7 @@ TABLE_SCHEMAS: dict[str, TableSchema] = {
         NIH_FINGERPRINTS,
         NIH_PARENT_LINKS,
         PARENT_PROVENANCE,
+        REPORT_LABELS,
         PARTITION_PROFILE,
         CORPUS_PROFILE,
     )

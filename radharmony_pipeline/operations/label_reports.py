@@ -1,0 +1,129 @@
+"""`radharmony label-reports`: the report labeler over reports a user holds (a CSV or Parquet
+file), and its agreement with labels the user holds for the same reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..processing.reports.report_table import (
+    LabelValueError,
+    ReportReader,
+    observation_columns,
+    read_texts,
+    tri_state_labels,
+)
+from ..processing.storage.atomic import write_atomically
+from ..processing.tables.table_schemas import REPORT_LABEL_PREFIX
+
+# Input formats by file suffix (lower case).
+READERS = {".csv": "csv", ".csv.gz": "csv", ".parquet": "parquet", ".pq": "parquet"}
+
+
+class ReportInputError(ValueError):
+    """A problem with the user's files or columns, said in one line with the fix."""
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """The CSV or Parquet file as a frame of text columns (CSV cells are kept as written)."""
+    kind = next((k for s, k in READERS.items() if path.name.lower().endswith(s)), None)
+    if kind is None:
+        raise ReportInputError(
+            f"{path}: not a CSV or Parquet file (expected one of {', '.join(READERS)})"
+        )
+    if not path.is_file():
+        raise ReportInputError(f"{path}: no such file")
+    try:
+        if kind == "csv":
+            return pd.read_csv(path, dtype="string", keep_default_na=False, na_values=[""])
+        return pq.read_table(path).to_pandas()
+    except (pd.errors.ParserError, pa.ArrowInvalid, UnicodeDecodeError, OSError) as error:
+        raise ReportInputError(f"{path}: not a readable {kind} file ({error})") from error
+
+
+def require_column(frame: pd.DataFrame, column: str, path: Path, option: str) -> None:
+    if column not in frame.columns:
+        raise ReportInputError(
+            f"{path}: no column {column!r} (columns: {', '.join(map(str, frame.columns))}); "
+            f"name the right one with {option}"
+        )
+
+
+def labelled_reports(
+    reports: pd.DataFrame, text_column: str, id_column: str, reader: ReportReader
+) -> pd.DataFrame:
+    """One row per input row, in order: the id column (when the input has it), the
+    report_label_* columns and the evidence."""
+    texts = reports[text_column]
+    blank = texts.astype("string").str.strip().eq("").fillna(True)
+    labels = read_texts(texts.mask(blank.to_numpy()), reader)
+    if id_column in reports.columns and id_column != text_column:
+        labels.insert(0, id_column, reports[id_column].to_numpy())
+    return labels
+
+
+def write_labels(frame: pd.DataFrame, output: Path) -> None:
+    """The frame as one Parquet file, never visible half-written."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(output, lambda temporary: pq.write_table(table, temporary))
+
+
+def reference_labels(path: Path, id_column: str) -> pd.DataFrame:
+    """The user's labels, indexed by id (as text): one report_label_<name> column per
+    observation column the file has (CheXpert's names, e.g. `Pleural Effusion`, or ours),
+    1/0/-1 or null."""
+    table = read_table(path)
+    require_column(table, id_column, path, "--id-column")
+    try:
+        columns = observation_columns(c for c in table.columns if c != id_column)
+    except ValueError as error:
+        raise ReportInputError(f"{path}: {error}") from error
+    if not columns:
+        raise ReportInputError(
+            f"{path}: no observation column (e.g. `Pleural Effusion`, `No Finding`) beside "
+            f"{id_column!r}"
+        )
+    labels = {}
+    for column, target in columns.items():
+        try:
+            labels[target] = tri_state_labels(table[column])
+        except LabelValueError as error:
+            raise ReportInputError(
+                f"{path}: row {error.position + 2}: column {column!r}: {error}"
+            ) from error
+    frame = pd.DataFrame(labels)
+    frame.index = pd.Index(table[id_column].astype("string").str.strip(), name=id_column)
+    duplicated = frame.index.duplicated()
+    if duplicated.any():
+        raise ReportInputError(
+            f"{path}: id {frame.index[duplicated][0]!r} has several rows; ids must be unique"
+        )
+    return frame
+
+
+def paired_labels(
+    predicted: pd.DataFrame, reference: pd.DataFrame, id_column: str
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The predicted and reference labels of the ids both have, row-aligned, one column per
+    observation the reference has (named by the observation)."""
+    if id_column not in predicted.columns:
+        raise ReportInputError(
+            f"the reports have no column {id_column!r} to join the labels on; name it with "
+            "--id-column"
+        )
+    ids = predicted[id_column].astype("string").str.strip()
+    common = ids[ids.isin(reference.index)]
+    if common.empty:
+        raise ReportInputError(
+            f"no id of the reports' {id_column!r} column is in the labels file (first ids: "
+            f"{', '.join(ids.head(3).astype(str))} vs {', '.join(reference.index[:3])})"
+        )
+    columns = list(reference.columns)
+    names = [c.removeprefix(REPORT_LABEL_PREFIX) for c in columns]
+    ours = predicted.loc[common.index, columns].set_axis(names, axis=1).reset_index(drop=True)
+    theirs = reference.loc[common.to_numpy(), columns].set_axis(names, axis=1)
+    return ours, theirs.reset_index(drop=True)
