@@ -13,7 +13,7 @@ CHROMIUM ?= /usr/bin/chromium
 APT_GET ?= apt-get
 CHROMIUM_INSTALL := $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -q chromium
 
-.PHONY: install install-dev install-bench chromium demo test ui docs lint bench clean-demo
+.PHONY: install install-dev install-bench chromium demo test test-fast ui docs lint bench clean-demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,14 @@ demo: install
 PYTEST_ARGS ?= -n 2 --dist loadfile
 test: install-dev chromium
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+## The quick check of a change: every test that no tier marker (pyproject.toml) sets aside, so
+## no builds, services, subprocess CLIs or browser (no chromium, no root). It fails unless it
+## imports every module of the package but these, which only the marked tiers reach:
+FAST_TIER_UNIMPORTED :=
+FAST_TIER := not build and not slow and not cluster and not browser
+test-fast: install-dev
+	$(BIN)/pytest -n 2 -m "$(FAST_TIER)" --unimported-modules="$(FAST_TIER_UNIMPORTED)"
 
 ## The Dagster UI on $(DAGSTER_HOME) (the demo's by default): http://$(HOST):$(PORT)
 ## `dg dev`, which supersedes `dagster dev`, loads the project from pyproject.toml's [tool.dg];

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import s3fs
+import tiers
 
 from radharmony_pipeline.sources import SourceLocation, open_source
 from radharmony_pipeline.synthetic import generate_datasets
@@ -70,7 +71,29 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return SharedFixtureScheduling(config, log)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--unimported-modules",
+        default=None,
+        metavar="MODULES",
+        help="fail unless the package modules the selected tests never import are exactly "
+        "these (space-separated; empty: none); `make test-fast` passes the Makefile's list",
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A test module whose `pytestmark` the `-m` expression excludes is not even imported: its
+    imports would count as the selection's in the --unimported-modules check (and cost time)."""
+    markexpr = config.getoption("markexpr")
+    is_test_module = collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+    if is_test_module and markexpr:
+        return tiers.excludes_every_test(markexpr, tiers.module_markers(collection_path)) or None
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the build marks must be on by then
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tiers.mark_build_fixture_users(items)
     for item in items:
         for fixture in SHARED_SESSION_FIXTURES:
             if fixture in getattr(item, "fixturenames", ()) and work_unit(item.nodeid) != fixture:
@@ -80,6 +103,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 )
     if hasattr(config, "workerinput"):  # an xdist worker: the long units first (stable sort)
         items.sort(key=lambda item: long_units_first(item.nodeid))
+
+
+_modules_imported_by_workers: set[str] = set()
+_unimported_report = pytest.StashKey[list[str]]()
+
+
+def pytest_testnodedown(node, error) -> None:
+    _modules_imported_by_workers.update(node.workeroutput.get("imported_modules", ()))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    imported = tiers.imported_package_modules()
+    if hasattr(session.config, "workerinput"):  # an xdist worker: reported to the controller
+        session.config.workeroutput["imported_modules"] = sorted(imported)
+        return
+    expected = session.config.getoption("unimported_modules")
+    if expected is None:
+        return
+    agreed, lines = tiers.unimported_modules_report(
+        imported | _modules_imported_by_workers, set(expected.split())
+    )
+    session.config.stash[_unimported_report] = lines
+    if not agreed and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    for line in config.stash.get(_unimported_report, []):
+        terminalreporter.write_line(line)
 
 
 def _forget_object_store_clients() -> Iterator[None]:

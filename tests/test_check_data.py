@@ -104,6 +104,7 @@ def test_a_data_root_that_does_not_exist_is_one_line(tmp_path, clean_env, capsys
     assert err.count("\n") == 1 and "does not exist" in err and "Traceback" not in err
 
 
+@pytest.mark.build
 def test_observation_carries_the_check(tiny_copy, tmp_path, clean_env):
     (tiny_copy / "chestx-det" / "test").rename(tiny_copy / "chestx-det" / "elsewhere")
     (tiny_copy / "chestx-det" / "test").mkdir()
@@ -123,6 +124,7 @@ def test_observation_carries_the_check(tiny_copy, tmp_path, clean_env):
     assert any("ERROR" in problem for problem in broken["check_data_problems"].value)
 
 
+@pytest.mark.build
 def test_a_partition_whose_images_are_missing_fails_its_run(tiny_root, tmp_path, clean_env):
     """The MIMIC-parent trap, one level off: a folder with no images must not be green."""
     empty = tmp_path / "mimic-cxr-jpg" / "2.0.0" / "files"
@@ -145,6 +147,7 @@ def test_a_partition_whose_images_are_missing_fails_its_run(tiny_root, tmp_path,
     ]
 
 
+@pytest.mark.build
 def test_images_failing_for_one_reason_fail_the_step(tiny_copy, tmp_path, clean_env):
     for png in (tiny_copy / "rexgradient" / "deid_png").rglob("*.png"):
         png.write_bytes(b"not a png")
@@ -161,6 +164,7 @@ def test_images_failing_for_one_reason_fail_the_step(tiny_copy, tmp_path, clean_
     assert "images failed for one reason" in message and "check-data" in message
 
 
+@pytest.mark.build
 def test_the_limit_is_a_setting(tiny_copy, tmp_path, clean_env):
     for png in (tiny_copy / "rexgradient" / "deid_png").rglob("*.png"):
         png.write_bytes(b"not a png")

@@ -12,6 +12,7 @@ from radharmony_pipeline.cli import build_parser, main
 from radharmony_pipeline.processing.storage import output_layout as layout
 
 
+@pytest.mark.build
 def test_synth_writes_the_chosen_datasets(tmp_path, capsys):
     assert (
         main(
@@ -139,6 +140,8 @@ def test_real_and_demo_outputs_have_different_default_roots(tmp_path):
     assert default_output_root({"RADHARMONY_OUTPUT_ROOT": "~/out", "HOME": "/h"}) == "/h/out"
 
 
+@pytest.mark.slow
+@pytest.mark.build
 def test_a_partial_demo_claims_no_manifest(tiny_root, tmp_path):
     """Only the partitions asked for are run: no manifest is joined, none is announced."""
     from e2e_support import write_instance

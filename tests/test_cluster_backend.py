@@ -37,6 +37,8 @@ from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 
+pytestmark = pytest.mark.cluster
+
 LIMIT_SECONDS = 3.0
 
 

@@ -287,6 +287,7 @@ def test_sigterm_stops_the_cli_during_masks_and_a_rerun_completes(tiny_root, tmp
     assert outputs_of(output) == reference
 
 
+@pytest.mark.slow
 def test_free_slots_command_reports_when_nothing_is_held(tmp_path):
     home = new_home(tmp_path / "home")
     environ = {**os.environ, "DAGSTER_HOME": str(home)}

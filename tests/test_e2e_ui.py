@@ -62,9 +62,12 @@ RUN_TIMEOUT = 240.0
 UI_TIMEOUT_MS = 60_000
 
 # The GraphQL client's gql dependency deprecates the call style the client itself uses.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Using variable_values and operation_name:DeprecationWarning"
-)
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.filterwarnings(
+        "ignore:Using variable_values and operation_name:DeprecationWarning"
+    ),
+]
 
 RUN_EVENTS = """
 query RunEvents($runId: ID!, $after: String) {

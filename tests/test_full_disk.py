@@ -24,7 +24,10 @@ from radharmony_pipeline.synthetic import generate_datasets
 
 PARTITION = "chestx_det.test"
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+pytestmark = [
+    pytest.mark.build,
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root"),
+]
 
 
 def build(data: Path, output: Path, partition: str) -> dg.ExecuteInProcessResult:

@@ -46,6 +46,8 @@ from radharmony_pipeline.processing.storage.source_store import (
 from radharmony_pipeline.sources import DatasetLayoutError, SourceLocation, open_source
 from radharmony_pipeline.synthetic import generate_datasets
 
+pytestmark = pytest.mark.cluster
+
 # JSON + CSV + JPEG with RLE masks; JSON + PNG with polygons; CSV(.gz) + DICOM headers/pixels.
 PARTITIONS = ["chexlocalize.val", "chestx_det.test", "ms_cxr.test"]
 MANIFEST = dg.AssetSelection.assets("unified_manifest")

@@ -40,6 +40,8 @@ from radharmony_pipeline.defs.resources import (
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 from radharmony_pipeline.synthetic import generate_datasets
 
+pytestmark = pytest.mark.cluster
+
 PARTITIONS = ["chestx_det.test", "chexlocalize.val"]
 PROXY = Path(__file__).with_name("fault_proxy.py")
 # Short waits, so that an outage outlasts them within seconds; enough attempts that 30 %
