@@ -12,6 +12,8 @@ import pytest
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.sources import partition_keys
 
+pytestmark = pytest.mark.build
+
 STAGES = ("raw_index", "labels", "masks", "bboxes", "images")
 QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
 

@@ -8,12 +8,15 @@ from pathlib import Path
 
 import dagster as dg
 import pandas as pd
+import pytest
 from corpus import materialize_corpus
 
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.defs.jobs import CARD_JOB
 from radharmony_pipeline.processing.corpus.card import CARD_NAME, CROISSANT_NAME, MANIFEST_FILE
 from radharmony_pipeline.vocabulary import UNIFIED_LABELS, snake_case, unified_class
+
+pytestmark = pytest.mark.build
 
 PARTITIONS = ["ms_cxr.test", "chestx_det.test"]
 

@@ -40,6 +40,8 @@ from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 from radharmony_pipeline.sources import SOURCE_TYPES, partition_keys
 from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
+pytestmark = pytest.mark.build
+
 # Small shards, so every partition of the tiny corpus spans several.
 SHARD_BYTES = 100_000
 EXPORTS = ("huggingface_export", "webdataset_export")

@@ -16,6 +16,8 @@ from radharmony_pipeline.processing.tables.manifest import PARTITION_MANIFEST_CO
 from radharmony_pipeline.processing.tables.table_schemas import UNIFIED_MANIFEST
 from radharmony_pipeline.sources import parse_partition_key
 
+pytestmark = pytest.mark.build
+
 S = 224
 
 
