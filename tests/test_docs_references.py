@@ -12,7 +12,8 @@ What counts as a reference (everything else in backticks is prose, a command or 
   and a partition key (`chexlocalize.test`: its last part one of vocabulary.SPLITS) is data.
 
 Names are resolved by reading the package's source (no import): the longest leading run of
-parts that names a module, then a top-level name of it, then a member of that class.
+parts that names a module, then a top-level name of it, then a member of that class. Links to
+other documents (`[text](docs/outputs.md#a-heading)`) must reach an existing file and heading.
 """
 
 from __future__ import annotations
@@ -43,12 +44,39 @@ FILE_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".cfg", ".sh"} 
 PATTERN_CHARACTERS = set("<>{}*~$…") | {" ", "\t"}
 NAME = re.compile(r"[A-Za-z_]\w*(?:[.:][A-Za-z_]\w*)+")
 INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def prose(markdown: str) -> str:
+    """A Markdown text without its fenced code blocks."""
+    return re.sub(r"^```.*?^```", "", markdown, flags=re.DOTALL | re.MULTILINE)
 
 
 def inline_code(markdown: str) -> list[str]:
     """The backticked spans of a Markdown text, outside fenced code blocks."""
-    prose = re.sub(r"^```.*?^```", "", markdown, flags=re.DOTALL | re.MULTILINE)
-    return [span.strip() for span in INLINE_CODE.findall(prose)]
+    return [span.strip() for span in INLINE_CODE.findall(prose(markdown))]
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a document's headings: lower case, punctuation dropped, spaces
+    as hyphens."""
+    headings = re.findall(r"^#+\s+(.*)$", prose(markdown), flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+def broken_links(markdown: str, document: Path) -> list[str]:
+    """Relative links of a document whose file or heading does not exist."""
+    broken = []
+    for target in LINK.findall(prose(markdown)):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (document.parent / file).resolve() if file else document
+        if not linked.exists() or (
+            anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked.read_text())
+        ):
+            broken.append(target)
+    return broken
 
 
 @functools.cache
@@ -191,6 +219,19 @@ def broken_references(markdown: str, folder: Path) -> list[str]:
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
 def test_every_reference_in_the_document_exists(document):
     assert broken_references(document.read_text(), document.parent) == []
+    assert broken_links(document.read_text(), document) == []
+
+
+def test_a_link_to_a_missing_file_or_heading_is_reported():
+    text = """See [tables](tables.md), [loading](outputs.md#loading-it-in-a-training-loop),
+    [the UI](../README.md#the-ui), [upstream](https://docs.dagster.io/), and the stale
+    [cluster](../README.md#running-on-a-cluster), [gone](no-such-page.md), [x](tables.md#nope).
+    """
+    assert broken_links(text, REPOSITORY / "docs" / "design-notes.md") == [
+        "../README.md#running-on-a-cluster",
+        "no-such-page.md",
+        "tables.md#nope",
+    ]
 
 
 def test_a_renamed_or_missing_reference_is_reported():
