@@ -26,6 +26,7 @@ from ...processing.corpus.exports import (
 )
 from ...processing.storage.store import OutputPath
 from ...processing.tables.manifest import partition_manifest
+from ...processing.tables.table_schemas import PARTITION_TABLES, REPORT_LABELS
 from ...sources import SOURCE_TYPES, parse_partition_key
 from ...vocabulary import UNIFIED_LABELS
 from ..automation import REBUILD_WHEN_CHANGED
@@ -34,7 +35,7 @@ from ..partitions import OWNERS, dataset_split_partitions
 from ..resources import OutputsResource
 from ..run_settings import RunSettingsResource
 
-STAGES = ("raw_index", "labels", "masks", "bboxes", "images", "report_labels")
+STAGES = (*PARTITION_TABLES, REPORT_LABELS.name)
 # Every class some dataset draws masks for, in vocabulary order: one mask column each.
 MASK_CLASSES = tuple(
     name

@@ -15,6 +15,7 @@ from ...processing.tables.manifest import (
 from ...processing.tables.table_schemas import (
     IMAGES,
     PARTITION_KEY_COLUMNS,
+    PARTITION_TABLES,
     RAW_INDEX,
     UNIFIED_MANIFEST,
 )
@@ -25,7 +26,6 @@ from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS, every_partition_of
 
 CODE_VERSION = "4"  # 2: duplicate_group from near_duplicates; 3: parent identity; 4: reports
-UPSTREAM = ("raw_index", "labels", "masks", "bboxes", "images")
 # Joined where materialized: a partition without them has null report labels.
 REPORT_LABELS = "report_labels"
 
@@ -93,7 +93,7 @@ def column_lineage_markdown() -> str:
 @dg.asset(
     group_name=CORPUS,
     owners=OWNERS,
-    ins=every_partition_of(*UPSTREAM, REPORT_LABELS)
+    ins=every_partition_of(*PARTITION_TABLES, REPORT_LABELS)
     | {
         "near_duplicates": dg.AssetIn("near_duplicates"),
         "parent_provenance": dg.AssetIn("parent_provenance"),

@@ -10,7 +10,7 @@ from ...processing.corpus.profile_plots import CorpusTables, label_prevalence, p
 from ...processing.reports.report_table import empty_report_labels, report_label_prevalence
 from ...processing.storage.output_layout import preview
 from ...processing.storage.store import publish
-from ...processing.tables.table_schemas import CORPUS_PROFILE, PARTITION_PROFILE
+from ...processing.tables.table_schemas import CORPUS_PROFILE, PARTITION_PROFILE, PARTITION_TABLES
 from ..automation import REBUILD_WHEN_CHANGED, REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import CORPUS
 from ..metadata import definition_metadata, table_code_version
@@ -21,7 +21,6 @@ CODE_VERSION = "1"
 FILE_DPI = 100
 # The UI shows inline metadata in a dialog about 1,000 pixels wide: the 4-panel rows fit.
 INLINE_DPI = 56
-STAGES = ("raw_index", "labels", "masks", "bboxes", "images")
 # Drawn where materialized (a partition without them shows no report panel).
 REPORT_LABELS = "report_labels"
 DESCRIPTION = (
@@ -67,7 +66,7 @@ def partition_profile(
 @dg.asset(
     group_name=CORPUS,
     owners=OWNERS,
-    ins=every_partition_of(*STAGES, REPORT_LABELS),
+    ins=every_partition_of(*PARTITION_TABLES, REPORT_LABELS),
     description=f"A visual profile of every materialized partition together: {DESCRIPTION}",
     automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
     code_version=table_code_version(CODE_VERSION),

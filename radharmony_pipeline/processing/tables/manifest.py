@@ -19,7 +19,7 @@ from radharmony_pipeline.processing.tables.table_schemas import (
     UNIFIED_MANIFEST,
     pandas_dtype,
 )
-from radharmony_pipeline.vocabulary import LABEL_COLUMNS
+from radharmony_pipeline.vocabulary import LABEL_COLUMNS, STATUS_OK, UNION_CLASS
 
 # One partition's manifest rows: every declared column but those joined over the corpus.
 PARTITION_MANIFEST_COLUMNS: tuple[str, ...] = tuple(
@@ -61,7 +61,7 @@ def partition_manifest(
     # dataset and split come from raw_index; every partitioned table repeats them.
     images = images.drop(columns=["dataset", "split"], errors="ignore")
     rows = rows.merge(images, on="image_id", how="left", validate="one_to_one")
-    usable = rows["status"] == "ok"
+    usable = rows["status"] == STATUS_OK
     excluded = error_reasons(rows.loc[~usable, "error"].fillna("image stage did not run"))
     rows = rows.loc[usable].copy()
     rows["tensor_path"] = packed_images(partition)
@@ -104,19 +104,20 @@ def _report_columns(report_labels: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def _mask_classes(masks: pd.DataFrame) -> pd.DataFrame:
-    ok = masks[(masks["status"] == "ok") & (masks["mask_class"] != "any")]
+    ok = masks[(masks["status"] == STATUS_OK) & (masks["mask_class"] != UNION_CLASS)]
     grouped = ok.groupby("image_id")["mask_class"].apply(lambda s: sorted(s.astype(str)))
     return grouped.rename("mask_classes").reset_index()
 
 
 def _annotated(masks: pd.DataFrame) -> set[str]:
     """Images with a usable union mask: the dataset segmented them."""
-    return set(masks.loc[(masks["status"] == "ok") & (masks["mask_class"] == "any"), "image_id"])
+    union = (masks["status"] == STATUS_OK) & (masks["mask_class"] == UNION_CLASS)
+    return set(masks.loc[union, "image_id"])
 
 
 def _box_lists(bboxes: pd.DataFrame) -> pd.DataFrame:
     """Per image, parallel lists in box_index order: boxes, their classes, their phrases."""
-    ok = bboxes[bboxes["status"] == "ok"].sort_values(["image_id", "box_index"])
+    ok = bboxes[bboxes["status"] == STATUS_OK].sort_values(["image_id", "box_index"])
     if ok.empty:
         return pd.DataFrame(
             {

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pandas as pd
 import pyarrow as pa
 
-from radharmony_pipeline.vocabulary import REPORT_OBSERVATIONS, UNIFIED_LABELS
+from radharmony_pipeline.vocabulary import REPORT_OBSERVATIONS, STATUS_OK, UNIFIED_LABELS
 
 # Written into each file's key-value metadata; bumped whenever a declaration changes.
 SCHEMA_VERSION = "7"  # 6: parent identity columns (issue 21); 7: report labels (issue 31)
@@ -79,7 +79,7 @@ class TableSchema:
 
 
 _IMAGE_ID = col("image_id", STRING, "`<dataset>/<native id>`, unique across the corpus")
-_DATASET = col("dataset", STRING, "Dataset key: chexlocalize, ms_cxr, chestx_det or rexgradient")
+_DATASET = col("dataset", STRING, "Dataset key: one per registered dataset (sources.SOURCE_TYPES)")
 _SPLIT = col("split", STRING, "Normalized split: train, val or test")
 _STATUS = col("status", STRING, "`ok`, or `error` when this row could not be produced")
 _ERROR = col("error", STRING, "Why the row is an error (file, cause); null when ok")
@@ -471,6 +471,11 @@ TABLE_SCHEMAS: dict[str, TableSchema] = {
         CORPUS_PROFILE,
     )
 }
+# The tables each partition's stages write, one file per partition: what its exports, its
+# profile, the manifest and `radharmony verify` read of it.
+PARTITION_TABLES: tuple[str, ...] = tuple(
+    schema.name for schema in (RAW_INDEX, LABELS, MASKS, BBOXES, IMAGES)
+)
 # Partitioned tables carry the partition's dataset and split in every row.
 PARTITION_COLUMNS = ("dataset", "split")
 # The columns that say which image of which partition a row is about.
@@ -679,4 +684,4 @@ def _python_type(type_: pa.DataType) -> type:
 
 
 def _default(column: Column) -> object:
-    return "ok" if column.name == "status" else None
+    return STATUS_OK if column.name == "status" else None
