@@ -30,7 +30,9 @@ from radharmony_pipeline.processing.corpus.card import CROISSANT_NAME, IMAGE_FIL
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 from radharmony_pipeline.processing.storage.output_layout import (
     LAYOUT_MIGRATIONS,
+    RESIZED_IMAGE_SUFFIX,
     SHARD_DIGITS,
+    UNION_MASK_SUFFIX,
     image_shard,
     is_shard_name,
     layout_migration_journal,
@@ -86,7 +88,7 @@ class StageOutputs:
 
 
 def _key_of_resized_png(name: str) -> str:
-    for suffix in (".mask.png", ".png"):
+    for suffix in (UNION_MASK_SUFFIX, RESIZED_IMAGE_SUFFIX):
         if name.endswith(suffix):
             return name.removesuffix(suffix)
     raise LayoutMigrationError(f"{name}: not a resized PNG (`<image_key>.png` or `.mask.png`)")
@@ -152,7 +154,7 @@ def migrate_stage_outputs(root: OutputPath, stage: str, partition: str) -> Migra
     journal = root / layout_migration_journal(stage, partition)
     result = MigrationResult(stage, partition, resumed=_read_journal(journal, stage, partition))
     folder = root / outputs.folder(partition)
-    flat = _flat_entries(folder)
+    flat = _flat_entries(folder, outputs)
     if not flat and not result.resumed:
         return result
     if not result.resumed:
@@ -208,8 +210,8 @@ def sharded_path(relative: str, outputs: StageOutputs, partition: str) -> str:
     ):
         return relative
     raise LayoutMigrationError(
-        f"{relative}: neither the flat layout ({prefix}{'<image_key>/' * outputs.flat_depth}…) "
-        f"nor its shard folder ({prefix}<shard>/…)"
+        f"{relative}: neither the flat layout ({outputs.flat_depth} name(s) below {prefix}) "
+        f"nor that of its image's shard folder ({prefix}<shard>/…)"
     )
 
 
@@ -240,43 +242,72 @@ def _read_journal(journal: OutputPath, stage: str, partition: str) -> bool:
     return True
 
 
-def _flat_entries(folder: OutputPath) -> dict[str, list[str]]:
-    """The flat entries below `folder` (first names that are not shard folders nor
-    temporaries), each with the paths of its files relative to the folder. Locally one
-    listing of the folder itself (its entries are moved whole); on a store every object."""
-    if is_local(folder):
-        try:
-            with os.scandir(folder) as found:
-                names = [entry.name for entry in found]
-        except FileNotFoundError:
-            return {}
-        return {name: [name] for name in names if _is_flat(name)}
+def _flat_entries(folder: OutputPath, outputs: StageOutputs) -> dict[str, list[str]]:
+    """The stage's flat entries below `folder` (`<key>.png` files, or `<key>/` folders), each
+    with the paths of its files relative to the folder. One listing of the folder itself
+    (locally an entry moves whole); on a store, flat folders' objects are then listed too.
+    Shard folders, temporaries and anything else (a file browser's `.DS_Store`, say) are left
+    where they are."""
+    moves_files = outputs.flat_depth == 1
+    names = [
+        name
+        for name, is_folder in _children(folder)
+        if is_folder != moves_files and _is_flat(name, moves_files)
+    ]
+    if is_local(folder) or moves_files:
+        return {name: [name] for name in names}
+    # A store has no folders: a flat mask folder is a prefix whose objects move one by one.
+    wanted = set(names)
     entries: dict[str, list[str]] = {}
-    for relative in listing(folder):
-        first = relative.split("/", 1)[0]
-        if _is_flat(first) and TEMP_MARKER not in relative.rsplit("/", 1)[-1]:
-            entries.setdefault(first, []).append(relative)
+    for relative in listing(folder) if wanted else ():
+        parts = relative.split("/")
+        hidden = parts[-1].startswith(".")
+        if len(parts) == outputs.flat_depth and parts[0] in wanted and not hidden:
+            entries.setdefault(parts[0], []).append(relative)
     return entries
 
 
-def _is_flat(name: str) -> bool:
-    return not is_shard_name(name) and not name.startswith(TEMP_MARKER)
+def _children(folder: OutputPath) -> list[tuple[str, bool]]:
+    """(name, is a folder) of what lies directly in `folder`: on a store one listing with a
+    delimiter (the shards are 256 prefixes), not the partition's every object."""
+    if is_local(folder):
+        try:
+            with os.scandir(folder) as found:
+                return [(entry.name, entry.is_dir()) for entry in found]
+        except FileNotFoundError:
+            return []
+    base = folder.path.rstrip("/")
+    try:
+        found = with_retries(
+            folder, "list the folder", lambda: folder.fs.ls(base, detail=True, refresh=True)
+        )
+    except FileNotFoundError:
+        return []
+    return [
+        (info["name"].rstrip("/").rsplit("/", 1)[-1], info.get("type") == "directory")
+        for info in found
+    ]
+
+
+def _is_flat(name: str, moves_files: bool) -> bool:
+    """Whether a name below a partition's folder is an entry of the flat layout: not a shard
+    folder, not hidden (temporaries begin with a dot too), a PNG when entries are files."""
+    return (
+        not is_shard_name(name)
+        and not name.startswith(".")
+        and (name.endswith(RESIZED_IMAGE_SUFFIX) or not moves_files)
+    )
 
 
 def _move_into_shards(
     folder: OutputPath, flat: Mapping[str, list[str]], outputs: StageOutputs, resuming: bool
 ) -> int:
     """Move every flat entry to `<shard>/<entry>`; the number of entries moved."""
-    try:
-        moves = [
-            (folder / relative, folder / image_shard(outputs.key_of_entry(entry)) / relative)
-            for entry, relatives in sorted(flat.items())
-            for relative in relatives
-        ]
-    except LayoutMigrationError as error:
-        raise LayoutMigrationError(
-            f"{folder}: {error}. Move it out of the folder, then run again"
-        ) from error
+    moves = [
+        (folder / relative, folder / image_shard(outputs.key_of_entry(entry)) / relative)
+        for entry, relatives in sorted(flat.items())
+        for relative in relatives
+    ]
     if is_local(folder):
         made: set[Path] = set()
         for source, target in moves:

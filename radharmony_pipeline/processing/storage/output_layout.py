@@ -17,13 +17,15 @@ OBSERVATIONS = "observations"
 EXPORTS = "exports"
 LAYOUT_MIGRATIONS = f"{OBSERVATIONS}/layout_migration"
 
-# Per-image outputs are spread over 16**SHARD_DIGITS = 256 shard folders per partition, named
-# by the first hex digits of the SHA-1 of the image_key (as git spreads its objects): ReXGradient
-# train's 238,968 images give about 930 per folder, a 1,000,000-image partition about 3,900,
-# and a partition's folder holds at most 256 entries. A shard name never equals an image_key:
-# every key holds `__` (`<dataset>__<native id>`).
+# Per-image outputs are spread over 16**SHARD_DIGITS shard folders per partition, named by the
+# first hex digits of the SHA-1 of the image_key (as git spreads its objects), so that no folder
+# holds more than about 10,000 entries at the corpus's sizes (docs/contracts-and-layout.md).
+# A shard name never equals an image_key: every key holds `__` (`<dataset>__<native id>`).
 SHARD_DIGITS = 2
 SHARD_COUNT = 16**SHARD_DIGITS
+# The resized image's file and its union mask's, after the image_key.
+RESIZED_IMAGE_SUFFIX = ".png"
+UNION_MASK_SUFFIX = ".mask.png"
 NEAR_DUPLICATE_SHEET = f"{PREVIEWS}/near_duplicates/examples.png"
 HUGGINGFACE_EXPORT = f"{EXPORTS}/huggingface"
 WEBDATASET_EXPORT = f"{EXPORTS}/webdataset"
@@ -72,18 +74,22 @@ def resized_image_folder(partition: str) -> str:
 
 def resized_image(partition: str, image_key: str) -> str:
     """`images/<partition>/<shard>/<image_key>.png`."""
-    return f"{resized_image_folder(partition)}/{image_shard(image_key)}/{image_key}.png"
+    return f"{_resized_shard(partition, image_key)}/{image_key}{RESIZED_IMAGE_SUFFIX}"
 
 
 def resized_union_mask(partition: str, image_key: str) -> str:
     """`images/<partition>/<shard>/<image_key>.mask.png`, beside its image."""
-    return f"{resized_image_folder(partition)}/{image_shard(image_key)}/{image_key}.mask.png"
+    return f"{_resized_shard(partition, image_key)}/{image_key}{UNION_MASK_SUFFIX}"
+
+
+def _resized_shard(partition: str, image_key: str) -> str:
+    return f"{resized_image_folder(partition)}/{image_shard(image_key)}"
 
 
 def resized_png_glob(partition: str = "*") -> str:
     """Every resized PNG (images and union masks) of a partition, by default of every
     partition, as a glob relative to the root (Croissant's file set, listings in tests)."""
-    return f"{resized_image_folder(partition)}/*/*.png"
+    return f"{resized_image_folder(partition)}/*/*{RESIZED_IMAGE_SUFFIX}"
 
 
 def packed_images(partition: str) -> str:
