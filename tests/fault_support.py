@@ -21,8 +21,9 @@ from radharmony_pipeline.defs.resources import DatasetsResource, pipeline_resour
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
+from radharmony_pipeline.processing.tables.table_schemas import PARTITION_TABLES
 
-TABLES = ("raw_index", "labels", "masks", "bboxes", "images")
+TABLES = PARTITION_TABLES
 STAGES = PARTITION_STAGES
 # Every build of a tiny partition finishes well within this, hostile input or not: a test
 # that builds bounds itself by pytest-timeout at this per build (a hang fails, not stalls).

@@ -10,11 +10,12 @@ import dagster as dg
 import pytest
 
 from radharmony_pipeline.definitions import build_definitions
+from radharmony_pipeline.processing.tables.table_schemas import PARTITION_TABLES
 from radharmony_pipeline.sources import partition_keys
 
 pytestmark = pytest.mark.build
 
-STAGES = ("raw_index", "labels", "masks", "bboxes", "images")
+STAGES = PARTITION_TABLES
 QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
 
 

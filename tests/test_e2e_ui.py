@@ -28,6 +28,7 @@ from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 from e2e_support import REPOSITORY_NAME, DagsterDev, free_port, write_instance
 
 from radharmony_pipeline.defs.jobs import ALL_STAGES_JOB
+from radharmony_pipeline.processing.tables.table_schemas import PARTITION_TABLES
 
 REPO = Path(__file__).resolve().parents[1]
 LOCATION = "radharmony_pipeline"
@@ -57,7 +58,7 @@ ASSET_GROUPS = {
     "corpus_profile": "corpus",
     "partition_profile": "corpus",
 }
-CHECKED_ASSETS = ("raw_index", "labels", "masks", "bboxes", "images")
+CHECKED_ASSETS = PARTITION_TABLES
 RUN_TIMEOUT = 240.0
 UI_TIMEOUT_MS = 60_000
 

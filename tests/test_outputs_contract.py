@@ -22,6 +22,7 @@ from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.tables.manifest import PARTITION_MANIFEST_COLUMNS
 from radharmony_pipeline.processing.tables.table_schemas import (
     INDEX_COLUMNS,
+    PARTITION_TABLES,
     RAW_INDEX,
     SCHEMA_VERSION,
     SCHEMA_VERSION_KEY,
@@ -32,7 +33,7 @@ from radharmony_pipeline.processing.tables.table_schemas import (
 from radharmony_pipeline.sources import partition_keys
 from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
-PARTITIONED = ("raw_index", "labels", "masks", "bboxes", "images")
+PARTITIONED = PARTITION_TABLES
 
 _DUCKDB = {
     pa.int8(): "TINYINT",

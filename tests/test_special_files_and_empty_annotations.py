@@ -32,6 +32,7 @@ from radharmony_pipeline.processing.storage.source_store import (
     require_regular_file,
 )
 from radharmony_pipeline.processing.tables import table_schemas
+from radharmony_pipeline.processing.tables.table_schemas import PARTITION_TABLES
 from radharmony_pipeline.settings import UNREADABLE_LIMIT_VARIABLE
 
 NOT_OPENED = "not a regular file; it was not opened"
@@ -262,7 +263,7 @@ def test_every_stage_of_an_empty_partition_writes_typed_empty_tables(tiny_root, 
     empty(data / "chestx-det" / "ChestX_Det_test.json", "[]")
     output = tmp_path / "out"
     assert build(data, output, "chestx_det.test").success
-    for table in ("raw_index", "labels", "masks", "bboxes", "images"):
+    for table in PARTITION_TABLES:
         assert_declared_schema(output, table, "chestx_det.test")
         assert len(tables_of(output, "chestx_det.test", table)) == 0
     assert_outputs_load(output)
