@@ -68,6 +68,12 @@ def labelled_reports(
 def write_labels(frame: pd.DataFrame, output: Path) -> None:
     """The frame as one Parquet file, never visible half-written."""
     table = pa.Table.from_pandas(frame, preserve_index=False)
+    # pandas cannot read its own name of the evidence's Arrow type back: the pandas metadata
+    # of a plain object column instead (the labels keep their nullable Int8).
+    plain = frame.head(0).astype({"report_label_evidence": object})
+    table = table.replace_schema_metadata(
+        pa.Table.from_pandas(plain, preserve_index=False).schema.metadata
+    )
     output.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(output, lambda temporary: pq.write_table(table, temporary))
 
