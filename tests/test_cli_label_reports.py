@@ -26,10 +26,7 @@ REPORTS = pd.DataFrame(
 )
 # What a CheXpert-style file says of the same reports (its own column names, 1.0/-1.0/blank).
 AGREEING = (
-    "id,Pleural Effusion,Pneumothorax,Pneumonia,No Finding\n"
-    "r1,1.0,0.0,,\n"
-    "r2,,,-1.0,\n"
-    "r5,,,,1.0\n"
+    "id,Pleural Effusion,Pneumothorax,Pneumonia,No Finding\nr1,1.0,0.0,,\nr2,,,-1.0,\nr5,,,,1.0\n"
 )
 
 

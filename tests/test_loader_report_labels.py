@@ -69,8 +69,8 @@ def manifest() -> pd.DataFrame:
     frame["has_mask"] = False
     for column in ("bboxes", "bboxes_resized", "bbox_labels", "label_text", "mask_classes"):
         frame[column] = [[] for _ in range(n)]
-    for position, (annotations, reports, source) in enumerate(IMAGES.values()):
-        for name, value in annotations.items():
+    for position, (annotated, reports, source) in enumerate(IMAGES.values()):
+        for name, value in annotated.items():
             frame.loc[position, f"label_{name}"] = value
         for name, value in reports.items():
             frame.loc[position, f"report_label_{name}"] = value

@@ -200,7 +200,7 @@ def test_other_labelers_column_names_map_onto_the_observations(column, observati
 
 
 def test_two_columns_naming_one_observation_are_refused():
-    with pytest.raises(ValueError, match="Pleural Effusion.*pleural_effusion"):
+    with pytest.raises(ValueError, match=r"Pleural Effusion.*pleural_effusion"):
         observation_columns(["Pleural Effusion", "pleural_effusion"])
 
 
