@@ -402,10 +402,15 @@ def _label_reports(args: argparse.Namespace) -> int:
 
 
 def _add_verify(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from .settings import SCHEDULER_VARIABLE, WORKERS_VARIABLE
+
     verify = commands.add_parser(
         "verify",
         help="check that every output still holds what was recorded when it was written; "
         "exit 1 on any mismatch",
+        description="Check every output against its record, on the stages' executor: "
+        f"{WORKERS_VARIABLE} local processes, or the Dask cluster at {SCHEDULER_VARIABLE}. "
+        "Progress goes to stderr every few seconds; exit 1 on any mismatch.",
     )
     verify.add_argument(
         "--partition", action="append", help="only this `<dataset>.<split>` (repeatable)"
@@ -424,16 +429,21 @@ def _verify(args: argparse.Namespace) -> int:
     import dagster as dg
 
     from .defs.resources import OutputsResource
+    from .defs.run_settings import RunSettingsResource
     from .operations.verify import verify_outputs
+    from .processing.execution.progress import ProgressLog
     from .sources import partition_keys
 
     outputs = (
         OutputsResource(output_root=args.output_root) if args.output_root else OutputsResource()
     )
     partitions = args.partition or partition_keys()
+    # The stages' own run settings (workers, Dask scheduler) choose where files are checked.
+    executor = RunSettingsResource().executor()
+    progress = ProgressLog(_StderrLog("radharmony verify"), "outputs checked", 0)
     instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else None
     try:
-        mismatches = verify_outputs(outputs.root(), partitions, instance)
+        mismatches = verify_outputs(outputs.root(), partitions, instance, executor, progress.update)
     finally:
         if instance is not None:
             instance.dispose()
@@ -449,6 +459,16 @@ def _verify(args: argparse.Namespace) -> int:
         return 1
     print(f"radharmony verify: every output of {checked} matches its record")
     return 0
+
+
+class _StderrLog:
+    """Progress lines on stderr, prefixed with the command (stdout keeps the mismatches)."""
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+
+    def info(self, msg: str) -> None:
+        print(f"{self._prefix}: {msg}", file=sys.stderr, flush=True)
 
 
 def _add_migrate_layout(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -105,7 +105,8 @@ def test_reading_a_large_array_in_windows_holds_one_window(tmp_path):
     tracemalloc.start()
     try:
         with PackedRowReader(read_layout(path)) as reader:
-            checksum = sum(int(rows.sum(dtype=np.uint64)) for _first, rows in reader.windows(window))
+            windows = reader.windows(window)
+            checksum = sum(int(rows.sum(dtype=np.uint64)) for _first, rows in windows)
         _current, windowed_peak = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
         whole = np.load(path)

@@ -1,5 +1,6 @@
 """`radharmony verify`: each partition's outputs against what was recorded when they were
-written (the table checksums in the instance's materializations, the PNGs' own keys)."""
+written (the table checksums in the instance's materializations, the PNGs' own keys), checked
+on the stages' executor."""
 
 from __future__ import annotations
 
@@ -8,14 +9,19 @@ from collections.abc import Sequence
 import dagster as dg
 
 from ..defs.io_managers import TABLE_CHECKSUM
+from ..processing.execution.cluster import Executor, LocalPool
+from ..processing.execution.parallel import Progress
 from ..processing.storage.integrity import (
     PARTITION_TABLES,
     Mismatch,
-    damaged_export_shards,
-    verify_partition,
+    verify_partitions,
     withdraw_packed_keys,
 )
+from ..processing.storage.packed_rows import DEFAULT_WINDOW_BYTES
 from ..processing.storage.store import OutputPath, remove
+
+# Without an executor, verify runs in this process (a library call, a test).
+IN_THIS_PROCESS = LocalPool(1)
 
 
 def recorded_table_checksums(instance: dg.DagsterInstance, partition: str) -> dict[str, str | None]:
@@ -33,21 +39,31 @@ def recorded_table_checksums(instance: dg.DagsterInstance, partition: str) -> di
 
 
 def verify_outputs(
-    root: OutputPath, partitions: Sequence[str], instance: dg.DagsterInstance | None
+    root: OutputPath,
+    partitions: Sequence[str],
+    instance: dg.DagsterInstance | None,
+    executor: Executor = IN_THIS_PROCESS,
+    on_progress: Progress | None = None,
+    window_bytes: int = DEFAULT_WINDOW_BYTES,
 ) -> list[Mismatch]:
-    """Every mismatch under `root` for `partitions`. A partition with a damaged image or
-    packed array has its array's key record withdrawn, so that its next materialize checks
-    every image and repairs exactly what is damaged instead of trusting the headers. A
-    damaged export shard is removed (a reader then fails on it instead of reading garbage),
-    and the next materialize of that export writes exactly it again."""
+    """Every mismatch under `root` for `partitions`, the files checked on `executor` with
+    packed arrays read `window_bytes` at a time (on_progress(outputs checked, outputs)).
+
+    A partition with a damaged image or packed array has its array's key record withdrawn,
+    so that its next materialize checks every image and repairs exactly what is damaged
+    instead of trusting the headers. A damaged export shard is removed (a reader then fails
+    on it instead of reading garbage), and the next materialize of that export writes
+    exactly it again."""
+    checksums = {
+        partition: recorded_table_checksums(instance, partition) if instance else {}
+        for partition in partitions
+    }
     mismatches = []
-    for partition in partitions:
-        checksums = recorded_table_checksums(instance, partition) if instance else {}
-        found = verify_partition(root, partition, checksums)
-        if any(not m.path.endswith(".parquet") for m in found):
-            withdraw_packed_keys(root, partition)
-        mismatches += found
-        for shard, problem in damaged_export_shards(root, partition):
+    for found in verify_partitions(root, checksums, executor, on_progress, window_bytes):
+        if found.pixels_damaged():
+            withdraw_packed_keys(root, found.partition)
+        mismatches += found.mismatches
+        for shard, problem in found.damaged_shards:
             remove(shard)
             mismatches.append(Mismatch(str(shard), f"{problem}; removed, re-export to repair"))
     return mismatches
