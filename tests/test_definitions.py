@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from radharmony_pipeline.definitions import defs
 from radharmony_pipeline.sources import SOURCE_TYPES, partition_keys
@@ -85,6 +86,7 @@ def test_every_definition_under_defs_is_loaded_without_listing_it():
     assert found["jobs"] == {job.name for job in defs.jobs}
 
 
+@pytest.mark.slow
 def test_defs_modules_make_no_deprecated_call_at_import():
     """dg.load_from_defs_folder silences Dagster's warnings while it imports defs/, so the
     modules are imported here directly, in a fresh process, with deprecations as errors."""
@@ -105,6 +107,7 @@ def test_defs_modules_make_no_deprecated_call_at_import():
     assert completed.returncode == 0, completed.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_dg_cli_loads_the_project(tmp_path):
     environ = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
     dg_cli = Path(sys.executable).with_name("dg")
@@ -137,6 +140,7 @@ def test_sources_and_processing_never_import_dagster():
             assert "dagster" not in _imported_modules(path), path
 
 
+@pytest.mark.slow
 def test_importing_the_readers_does_not_load_dagster():
     code = (
         "import sys, radharmony_pipeline.sources, radharmony_pipeline.vocabulary;"
@@ -173,6 +177,8 @@ PARTITION_CHECKS = {
     "masks_suite": True,
     "masks_error_rows": True,
     "images_error_rows": True,
+    "report_labels_cover_reports": True,
+    "unmentioned_reports_within_limit": False,
 }
 
 
@@ -189,6 +195,7 @@ def test_every_partition_check_runs_in_the_step_of_its_stage():
     assert not standalone & set(PARTITION_CHECKS)
 
 
+@pytest.mark.slow
 def test_loading_the_definitions_does_not_import_great_expectations():
     code = "import sys, radharmony_pipeline.definitions; print('great_expectations' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

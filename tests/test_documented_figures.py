@@ -28,6 +28,9 @@ from radharmony_pipeline.processing.annotations.masks import rasterize_polygons
 from radharmony_pipeline.sources.chestx_det import ChestXDetSource
 from radharmony_pipeline.sources.ms_cxr import CSV_NAME
 
+# Module fixtures that build outputs: tests/conftest.py marks their users `build`.
+BUILD_FIXTURES = ("altered",)
+
 METADATA_CSV = "mimic-cxr-2.0.0-metadata.csv.gz"
 
 
@@ -267,6 +270,7 @@ def test_two_boxes_of_one_category_keep_two_phrases_in_box_order(tiny_copy, open
     assert mine["label"].nunique() == 1 and np.array_equal(mine["box_index"], [0, 1, 2])
 
 
+@pytest.mark.build
 def test_a_failed_count_check_in_the_step_blocks_downstream_stages(tiny_copy, tmp_path):
     """The check runs inside raw_index/labels' step, yet still gates masks, bboxes and images
     as a blocking ERROR, and shows as its own evaluation next to the other in-step checks."""

@@ -416,6 +416,7 @@ def test_bad_settings_are_refused_up_front_naming_the_variable(variable, value):
         validate_settings({variable: value})
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_bad_setting_before_any_work(tmp_path):
     environ = {**os.environ, "RADHARMONY_IMAGE_SIZE": "0", "DAGSTER_HOME": str(tmp_path)}
     done = subprocess.run(
@@ -493,6 +494,7 @@ def test_dicom_bombs_in_a_partition_are_error_rows(clean, tiny_copy, tmp_path, o
 # --- strict mode and checks -------------------------------------------------------------------
 
 
+@pytest.mark.build
 @TWO_BUILDS
 def test_strict_mode_fails_on_the_first_bad_row_with_the_same_message(tiny_copy, tmp_path):
     path = tiny_copy / "chestx-det" / "ChestX_Det_train.json"
@@ -520,6 +522,7 @@ def test_strict_mode_reads_the_environment(monkeypatch):
     assert RunSettingsResource().strict is False
 
 
+@pytest.mark.build
 @TWO_BUILDS
 def test_error_rows_warn_and_good_images_still_flow(tiny_copy, tmp_path):
     path, segmentations = chexlocalize_segmentations(tiny_copy)

@@ -12,9 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 from PIL import Image
 
 from radharmony_pipeline.processing.storage import output_layout as layout
+
+pytestmark = [pytest.mark.build, pytest.mark.slow]  # a run killed mid-way
 
 PARTITION = "rexgradient.train"
 # Materializes every partitioned stage of one partition, as `dagster asset materialize` would.

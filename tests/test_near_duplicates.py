@@ -36,6 +36,9 @@ from radharmony_pipeline.sources import SourceLocation, open_source, partition_k
 from radharmony_pipeline.synthetic import generate_datasets
 from radharmony_pipeline.synthetic.duplicates import DEMO_DUPLICATES, LEAK, read_truth
 
+# Module fixtures that build outputs: tests/conftest.py marks their users `build`.
+BUILD_FIXTURES = ("planted", "demo_like")
+
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):

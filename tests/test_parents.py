@@ -37,6 +37,9 @@ from radharmony_pipeline.synthetic.encoding import png_bytes
 from radharmony_pipeline.synthetic.parents import read_parents_truth
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 
+# Module fixtures that build outputs: tests/conftest.py marks their users `build`.
+BUILD_FIXTURES = ("parented", "unparented")
+
 DATASETS = ("chestx_det", "ms_cxr")
 # The demo's ChestX-Det plants: a byte copy inside train, a shifted copy across train/test and
 # a re-encoded copy inside test (so matching must tell twins apart).

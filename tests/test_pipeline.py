@@ -18,6 +18,8 @@ from radharmony_pipeline.processing.tables import suite_validation
 from radharmony_pipeline.sources import partition_keys
 from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
+pytestmark = pytest.mark.build
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -162,6 +164,7 @@ def test_documented_counts_apply_without_expected_counts_file(tiny_copy, tmp_pat
     assert counts.metadata["mismatches"].value["images"]["expected"] == 553
 
 
+@pytest.mark.slow
 def test_cli_materializes_with_only_the_chestx_det_root_set(tiny_root, tmp_path):
     environ = {k: v for k, v in os.environ.items() if not k.startswith("RADHARMONY_")}
     environ.update(

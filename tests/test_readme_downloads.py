@@ -39,6 +39,8 @@ def test_the_section_names_the_folders_the_data_root_holds(tiny_root):
     assert folder_names_in_the_tree() == generated
 
 
+@pytest.mark.slow
+@pytest.mark.build
 def test_the_commands_run_verbatim_on_a_data_root_of_tiny_data(tiny_root, tmp_path):
     home = tmp_path / "home"
     shutil.copytree(tiny_root, home / "cxr-downloads")

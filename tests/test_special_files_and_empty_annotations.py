@@ -35,6 +35,9 @@ from radharmony_pipeline.processing.tables import table_schemas
 from radharmony_pipeline.processing.tables.table_schemas import PARTITION_TABLES
 from radharmony_pipeline.settings import UNREADABLE_LIMIT_VARIABLE
 
+# Module fixtures that build outputs: tests/conftest.py marks their users `build`.
+BUILD_FIXTURES = ("clean_builds",)
+
 NOT_OPENED = "not a regular file; it was not opened"
 
 
@@ -212,6 +215,7 @@ def assert_declared_schema(output: Path, table: str, partition: str) -> None:
     assert [f.type for f in written] == [f.type for f in declared], table
 
 
+@pytest.mark.build
 @pytest.mark.timeout(600)
 def test_an_annotation_file_without_entries_gives_an_empty_typed_partition(
     tiny_root, tmp_path, monkeypatch
@@ -254,6 +258,7 @@ def tables_of(output: Path, partition: str, table: str):
     return pq.read_table(layout.table_file(output, table, partition))
 
 
+@pytest.mark.build
 @pytest.mark.timeout(300)
 def test_every_stage_of_an_empty_partition_writes_typed_empty_tables(tiny_root, tmp_path):
     """Without the blocking check (e.g. when it is deselected) the later stages run on the

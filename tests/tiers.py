@@ -15,14 +15,17 @@ import pytest
 import radharmony_pipeline
 
 # Session fixtures that materialize the whole asset graph: a test that uses one is a `build`
-# test whatever its own markers say, so a new test is classified by what it asks for.
+# test whatever its own markers say, so a new test is classified by what it asks for. A test
+# module lists its own fixtures that build in a `BUILD_FIXTURES` tuple of the same meaning.
 BUILD_FIXTURES = ("tiny_corpus", "tiny_demo")
 PACKAGE = radharmony_pipeline.__name__
 
 
 def mark_build_fixture_users(items: Iterable[pytest.Item]) -> None:
     for item in items:
-        if any(fixture in getattr(item, "fixturenames", ()) for fixture in BUILD_FIXTURES):
+        module_fixtures = getattr(getattr(item, "module", None), "BUILD_FIXTURES", ())
+        used = getattr(item, "fixturenames", ())
+        if any(fixture in used for fixture in (*BUILD_FIXTURES, *module_fixtures)):
             item.add_marker(pytest.mark.build)
 
 
