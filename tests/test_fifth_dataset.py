@@ -19,6 +19,7 @@ from toy_dataset import CSV_NAME, FOLDER, IMAGES, NATIVE_COLUMN, nodule_size, wr
 
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.sources import partition_keys
+from radharmony_pipeline.synthetic import generated_datasets
 
 SCRIPT = Path(__file__).with_name("toy_dataset.py")
 
@@ -39,6 +40,17 @@ def toy(tmp_path_factory):
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     return folder, json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def test_a_dataset_without_a_generator_leaves_the_synthetic_data_to_the_others(toy):
+    """The toy names no synthetic generator: `generate_datasets()` (the demo's and the
+    fixtures' call) writes the other datasets, and the demo builds their partitions only."""
+    _, summary = toy
+    assert list(summary["synthetic"]) == list(generated_datasets())
+    assert "toy_cxr" not in summary["synthetic"]
+    assert all(Path(root).is_dir() for root in summary["synthetic"].values())
+    assert summary["demo_partitions"] == partition_keys()
+    assert "no synthetic generator for 'toy_cxr'" in summary["toy_generation_refused"]
 
 
 def test_registering_the_dataset_adds_its_partitions_and_config(toy):

@@ -2,7 +2,8 @@
 
 `python tests/toy_dataset.py <data_root> <output_root>` registers it (the one registry line a
 new dataset needs), then materializes every partitioned stage of each of its splits and the
-manifest through the project's own definitions, and prints a JSON summary.
+manifest through the project's own definitions, and prints a JSON summary. The toy has no
+synthetic generator: the synthetic data the demo and the fixtures write goes on without it.
 """
 
 from __future__ import annotations
@@ -220,8 +221,27 @@ def main(data_root: str, output_root: str) -> int:
     summary["unified_manifest"] = _outcome(
         defs.resolve_job_def("manifest").execute_in_process(raise_on_error=False)
     )
+    summary.update(_synthetic_data_without_the_toy(Path(output_root) / "synthetic"))
     print(json.dumps(summary))
     return 0
+
+
+def _synthetic_data_without_the_toy(out: Path) -> dict[str, object]:
+    """What the demo and the fixtures generate with the toy registered: the datasets that
+    have a generator, and the partitions the demo then builds."""
+    from radharmony_pipeline.synthetic import generate_datasets, generated_partitions
+
+    refusal = "the toy was generated"
+    try:
+        generate_datasets(out, datasets=[ToySource.key])
+    except ValueError as exc:
+        refusal = str(exc)
+    roots = generate_datasets(out, scale="tiny", seed=0)
+    return {
+        "synthetic": {dataset: str(root) for dataset, root in roots.items()},
+        "demo_partitions": generated_partitions(),
+        "toy_generation_refused": refusal,
+    }
 
 
 def _outcome(result) -> dict:

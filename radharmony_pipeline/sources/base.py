@@ -172,6 +172,11 @@ class DatasetSource(ABC):
     # by native id (the part of `image_id` after `<dataset>/`): expected, not a defect.
     documented_unmasked_positives: ClassVar[frozenset[str]] = frozenset()
 
+    # The module that writes a synthetic miniature of this dataset (its `ROOTS` and
+    # `generate(out, scale, seed)`), or None: the demo and the test fixtures generate the
+    # datasets that have one; a dataset without one is read from its download only.
+    synthetic_generator: ClassVar[str | None] = None
+
     # The larger dataset this one was carved out of (a key of processing.parents.PARENTS).
     parent_dataset: ClassVar[str | None] = None
 

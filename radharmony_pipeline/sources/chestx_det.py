@@ -82,6 +82,7 @@ _CLASS_INSTANCES = {
 
 class ChestXDetSource(DatasetSource):
     key = "chestx_det"
+    synthetic_generator = "radharmony_pipeline.synthetic.chestx_det"
     native_classes = CLASSES
     card = SourceCard(
         title="ChestX-Det (NIH ChestX-ray14 images)",

@@ -74,6 +74,7 @@ _IMAGE_PATH = r"^(patient\d+)/(study\d+)/(view\d+)_(frontal|lateral)\.jpg$"
 
 class CheXlocalizeSource(DatasetSource):
     key = "chexlocalize"
+    synthetic_generator = "radharmony_pipeline.synthetic.chexlocalize"
     native_classes = CHEXPERT_LABELS
     card = SourceCard(
         title="CheXlocalize (CheXpert validation and test images)",

@@ -11,7 +11,7 @@ from ..processing.corpus.parents import parent_identity, patient_splits_of, spli
 from ..processing.storage import source_store
 from ..processing.storage.source_store import FileState, SourcePath
 from ..processing.tables.table_schemas import MIMIC_CHEXPERT
-from ..vocabulary import snake_case, unified_class
+from ..vocabulary import STATUS_OK, snake_case, unified_class
 from .base import (
     DatasetSource,
     ReportLabelFile,
@@ -63,6 +63,7 @@ _SPLITS = {"train": "train", "val": "val", "valid": "val", "validation": "val", 
 
 class MsCxrSource(DatasetSource):
     key = "ms_cxr"
+    synthetic_generator = "radharmony_pipeline.synthetic.ms_cxr"
     native_classes = CATEGORIES
     card = SourceCard(
         title="MS-CXR (local alignment, phrase grounding) over MIMIC-CXR",
@@ -205,7 +206,7 @@ mimic-cxr/{CHEXPERT_NAMES[0]}   (optional, MIMIC's report labels per study)"""
     def image_states(self, split: str) -> dict[str, FileState]:
         # The files/ tree is all of MIMIC-CXR; only the images the CSV names belong to the split.
         index = self.read_split(split).index
-        named = index.loc[index["status"] == "ok", "image_path"]
+        named = index.loc[index["status"] == STATUS_OK, "image_path"]
         return source_store.named_states(self._files, named)
 
     def read_split(self, split: str) -> SplitTables:

@@ -17,6 +17,7 @@ from ..processing.corpus.parents import parent_identity
 from ..processing.storage import source_store
 from ..processing.storage.source_store import FileState, SourcePath
 from ..processing.tables.table_schemas import REPORT_RULES
+from ..vocabulary import STATUS_OK
 from .base import (
     DatasetSource,
     RowErrors,
@@ -52,6 +53,7 @@ def metadata_json_name(split: str) -> str:
 
 class ReXGradientSource(DatasetSource):
     key = "rexgradient"
+    synthetic_generator = "radharmony_pipeline.synthetic.rexgradient"
     card = SourceCard(
         title="ReXGradient-160K",
         homepage="https://huggingface.co/datasets/rajpurkarlab/ReXGradient-160K",
@@ -137,7 +139,7 @@ rexgradient/
     def image_states(self, split: str) -> dict[str, FileState]:
         # deid_png/ holds every split; only the images this split's JSON names belong to it.
         index = self.read_split(split).index
-        named = index.loc[index["status"] == "ok", "image_path"]
+        named = index.loc[index["status"] == STATUS_OK, "image_path"]
         return source_store.named_states(self._images, named)
 
     def read_split(self, split: str) -> SplitTables:

@@ -18,20 +18,31 @@ from radharmony_pipeline.synthetic.duplicates import PlantedDuplicate, plant_dup
 from radharmony_pipeline.synthetic.files import staged_roots
 from radharmony_pipeline.synthetic.parents import write_parents
 
-# Every registered dataset has its generator here, in the module named like its key.
-DATASET_NAMES = tuple(SOURCE_TYPES)
 # full: the documented counts (slow: hours of rendering for ReXGradient's 273,004 images;
 # benchmarks/bench_corpus.py renders that corpus in parallel at a chosen pixel side).
 SCALES = ("tiny", "small", "full")
 MIMIC_FORMATS = ms_cxr.MIMIC_FORMATS
 
 __all__ = [
-    "DATASET_NAMES",
     "MIMIC_FORMATS",
     "SCALES",
     "generate_datasets",
+    "generated_datasets",
+    "generated_partitions",
     "write_full_scale_rexgradient_metadata",
 ]
+
+
+def generated_datasets() -> tuple[str, ...]:
+    """The registered datasets that have a synthetic generator (each `DatasetSource` names
+    its `synthetic_generator`, or None), in registry order: what `generate_datasets` writes
+    by default."""
+    return tuple(key for key, source in SOURCE_TYPES.items() if source.synthetic_generator)
+
+
+def generated_partitions() -> list[str]:
+    """The partitions of the datasets `generate_datasets` writes by default."""
+    return [f"{key}.{split}" for key in generated_datasets() for split in SOURCE_TYPES[key].splits]
 
 
 def generate_datasets(
@@ -43,7 +54,8 @@ def generate_datasets(
     duplicates: Sequence[PlantedDuplicate] = (),
     parents: bool = False,
 ) -> dict[str, Path]:
-    """Write the chosen datasets (default all) under `out`; return {dataset_key: dataset_root}.
+    """Write the chosen datasets (default: every one with a generator) under `out`; return
+    {dataset_key: dataset_root}.
 
     `scale` is tiny (tests: a few seconds for all four) or small (the demo); `mimic_format`
     picks jpg, dcm or mixed (per-file) for the MIMIC-CXR images under MS-CXR. The same seed
@@ -77,7 +89,9 @@ def generate_datasets(
 
 def _generator(dataset: str) -> ModuleType:
     """The module writing `dataset`: `ROOTS` (its top folders) and `generate(out, scale, seed)`."""
-    return importlib.import_module(f"{__name__}.{dataset}")
+    module = SOURCE_TYPES[dataset].synthetic_generator
+    assert module is not None, "_validated keeps datasets without a generator out"
+    return importlib.import_module(module)
 
 
 def write_full_scale_rexgradient_metadata(out: Path, seed: int = 0) -> Path:
@@ -105,12 +119,19 @@ def _validated(
     _check_seed(seed)
     if isinstance(datasets, str):
         datasets = [datasets]
-    chosen = list(DATASET_NAMES if datasets is None else datasets)
-    unknown = [name for name in chosen if name not in DATASET_NAMES]
+    generated = generated_datasets()
+    chosen = list(generated if datasets is None else datasets)
+    unknown = [name for name in chosen if name not in SOURCE_TYPES]
     if unknown:
         raise ValueError(
             f"unknown dataset(s) {', '.join(map(repr, unknown))}; "
-            f"choose from {', '.join(DATASET_NAMES)}"
+            f"choose from {', '.join(generated)}"
+        )
+    without = [name for name in chosen if name not in generated]
+    if without:
+        raise ValueError(
+            f"no synthetic generator for {', '.join(map(repr, without))} (its DatasetSource "
+            f"names no synthetic_generator); choose from {', '.join(generated)}"
         )
     # Keep the caller's order but write each dataset once.
     return list(dict.fromkeys(chosen))

@@ -21,6 +21,7 @@ import numpy as np
 from PIL import Image
 
 from radharmony_pipeline.processing.imaging.decode import decode_grayscale
+from radharmony_pipeline.settings import DATA_ROOT_VARIABLE
 from radharmony_pipeline.sources import SourceLocation, open_source
 from radharmony_pipeline.synthetic.encoding import jpeg_bytes, png_bytes
 from radharmony_pipeline.synthetic.expected import EXPECTED_COUNTS_NAME
@@ -67,7 +68,7 @@ LEAK = PlantedDuplicate("chestx_det.train", 3, "chestx_det.test", 3, "copy")
 def plant_duplicates(out: Path, plants: Sequence[PlantedDuplicate]) -> Path:
     """Apply `plants` to the datasets under `out`; write and return `out/duplicates_truth.json`."""
     out = Path(out)
-    environ = {"RADHARMONY_DATA_ROOT": str(out)}
+    environ = {DATA_ROOT_VARIABLE: str(out)}
     located = _Locator(environ)
     truth = []
     for plant in plants:

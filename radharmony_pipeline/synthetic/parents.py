@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image
 
 from radharmony_pipeline.processing.imaging.decode import decode_grayscale
+from radharmony_pipeline.settings import DATA_ROOT_VARIABLE
 from radharmony_pipeline.sources import SourceLocation, open_source
 from radharmony_pipeline.sources.mimic_splits import SPLIT_COLUMNS, SPLIT_NAMES
 from radharmony_pipeline.sources.nih_chestxray14 import FOLDER, SPLIT_LISTS
@@ -65,7 +66,7 @@ def write_parents(out: Path, scale: str, seed: int) -> Path:
     return `out/parents_truth.json`."""
     out = Path(out)
     plan = PLANS[scale]
-    environ = {"RADHARMONY_DATA_ROOT": str(out)}
+    environ = {DATA_ROOT_VARIABLE: str(out)}
     with staged_roots(out, "nih_chestxray14", ROOTS) as stage:
         nih = _write_nih(stage / FOLDER, out, environ, plan, seed)
     mimic = _write_mimic_splits(environ, plan)
@@ -285,7 +286,7 @@ def _write_mimic_splits(environ: Mapping[str, str], plan: Plan) -> dict:
         lines.append(f"{dicom},{study[dicom]},{subject[dicom]},{official[dicom]}")
     for dicom, row in sorted(extra.items()):
         lines.append(f"{dicom},{row['study']},{row['subject']},{row['split']}")
-    mimic_root = Path(environ["RADHARMONY_DATA_ROOT"]) / "mimic-cxr"
+    mimic_root = Path(environ[DATA_ROOT_VARIABLE]) / "mimic-cxr"
     write_bytes(
         mimic_root / SPLIT_NAMES[0], gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
     )
