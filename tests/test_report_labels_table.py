@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gzip
 import io
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,3 +234,12 @@ def test_a_bad_value_in_mimic_chexpert_names_the_row_and_column(tmp_path: Path):
     path.write_text("subject_id,study_id,Edema\n1,2,1.0\n1,3,yes\n")
     with pytest.raises(MetadataError, match=r"row 3.*Edema.*'yes'"):
         read_study_labels(path)
+
+
+@pytest.mark.slow
+def test_loading_the_definitions_does_not_import_spacy():
+    # spaCy imports torch when it is installed: seconds that every process loading the
+    # definitions would pay, not only the step that reads reports.
+    code = "import sys, radharmony_pipeline.definitions; print('spacy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
