@@ -16,6 +16,7 @@ from radharmony_pipeline import cli
 from radharmony_pipeline.operations.verify import verify_outputs
 from radharmony_pipeline.processing.execution.cluster import DaskCluster, LocalPool
 from radharmony_pipeline.processing.imaging.perceptual_hash import pixels_sha256
+from radharmony_pipeline.processing.imaging.tagged_png import radiograph_png, with_text_tags
 from radharmony_pipeline.processing.storage import integrity
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.packed_rows import PackedRowReader, read_layout
@@ -27,6 +28,11 @@ ROW_BYTES = SIDE * SIDE
 
 
 def png(pixels: np.ndarray) -> bytes:
+    """A PNG as the images stage writes one: its pixels' digest among its tags."""
+    return with_text_tags(radiograph_png(pixels), {integrity.PIXEL_DIGEST: pixels_sha256(pixels)})
+
+
+def untagged_png(pixels: np.ndarray) -> bytes:
     encoded, buffer = cv2.imencode(".png", pixels)
     assert encoded
     return buffer.tobytes()
@@ -80,7 +86,7 @@ def write_partition(root: Path, rows: int, with_pngs: bool = True) -> np.ndarray
         row = keys.index(Path(relative).stem)
         write(root / relative, png(pixels[row]))
     for relative in [*images["mask_path"].dropna(), *masks["mask_path"]]:
-        write(root / relative, png((pixels[0] > 127).astype(np.uint8) * 255))
+        write(root / relative, untagged_png((pixels[0] > 127).astype(np.uint8) * 255))
     packed = root / layout.packed_images(PARTITION)
     packed.parent.mkdir(parents=True, exist_ok=True)
     np.save(packed, pixels)
@@ -145,15 +151,34 @@ def test_damaged_files_and_rows_are_named_and_the_keys_withdrawn(tmp_path):
     assert not layout.packed_keys(packed).exists()
 
 
+def test_tagged_pngs_are_not_decoded_and_an_untagged_one_is(tmp_path, monkeypatch):
+    pixels = write_partition(tmp_path, rows=12)
+    untagged = tmp_path / layout.resized_image(PARTITION, "img00004")
+    untagged.write_bytes(untagged_png(pixels[4]))  # the same pixels, without the digest tag
+    decoded = []
+    decode = integrity.read_grayscale_png
+
+    def counted(path, content=None):
+        decoded.append(Path(path))
+        return decode(path, content)
+
+    monkeypatch.setattr(integrity, "read_grayscale_png", counted)
+    assert verify_outputs(tmp_path, [PARTITION], None) == []
+    assert decoded == [untagged]
+
+
 def test_a_png_with_other_pixels_and_a_truncated_array_are_found(tmp_path):
     pixels = write_partition(tmp_path, rows=12)
     image = tmp_path / layout.resized_image(PARTITION, "img00002")
-    image.write_bytes(png(pixels[3]))  # a whole PNG, but another image's pixels
+    image.write_bytes(png(pixels[3]))  # a whole PNG, but another image's pixels and tag
+    untagged = tmp_path / layout.resized_image(PARTITION, "img00005")
+    untagged.write_bytes(untagged_png(pixels[6]))
     packed = tmp_path / layout.packed_images(PARTITION)
     packed.write_bytes(packed.read_bytes()[:-100])
     problems = found(verify_outputs(tmp_path, [PARTITION], None))
-    assert set(problems) == {str(image), str(packed)}
+    assert set(problems) == {str(image), str(untagged), str(packed)}
     assert problems[str(image)].startswith("pixels differ from their recorded digest (")
+    assert problems[str(untagged)].startswith("pixels differ from their recorded digest (")
     assert problems[str(packed)].startswith("unreadable array (truncated?): truncated: ")
 
 

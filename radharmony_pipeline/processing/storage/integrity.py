@@ -25,6 +25,10 @@ from radharmony_pipeline.processing.corpus.exports import (
 )
 from radharmony_pipeline.processing.execution.cluster import Executor, map_per_image
 from radharmony_pipeline.processing.execution.parallel import Progress
+from radharmony_pipeline.processing.imaging.image_files import (
+    ImageFileError,
+    read_grayscale_png,
+)
 from radharmony_pipeline.processing.imaging.perceptual_hash import pixels_sha256
 from radharmony_pipeline.processing.imaging.tagged_png import png_problem
 from radharmony_pipeline.processing.storage.output_layout import (
@@ -52,6 +56,8 @@ from radharmony_pipeline.vocabulary import STATUS_OK
 # (`image_path`, `mask_path`: the resized image and union mask) and the masks table
 # (`mask_path`: the native-resolution masks).
 PARTITION_TABLES = ("raw_index", "labels", "masks", "bboxes", "images")
+# The images table's column, and the resized PNG's tag, holding the SHA-256 of its pixels.
+PIXEL_DIGEST = "pixels_sha256"
 # PNGs per chunk where no packed rows set the chunk's size (the masks table's, or images
 # without a readable array): about a second of work, so that progress moves and the pool's
 # per-chunk cost stays small.
@@ -71,12 +77,11 @@ class Mismatch:
 
 @dataclass(frozen=True)
 class PngEntry:
-    """A PNG a table names, relative to the output root: `pixel_digest` for a resized image
-    (None for masks) and `packed_row`, the packed row with the same pixels (or None)."""
+    """A PNG a table names, relative to the output root, with `pixel_digest` for a resized
+    image (None for masks)."""
 
     relative: str
     pixel_digest: str | None = None
-    packed_row: int | None = None
 
 
 @dataclass(frozen=True)
@@ -106,43 +111,33 @@ class OutputChunk:
         return len(self.pngs) + len(self.row_digests)
 
     def check(self) -> Findings:
-        rows, damaged, unreadable = self._read_rows()
-        trusted = {} if rows is None else self._trusted_rows(rows, damaged)
+        damaged, unreadable = self._damaged_rows()
         mismatches = [unreadable] if unreadable else []
         for entry in self.pngs:
             path = self.root / entry.relative
-            problem = png_file_problem(path, entry.pixel_digest, trusted.get(entry.packed_row))
+            problem = png_file_problem(path, entry.pixel_digest)
             if problem:
                 mismatches.append(Mismatch(str(path), problem))
         return Findings(tuple(mismatches), tuple(damaged))
 
-    def _read_rows(self) -> tuple[np.ndarray | None, list[int], Mismatch | None]:
-        """The chunk's rows, the damaged ones among them, or why they could not be read."""
+    def _damaged_rows(self) -> tuple[list[int], Mismatch | None]:
+        """The chunk's rows whose pixels differ from their digests, or why they could not be
+        read."""
         if self.packed is None or not self.row_digests:
-            return None, [], None
+            return [], None
         stop = self.first_row + len(self.row_digests)
         try:
             with PackedRowReader(self.packed) as reader:
                 rows = reader.read(self.first_row, stop)
         except (OSError, PackedArrayError, ObjectStoreError) as error:
             problem = error.problem if isinstance(error, PackedArrayError) else str(error)
-            return None, [], Mismatch(str(self.packed.path), f"unreadable array: {problem}")
+            return [], Mismatch(str(self.packed.path), f"unreadable array: {problem}")
         damaged = [
             self.first_row + offset
             for offset, digest in enumerate(self.row_digests)
             if digest is not None and pixels_sha256(rows[offset]) != digest
         ]
-        return rows, damaged, None
-
-    def _trusted_rows(self, rows: np.ndarray, damaged: list[int]) -> dict[int, np.ndarray]:
-        """Rows whose digest matched: a PNG decoded to the same pixels matches it too, without
-        hashing it again."""
-        bad = set(damaged)
-        return {
-            self.first_row + offset: rows[offset]
-            for offset, digest in enumerate(self.row_digests)
-            if digest is not None and self.first_row + offset not in bad
-        }
+        return damaged, None
 
 
 @dataclass(frozen=True)
@@ -228,26 +223,38 @@ def withdraw_packed_keys(root: OutputPath, partition: str) -> None:
     remove(packed_keys(packed))
 
 
-def png_file_problem(
-    path: OutputPath, pixel_digest: str | None, same_pixels: np.ndarray | None = None
-) -> str | None:
+def png_file_problem(path: OutputPath, pixel_digest: str | None) -> str | None:
     """Why the PNG at `path` is not what was written (missing, a chunk checksum, pixels
-    against `pixel_digest`), or None. `same_pixels`: pixels known to have that digest (a
-    verified packed row); a PNG equal to them needs no hashing."""
+    against `pixel_digest`), or None.
+
+    The chunk checksums cover every byte after the signature, so once they hold, a PNG that
+    carries `pixel_digest` as the tag it was written with (images stage) still holds those
+    pixels, and is not decoded: that keeps verify near the cost of reading the files. A PNG
+    without that tag, or with another digest, is decoded and its pixels hashed."""
     try:
         content = read_bytes(path)
     except FileNotFoundError:
         return "missing"
     problem = png_problem(content)
-    if problem or pixel_digest is None:
+    if problem or pixel_digest is None or _tagged_digest(content) == pixel_digest:
         return problem
-    with Image.open(io.BytesIO(content), formats=["PNG"]) as image:
-        pixels = np.asarray(image)
-    if same_pixels is not None and np.array_equal(pixels, same_pixels):
-        return None
+    try:
+        pixels, _mode = read_grayscale_png(path, content)
+    except ImageFileError as error:
+        return error.reason
     if pixels_sha256(pixels) != pixel_digest:
         return f"pixels differ from their recorded digest ({pixel_digest})"
     return None
+
+
+def _tagged_digest(content: bytes) -> str | None:
+    """The pixel digest tag a PNG was written with, from its text chunks (not decoded)."""
+    try:
+        with Image.open(io.BytesIO(content), formats=["PNG"]) as image:
+            value = image.info.get(PIXEL_DIGEST)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def _plan(
@@ -329,8 +336,7 @@ def _image_chunks(
     (images and union masks) of its rows; without a usable array, the PNGs alone."""
     ok = _ok_rows(images)
     image_paths, mask_paths, digests, rows = (
-        _values(ok, column)
-        for column in ("image_path", "mask_path", "pixels_sha256", "tensor_index")
+        _values(ok, column) for column in ("image_path", "mask_path", PIXEL_DIGEST, "tensor_index")
     )
     row_count = layout.rows if layout is not None else 0
     row_digests: list[str | None] = [None] * row_count
@@ -344,7 +350,7 @@ def _image_chunks(
         if row is not None:
             row_digests[row] = digest
         if isinstance(image, str) and image:
-            entries.append((order if row is None else row, PngEntry(image, digest, row)))
+            entries.append((order if row is None else row, PngEntry(image, digest)))
         if isinstance(mask, str) and mask:
             entries.append((order if row is None else row, PngEntry(mask)))
     if layout is None:
