@@ -1,10 +1,12 @@
 """`radharmony verify` finds outputs damaged after they were written (a flipped byte in a
 PNG or a Parquet file, a packed array truncated or flipped with its mtime kept), and the next
-materialize of the partition repairs exactly those, back to the bytes of the clean run."""
+materialize of the partition repairs exactly those, back to the bytes of the clean run; the
+command checks them on the stages' pool and reports its progress."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import dagster as dg
@@ -16,6 +18,8 @@ from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.operations.verify import verify_outputs
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.synthetic import generate_datasets
+
+pytestmark = pytest.mark.build
 
 PARTITION = "chestx_det.test"
 
@@ -59,7 +63,7 @@ def built(tmp_path):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("array_damage", ["truncate", "flip"])
 def test_verify_finds_damaged_outputs_and_a_materialize_repairs_exactly_them(
-    built, array_damage, capsys
+    built, array_damage, capsys, monkeypatch
 ):
     output, instance, materialize = built
     assert verify_outputs(output, [PARTITION], instance) == []
@@ -81,16 +85,17 @@ def test_verify_finds_damaged_outputs_and_a_materialize_repairs_exactly_them(
     found = verify_outputs(output, [PARTITION], instance)
     assert {Path(m.path) for m in found} == set(damaged), [str(m) for m in found]
     assert all(m.problem for m in found)
-    # The command: every mismatch printed with its path, exit 1.
-    os.environ["DAGSTER_HOME"] = str(instance.root_directory)
-    try:
-        code = cli.main(["verify", "--partition", PARTITION, "--output-root", str(output)])
-    finally:
-        del os.environ["DAGSTER_HOME"]
+    # The command, on a pool of two as the stages run: every mismatch printed with its path,
+    # progress on stderr, exit 1.
+    monkeypatch.setenv("DAGSTER_HOME", str(instance.root_directory))
+    monkeypatch.setenv("RADHARMONY_WORKERS", "2")
+    code = cli.main(["verify", "--partition", PARTITION, "--output-root", str(output)])
+    monkeypatch.delenv("DAGSTER_HOME")
     printed = capsys.readouterr()
     assert code == 1
     assert all(str(path) in printed.out for path in damaged)
     assert "materialize those partitions again" in printed.err
+    assert re.search(r"radharmony verify: (\d+)/\1 outputs checked in ", printed.err)
 
     repaired = materialize()
     assert repaired.success
