@@ -5,7 +5,7 @@ A `StepCheck` holds its spec and the function that evaluates it, so a check's na
 once, in its spec: there is no second table keyed by name to fall out of step with it.
 """
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -38,18 +38,6 @@ def step_results(
     for check in checks:
         if check.spec.key in selected:
             yield as_spec_result(check.spec, check.evaluate(inputs))
-
-
-def selected_results(
-    specs: list[dg.AssetCheckSpec],
-    selected: set[dg.AssetCheckKey],
-    evaluate: Mapping[str, Callable[[], dg.AssetCheckResult]],
-) -> Iterator[dg.AssetCheckResult]:
-    """The results of the selected specs, evaluated by name (the older form: prefer
-    `StepCheck`, which cannot name a check that has no evaluator)."""
-    for spec in specs:
-        if spec.key in selected:
-            yield as_spec_result(spec, evaluate[spec.name]())
 
 
 def as_spec_result(spec: dg.AssetCheckSpec, result: dg.AssetCheckResult) -> dg.AssetCheckResult:
