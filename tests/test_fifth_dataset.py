@@ -72,6 +72,7 @@ def test_every_stage_materializes_with_every_check_passing(toy, partition):
         "masks",
         "partition_profile",
         "raw_index",
+        "report_labels",
     ]
     assert {
         "counts_match_documentation",
