@@ -1,18 +1,26 @@
 """`bboxes`: one row per box, normalized `[y_min, y_max, x_min, x_max]` in the source frame."""
 
 from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
 import pandas as pd
 
 from ...processing.annotations.boxes import normalize_xywh
 from ...processing.tables.table_schemas import BBOXES
-from ...sources import parse_partition_key
+from ...sources import DatasetSource, parse_partition_key
 from ...vocabulary import STATUS_ERROR, STATUS_OK
 from ..checks.bboxes import CHECK_SPECS, check_results
 from ..groups import ANNOTATIONS
-from ..metadata import status_counts
+from ..metadata import status_counts, table_code_version
 from ..previews import box_preview
+from ..previous_outputs import (
+    INPUT_FINGERPRINT,
+    REUSED,
+    previous_tables,
+    stage_fingerprint,
+    stage_metadata,
+)
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
@@ -48,6 +56,29 @@ def bboxes(
 ) -> Iterator[dg.Output | dg.AssetCheckResult]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
+    root = outputs.root()
+    fingerprint = stage_fingerprint(
+        table_code_version(CODE_VERSION), context.partition_key, source, split, raw_index
+    )
+    previous = previous_tables(context, ("bboxes",), fingerprint, root)
+    if previous is None:
+        table, metadata = _box_table(source, split, raw_index, root, context.partition_key)
+    else:  # the same boxes from the same files: the table and sheet of the last run
+        table, metadata = previous["bboxes"][0], stage_metadata(previous["bboxes"][1])
+    fail_if_strict(table, run_settings.strict, "bboxes")
+    metadata.update({INPUT_FINGERPRINT: fingerprint, REUSED: previous is not None})
+    if dg.AssetKey("bboxes") in context.selected_asset_keys:
+        yield dg.Output(table, output_name="bboxes", metadata=metadata)
+    yield from check_results(
+        context.selected_asset_check_keys, source, split, table, run_settings.strict
+    )
+
+
+def _box_table(
+    source: DatasetSource, split: str, raw_index: pd.DataFrame, root: Any, partition: str
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The boxes read from the dataset's files and normalized, and the stage's metadata
+    (counts and the contact sheet)."""
     native = source.read_boxes(split)
     converted = normalize_xywh(
         native["x"],
@@ -75,7 +106,6 @@ def bboxes(
     table["error"] = malformed.fillna(
         _degenerate_messages(native.reset_index(drop=True)).where(degenerate)
     )
-    fail_if_strict(table, run_settings.strict, "bboxes")
     metadata = {
         "boxes": len(table),
         "clipped": int(converted.clipped.sum()),
@@ -84,14 +114,8 @@ def bboxes(
         "status": dg.MetadataValue.json(status_counts(table)),
     }
     # Every partition gets a sheet: without boxes it shows the images themselves.
-    metadata.update(
-        box_preview(source, split, raw_index, table, outputs.root(), context.partition_key)
-    )
-    if dg.AssetKey("bboxes") in context.selected_asset_keys:
-        yield dg.Output(table, output_name="bboxes", metadata=metadata)
-    yield from check_results(
-        context.selected_asset_check_keys, source, split, table, run_settings.strict
-    )
+    metadata.update(box_preview(source, split, raw_index, table, root, partition))
+    return table, metadata
 
 
 def _degenerate_messages(native: pd.DataFrame) -> pd.Series:

@@ -12,9 +12,9 @@ from ...processing.execution.progress import ProgressLog
 from ...processing.jobs.image_jobs import (
     IMAGE_CODE_VERSION,
     ImageJob,
-    build_packed_images,
     image_job_stopped,
     image_table,
+    update_packed_images,
 )
 from ...processing.storage.atomic import TEMP_MARKER, remove_orphaned_temporaries, writer_is_gone
 from ...processing.storage.layout_migration import migrate_stage_outputs
@@ -128,10 +128,10 @@ def images(
     # Bounds every image, on the local pool and on a Dask cluster alike.
     limit = run_settings.time_limit(image_job_stopped)
     executor = run_settings.executor()
-    rows = build_packed_images(jobs, packed, config.size, executor, progress.update, limit)
+    update = update_packed_images(jobs, packed, config.size, executor, progress.update, limit)
     # A killed worker (time limit) leaves its temporary PNG behind.
     _remove_interrupted_writes(folder, packed)
-    table = image_table(rows)
+    table = image_table(update.rows)
     fail_if_strict(table, run_settings.strict, "images")
     fail_if_mostly_unreadable(
         table,
@@ -149,6 +149,9 @@ def images(
             "reused": int((~table["decoded"] & (table["status"] == STATUS_OK)).sum()),
             "status": dg.MetadataValue.json(status_counts(table)),
             "packed_array": dg.MetadataValue.path(str(packed)),
+            # All N rows when the array was assembled, the changed ones when patched in place.
+            "packed_rows_written": update.rows_written,
+            "packed_rows_replayed": update.rows_replayed,
             "size": config.size,
             "resize": config.resize,
         },

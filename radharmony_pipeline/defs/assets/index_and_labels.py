@@ -32,7 +32,8 @@ from ..checks.index_and_labels import (
 from ..groups import ANNOTATIONS
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
-from ..resources import DatasetsResource
+from ..previous_outputs import INPUT_FINGERPRINT, REUSED, previous_tables, stage_fingerprint
+from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
 from .source_files import source_files
@@ -86,36 +87,38 @@ _OUTPUT_ORDER = ("raw_index", "labels")
 def raw_index_and_labels(
     context: dg.AssetExecutionContext,
     datasets: DatasetsResource,
+    outputs: OutputsResource,
     run_settings: RunSettingsResource,
 ):
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
+    fingerprint = stage_fingerprint(
+        table_code_version(CODE_VERSION), context.partition_key, source, split
+    )
+    previous = previous_tables(context, _OUTPUT_ORDER, fingerprint, outputs.root())
     with suite_validation(_validated_source_bytes(context, source, split)) as validator:
         # Counting and summarizing the tables allocate Arrow memory too (hash tables over 239k
         # ids for ReXGradient train): same allocator as the read, see arrow_system_allocator.
         with arrow_system_allocator():
-            try:
-                tables = source.read_split(split)
-            except SourceError as exc:
-                raise dg.Failure(
-                    description=str(exc), metadata={"partition": context.partition_key}
-                ) from exc
-            tables = _with_parent_identity(source, split, tables)
+            if previous is None:
+                tables, present = _read_tables(context, source, split, run_settings)
+            else:
+                # The metadata files and the code are as they were: the tables they gave.
+                tables = SplitTables(index=previous["raw_index"][0], labels=previous["labels"][0])
+                present = int(previous["raw_index"][1]["images_present"].value)
+                context.log.info(f"{context.partition_key}: metadata unchanged, tables re-used")
             # The tables are final: their validation goes on while the rest is summarized.
             suites = start_suites(context.selected_asset_check_keys, validator, tables)
             fail_if_strict(tables.index, run_settings.strict, "raw_index")
-            for note in source.layout_notes():
-                context.log.info(f"{context.partition_key}: {note}")
-            presence = _fail_if_images_mostly_missing(
-                context.partition_key, source, split, tables, run_settings.unreadable_limit
-            )
             metrics = source.count_metrics(tables)
-            outputs = _outputs(source, split, tables, metrics)
-            outputs["raw_index"][1]["images_present"] = dg.MetadataValue.int(presence.present)
+            outputs_metadata = _outputs(source, split, tables, metrics)
+            outputs_metadata["raw_index"][1]["images_present"] = dg.MetadataValue.int(present)
         context.log.info(f"{context.partition_key}: {len(tables.index)} images, {metrics}")
         for name in _OUTPUT_ORDER:
             if dg.AssetKey(name) in context.selected_asset_keys:
-                value, metadata = outputs[name]
+                value, metadata = outputs_metadata[name]
+                metadata[INPUT_FINGERPRINT] = fingerprint
+                metadata[REUSED] = previous is not None
                 yield dg.Output(value, output_name=name, metadata=metadata)
         yield from check_results(
             context.selected_asset_check_keys,
@@ -126,6 +129,29 @@ def raw_index_and_labels(
             run_settings.strict,
             suites,
         )
+
+
+def _read_tables(
+    context: dg.AssetExecutionContext,
+    source: DatasetSource,
+    split: str,
+    run_settings: RunSettingsResource,
+) -> tuple[SplitTables, int]:
+    """The split's tables read from the dataset's metadata, and how many named images are
+    there (the partition fails when most are missing)."""
+    try:
+        tables = source.read_split(split)
+    except SourceError as exc:
+        raise dg.Failure(
+            description=str(exc), metadata={"partition": context.partition_key}
+        ) from exc
+    tables = _with_parent_identity(source, split, tables)
+    for note in source.layout_notes():
+        context.log.info(f"{context.partition_key}: {note}")
+    presence = _fail_if_images_mostly_missing(
+        context.partition_key, source, split, tables, run_settings.unreadable_limit
+    )
+    return tables, presence.present
 
 
 def _validated_source_bytes(

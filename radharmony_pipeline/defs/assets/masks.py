@@ -2,6 +2,7 @@
 Its checks run in the same step, on the table in memory (check_specs)."""
 
 from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
 import pandas as pd
@@ -19,13 +20,21 @@ from ...processing.jobs.mask_jobs import (
 from ...processing.storage.atomic import remove_orphaned_temporaries
 from ...processing.storage.layout_migration import migrate_stage_outputs
 from ...processing.storage.output_layout import image_mask_folder, mask_folder
+from ...processing.storage.store import OutputPath
 from ...processing.tables.table_schemas import MASKS
-from ...sources import parse_partition_key
+from ...sources import DatasetSource, parse_partition_key
 from ...vocabulary import STATUS_OK
 from ..checks.masks import CHECK_SPECS, check_results
 from ..groups import ANNOTATIONS
-from ..metadata import status_counts
+from ..metadata import status_counts, table_code_version
 from ..previews import mask_preview
+from ..previous_outputs import (
+    INPUT_FINGERPRINT,
+    REUSED,
+    previous_tables,
+    stage_fingerprint,
+    stage_metadata,
+)
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
@@ -69,6 +78,47 @@ def masks(
         context.log.info(migrated.describe())
     folder = mask_folder(context.partition_key)
     remove_orphaned_temporaries(root / folder)
+    # Where the masks go is part of the table (mask_path): another layout, other rows.
+    layout = image_mask_folder(context.partition_key, "<image_key>")
+    fingerprint = stage_fingerprint(
+        f"{table_code_version(MASK_CODE_VERSION)}|{layout}",
+        context.partition_key,
+        source,
+        split,
+        raw_index,
+    )
+    # A root moved into another layout has another fingerprint: its tables are not re-used.
+    previous = previous_tables(context, ("masks",), fingerprint, root)
+    if previous is None:
+        table, metadata = _mask_table(context, source, split, raw_index, root, run_settings)
+    else:  # the same images from the same files: the masks and sheet of the last run
+        table, metadata = previous["masks"][0], stage_metadata(previous["masks"][1])
+        fail_if_strict(table, run_settings.strict, "masks")
+    metadata.update({INPUT_FINGERPRINT: fingerprint, REUSED: previous is not None})
+    if dg.AssetKey("masks") in context.selected_asset_keys:
+        yield dg.Output(table, output_name="masks", metadata=metadata)
+    yield from check_results(
+        context.selected_asset_check_keys,
+        source,
+        split,
+        {"masks": table, "labels": labels, "raw_index": raw_index},
+        root,
+        run_settings.strict,
+    )
+
+
+def _mask_table(
+    context: dg.AssetExecutionContext,
+    source: DatasetSource,
+    split: str,
+    raw_index: pd.DataFrame,
+    root: OutputPath,
+    run_settings: RunSettingsResource,
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Every segmented image's masks written (unchanged ones left alone), their table and
+    the stage's metadata (counts and the contact sheet)."""
+    partition = context.partition_key
+    folder = mask_folder(partition)
     usable = raw_index["status"] == STATUS_OK
     # Only images the dataset segments get masks (and an `any` row): a lateral view or an
     # image of a dataset without masks is "not annotated", never an all-zero negative.
@@ -76,7 +126,7 @@ def masks(
     jobs = source.mask_jobs(
         split,
         segmented,
-        lambda key: MaskTarget(root, image_mask_folder(context.partition_key, key)),
+        lambda key: MaskTarget(root, image_mask_folder(partition, key)),
     )
     progress = ProgressLog(context.log, "images", len(jobs))
     # Bounds every image, on the local pool and on a Dask cluster alike.
@@ -99,15 +149,5 @@ def masks(
         "status": dg.MetadataValue.json(status_counts(table)),
     }
     # Every partition gets a sheet: without masks it shows the images themselves.
-    metadata.update(mask_preview(source, split, raw_index, table, root, context.partition_key))
-    table = table.drop(columns="written")
-    if dg.AssetKey("masks") in context.selected_asset_keys:
-        yield dg.Output(table, output_name="masks", metadata=metadata)
-    yield from check_results(
-        context.selected_asset_check_keys,
-        source,
-        split,
-        {"masks": table, "labels": labels, "raw_index": raw_index},
-        root,
-        run_settings.strict,
-    )
+    metadata.update(mask_preview(source, split, raw_index, table, root, partition))
+    return table.drop(columns="written"), metadata

@@ -15,9 +15,9 @@ import hashlib
 import io
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -67,6 +67,12 @@ from radharmony_pipeline.processing.storage.atomic import (
     temporary_sibling,
 )
 from radharmony_pipeline.processing.storage.output_layout import packed_keys
+from radharmony_pipeline.processing.storage.packed_journal import (
+    RowPatch,
+    patch_rows,
+    replay_interrupted_patch,
+    write_keys,
+)
 from radharmony_pipeline.processing.storage.source_store import (
     FileState,
     NotARegularFile,
@@ -129,6 +135,14 @@ class ImageJob:
     # The source's state from one listing of its folder, taken by the caller on an object
     # store where asking each object is a request per image; None: ask the file itself.
     source_state: FileState | None = None
+    # The row of the array being assembled that the pixels go to, when it is not `row`: a
+    # patch assembles the changed images only, one after the other.
+    scratch_row: int | None = None
+
+    @property
+    def array_row(self) -> int:
+        """The row of the array being assembled that this image's pixels go to."""
+        return self.row if self.scratch_row is None else self.scratch_row
 
     def input_key(self) -> str:
         """Source fingerprint (size + mtime, or + ETag on a store), union-mask key and
@@ -281,8 +295,8 @@ def run_image_job(job: ImageJob) -> tuple[ImageRow, np.ndarray | None]:
 
 
 class PackedRows:
-    """The local pool's (picklable) job runner: each job's pixels go into row `job.row` of
-    the local scratch array, and it returns what run_image_job does, the pixels already
+    """The local pool's (picklable) job runner: each job's pixels go into row `job.array_row`
+    of the local scratch array, and it returns what run_image_job does, the pixels already
     packed (None), so that image_job_stopped bounds it as it bounds run_image_job.
 
     The scratch file is on this machine, so every worker process maps it once (the mapping
@@ -301,7 +315,7 @@ class PackedRows:
         if pixels is not None:
             if self._array is None:
                 self._array = np.load(self.scratch, mmap_mode="r+")
-            self._array[job.row] = pixels
+            self._array[job.array_row] = pixels
         return row, None
 
 
@@ -334,6 +348,70 @@ def process_image_chunk(chunk: ImageChunk) -> list[ImageRow]:
     return rows
 
 
+@dataclass(frozen=True)
+class PackedUpdate:
+    """What build_packed_images did: the partition's rows, and how many rows of the packed
+    array it wrote (all of them when assembled anew, the changed ones when patched in place,
+    none when every row was current) and replayed from an interrupted patch's journal."""
+
+    rows: list[ImageRow]
+    rows_written: int
+    rows_replayed: int = 0
+
+
+def update_packed_images(
+    jobs: Sequence[ImageJob],
+    packed: Any,
+    size: int,
+    executor: Executor,
+    on_progress: Progress | None = None,
+    time_limit: TimeLimit | None = None,
+) -> PackedUpdate:
+    """Rows of the partition's images and its packed N×S×S array at `packed` (a local
+    Path or a UPath on object storage), computed on `executor`; what was written.
+
+    A patch that a killed run left half-done is finished first (its journal). When the array
+    has the partition's N rows and its key record (`<name>.keys.json`), a row whose image's
+    input key is the recorded one and whose PNG header carries it is re-used from that header
+    alone (nothing decoded or read beyond it); only the other rows are run, and on a local
+    array written in place under a journal (packed_journal: never a half-patched array taken
+    for a finished one). Otherwise (a first build, images added or removed, another size, an
+    array on object storage) the array is assembled in a local scratch file (current PNGs
+    re-used, the rest decoded) and published once, then its keys recorded. Locally the jobs
+    run in the supervised pool and write straight into the scratch file; on a Dask cluster
+    chunks of jobs write shards that are copied into it one at a time. `time_limit` bounds
+    each image in both places.
+    """
+    replayed = replay_interrupted_patch(packed) if is_local(packed) else 0
+    keys = _input_keys(jobs, packed, executor)
+    recorded = _recorded_keys(packed_keys(packed)) if _has_size(packed, len(jobs), size) else None
+    if recorded is not None and len(recorded) == len(jobs):
+        current = _current_rows(jobs, keys, recorded, packed, executor)
+        stale = [position for position, row in enumerate(current) if row is None]
+        written = 0
+        if stale and is_local(packed):
+            written = _patch(
+                jobs,
+                current,
+                stale,
+                keys,
+                recorded,
+                packed,
+                size,
+                executor,
+                on_progress,
+                time_limit,
+            )
+        if not stale or is_local(packed):
+            return PackedUpdate(cast(list[ImageRow], current), written, replayed)
+    with local_scratch_file(packed, suffix=".npy") as scratch:
+        allocate_array(scratch, packed, (len(jobs), size, size))
+        rows = _run(jobs, scratch, packed, size, executor, on_progress, time_limit)
+        publish_file(packed, scratch)
+    write_keys(packed, keys)
+    return PackedUpdate(rows, len(jobs), replayed)
+
+
 def build_packed_images(
     jobs: Sequence[ImageJob],
     packed: Any,
@@ -342,33 +420,58 @@ def build_packed_images(
     on_progress: Progress | None = None,
     time_limit: TimeLimit | None = None,
 ) -> list[ImageRow]:
-    """Rows of the partition's images and its packed N×S×S array at `packed` (a local
-    Path or a UPath on object storage), computed on `executor`.
+    """The rows of update_packed_images (the packed array built or brought up to date)."""
+    return update_packed_images(jobs, packed, size, executor, on_progress, time_limit).rows
 
-    When the array exists and every image's input key equals the one recorded beside it
-    (`<name>.keys.json`) and in its PNG, nothing is read beyond file headers. Otherwise the
-    array is assembled in a local scratch file (current PNGs re-used, the rest decoded) and
-    published once; then its keys are recorded. Locally the jobs run in the supervised pool
-    and write straight into the scratch file; on a Dask cluster chunks of jobs write shards
-    that are copied into it one at a time. `time_limit` bounds each image in both places.
-    """
-    keys_file = packed_keys(packed)
-    keys = _input_keys(jobs, packed, executor)
-    if _has_size(packed, len(jobs), size) and _recorded_keys(keys_file) == keys:
-        rows = _current_rows(jobs, keys, packed, executor)
-        if all(row is not None for row in rows):
-            return rows
+
+def _patch(
+    jobs: Sequence[ImageJob],
+    rows: list[ImageRow | None],
+    stale: Sequence[int],
+    keys: Sequence[str | None],
+    recorded: Sequence[str | None],
+    packed: Path,
+    size: int,
+    executor: Executor,
+    on_progress: Progress | None,
+    time_limit: TimeLimit | None,
+) -> int:
+    """Run the jobs at `stale` (their rows filled in `rows`) and write their pixels into
+    the local array in place; the number of rows written.
+
+    An image that fails again with an unchanged key is not written: its row was left zero
+    when it failed before, as a fresh build leaves it."""
+    changed = [replace(jobs[position], scratch_row=slot) for slot, position in enumerate(stale)]
     with local_scratch_file(packed, suffix=".npy") as scratch:
-        allocate_array(scratch, packed, (len(jobs), size, size))
-        if isinstance(executor, LocalPool):
-            rows = _run_locally(jobs, scratch, executor.workers, on_progress, time_limit)
-        else:
-            chunk = default_chunk_size(len(jobs), executor.slots())
-            chunks = _chunks(jobs, packed, size, chunk, time_limit)
-            rows = _run_on_dask(chunks, scratch, executor, on_progress)
-        publish_file(packed, scratch)
-    publish(keys_file, lambda handle: handle.write(json.dumps(keys).encode()))
-    return rows
+        allocate_array(scratch, packed, (len(changed), size, size))
+        fresh = _run(changed, scratch, packed, size, executor, on_progress, time_limit)
+        pixels = np.load(scratch)
+    for position, row in zip(stale, fresh, strict=True):
+        rows[position] = row
+    slots = [
+        slot
+        for slot, (position, row) in enumerate(zip(stale, fresh, strict=True))
+        if row.status == "ok" or keys[position] != recorded[position]
+    ]
+    patch_rows(packed, RowPatch(np.asarray(stale, np.int64)[slots], pixels[slots], keys))
+    return len(slots)
+
+
+def _run(
+    jobs: Sequence[ImageJob],
+    scratch: Path,
+    packed: Any,
+    size: int,
+    executor: Executor,
+    on_progress: Progress | None,
+    time_limit: TimeLimit | None,
+) -> list[ImageRow]:
+    """Run `jobs`, each one's pixels written into row `array_row` of the local `scratch`."""
+    if isinstance(executor, LocalPool):
+        return _run_locally(jobs, scratch, executor.workers, on_progress, time_limit)
+    chunk = default_chunk_size(len(jobs), executor.slots())
+    chunks = _chunks(jobs, packed, size, chunk, time_limit)
+    return _run_on_dask(chunks, scratch, executor, on_progress)
 
 
 def current_row_of(job_and_key: tuple[ImageJob, str | None]) -> ImageRow | None:
@@ -404,9 +507,18 @@ def _input_keys(jobs: Sequence[ImageJob], packed: Any, executor: Executor) -> li
 
 
 def _current_rows(
-    jobs: Sequence[ImageJob], keys: Sequence[str | None], packed: Any, executor: Executor
+    jobs: Sequence[ImageJob],
+    keys: Sequence[str | None],
+    recorded: Sequence[str | None],
+    packed: Any,
+    executor: Executor,
 ) -> list[ImageRow | None]:
-    pairs = list(zip(jobs, keys, strict=True))
+    """Per job, its row from its PNG's header when its key is the one recorded for its
+    packed row and the PNG carries it, else None (a changed image: no header is read)."""
+    pairs = [
+        (job, key if key == previous else None)
+        for job, key, previous in zip(jobs, keys, recorded, strict=True)
+    ]
     if is_local(packed):
         # Local headers cost microseconds; a pool would only add its start-up time.
         return [current_row_of(pair) for pair in pairs]

@@ -1,0 +1,126 @@
+"""A stage's previous tables re-used when its inputs are unchanged.
+
+Each annotation stage records a fingerprint of its inputs (the state of the files it reads,
+its code version, the tables it is given) in its materialization's metadata. A later run
+whose fingerprint is the same reads the tables it wrote back, their checksums verified
+against the ones the IO manager recorded, instead of parsing the dataset's metadata again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import dagster as dg
+import pandas as pd
+import pyarrow.parquet as pq
+
+from ..processing.storage.fingerprint import combined_version
+from ..processing.storage.output_layout import table_file
+from ..processing.storage.source_store import SourcePath, file_state
+from ..processing.storage.store import read_bytes
+from ..sources import DatasetSource, SourceError
+from .io_managers import TABLE_CHECKSUM
+
+# The materialization metadata keys of a stage's input fingerprint, and of whether its
+# tables were re-used (True) or computed (False).
+INPUT_FINGERPRINT = "input_fingerprint"
+REUSED = "reused"
+
+
+def stage_fingerprint(
+    code_version: str,
+    partition: str,
+    source: DatasetSource,
+    split: str,
+    raw_index: pd.DataFrame | None = None,
+) -> str | None:
+    """What an annotation stage computes its tables from: its code, the image folder the
+    paths are relative to, the dataset's metadata and parent files (their states) and the
+    index it is given; None when these cannot be named (the stage's read reports why)."""
+    try:
+        files = [*source.annotation_files(split), *source.parent_files()]
+        parts = [code_version, partition, str(source.image_dir(split))]
+    except SourceError:
+        return None
+    if raw_index is not None:
+        parts.append(table_fingerprint(raw_index))
+    return files_fingerprint(parts, files)
+
+
+def files_fingerprint(parts: Iterable[str], files: Sequence[SourcePath]) -> str:
+    """`parts` (code version, settings) and each file's name, size and modification time
+    (an ETag on a store): no file is read, as for the images' keys."""
+    states = []
+    for path in files:
+        try:
+            size, version = file_state(path)
+            states.append(f"{path}\t{size}\t{version}")
+        except OSError:  # absent or unreadable: the stage reports it when it runs
+            states.append(f"{path}\tabsent")
+    return combined_version([*parts, *states])
+
+
+def table_fingerprint(table: pd.DataFrame) -> str:
+    """The content of a table given to a stage (columns and values, not its index)."""
+    digest = hashlib.sha256("\t".join(map(str, table.columns)).encode())
+    digest.update(pd.util.hash_pandas_object(table, index=False).to_numpy().tobytes())
+    return digest.hexdigest()
+
+
+def previous_tables(
+    context: dg.AssetExecutionContext,
+    assets: Sequence[str],
+    fingerprint: str | None,
+    root: Any,
+) -> dict[str, tuple[pd.DataFrame, Mapping[str, Any]]] | None:
+    """Per asset of `assets`: the table its last materialization of this partition wrote
+    and that materialization's metadata, when every one of them recorded
+    `fingerprint` and its file still has the recorded checksum; else None (also when there
+    is no fingerprint: inputs that cannot be named are read again)."""
+    if fingerprint is None:
+        return None
+    found = {}
+    for asset in assets:
+        metadata = _latest_metadata(context, asset)
+        if metadata is None or _value(metadata.get(INPUT_FINGERPRINT)) != fingerprint:
+            return None
+        try:
+            content = read_bytes(table_file(root, asset, context.partition_key))
+        except OSError:
+            return None
+        if hashlib.sha256(content).hexdigest() != _value(metadata.get(TABLE_CHECKSUM)):
+            return None
+        found[asset] = (pq.read_table(io.BytesIO(content)).to_pandas(), metadata)
+    return found
+
+
+def stage_metadata(metadata: Mapping[str, dg.MetadataValue]) -> dict[str, dg.MetadataValue]:
+    """The entries a stage wrote itself (counts, previews), without those its IO manager
+    adds to every table (columns, rows, checksum) and the re-use record."""
+    return {
+        key: value
+        for key, value in metadata.items()
+        if not key.startswith("dagster/")
+        and key not in {TABLE_CHECKSUM, INPUT_FINGERPRINT, REUSED, "schema_version", "path"}
+    }
+
+
+def _value(entry: Any) -> Any:
+    return getattr(entry, "value", entry)
+
+
+def _latest_metadata(
+    context: dg.AssetExecutionContext, asset: str
+) -> Mapping[str, dg.MetadataValue] | None:
+    records = context.instance.fetch_materializations(
+        dg.AssetRecordsFilter(
+            asset_key=dg.AssetKey(asset), asset_partitions=[context.partition_key]
+        ),
+        limit=1,
+    ).records
+    if not records or records[0].asset_materialization is None:
+        return None
+    return records[0].asset_materialization.metadata

@@ -1,0 +1,346 @@
+"""Re-runs redo only what changed: an unchanged partition decodes, hashes and rewrites
+nothing; a few changed sources are decoded alone and patched into the packed array in place
+under a journal; an interrupted patch is replayed, never read as complete; an interrupted
+first build resumes from the PNGs it wrote. Counts, not times, are asserted."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pandas as pd
+import pytest
+
+from radharmony_pipeline.processing.execution.cluster import LocalPool
+from radharmony_pipeline.processing.jobs import image_jobs as image_jobs_module
+from radharmony_pipeline.processing.jobs.image_jobs import ImageJob, update_packed_images
+from radharmony_pipeline.processing.storage import output_layout as layout
+from radharmony_pipeline.processing.storage import packed_journal
+from radharmony_pipeline.processing.storage.packed_journal import is_complete, patch_journal
+
+SIZE = 32
+PARTITION = "p.train"
+SOURCES = 200
+CHANGED = (17, 101, 180)
+
+pytestmark = pytest.mark.build
+
+
+def write_source(path: Path, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    height, width = rng.integers(40, 72, 2)
+    pixels = cv2.GaussianBlur(rng.integers(0, 256, (height, width), dtype=np.uint8), (5, 5), 2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cv2.imwrite(str(path), pixels)
+
+
+def write_sources(folder: Path, count: int) -> list[Path]:
+    paths = [folder / f"image{index:04d}.png" for index in range(count)]
+    for index, path in enumerate(paths):
+        write_source(path, index)
+    return paths
+
+
+def rewrite_with_other_pixels(path: Path, seed: int) -> None:
+    """New content, and a modification time that differs even on a coarse clock."""
+    before = path.stat().st_mtime_ns
+    write_source(path, 10_000 + seed)
+    os.utime(path, ns=(before + 2_000_000_000, before + 2_000_000_000))
+
+
+def jobs_for(sources: Sequence[Path], root: Path) -> list[ImageJob]:
+    return [
+        ImageJob(
+            image_id=f"p/{source.stem}",
+            source_file=source,
+            union_mask_file=None,
+            output_root=root,
+            image_relative=layout.resized_image(PARTITION, source.stem),
+            mask_relative=None,
+            size=SIZE,
+            resize="letterbox",
+            row=row,
+            source_root=source.parent,
+        )
+        for row, source in enumerate(sources)
+    ]
+
+
+class Calls:
+    """What the stage did in this process (one worker runs the jobs here): sources decoded
+    and read whole (to hash them), PNGs written, packed rows patched."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.decoded: list[str] = []
+        self.read: list[str] = []
+        self.written: list[str] = []
+        self.patched: list[int] = []
+        decode, read, write = (
+            image_jobs_module.decode_grayscale,
+            image_jobs_module.read_source,
+            image_jobs_module.write_tagged_png,
+        )
+        patch = packed_journal.patch_rows
+
+        def counted_decode(path, **kwargs):
+            self.decoded.append(Path(path).name)
+            return decode(path, **kwargs)
+
+        def counted_read(path):
+            self.read.append(Path(path).name)
+            return read(path)
+
+        def counted_write(path, *args):
+            self.written.append(Path(path).name)
+            return write(path, *args)
+
+        def counted_patch(packed, row_patch):
+            self.patched.extend(row_patch.rows.tolist())
+            return patch(packed, row_patch)
+
+        monkeypatch.setattr(image_jobs_module, "decode_grayscale", counted_decode)
+        monkeypatch.setattr(image_jobs_module, "read_source", counted_read)
+        monkeypatch.setattr(image_jobs_module, "write_tagged_png", counted_write)
+        monkeypatch.setattr(image_jobs_module, "patch_rows", counted_patch)
+
+
+def build(sources: Sequence[Path], root: Path):
+    packed = root / layout.packed_images(PARTITION)
+    return update_packed_images(jobs_for(sources, root), packed, SIZE, LocalPool(1))
+
+
+def packed_of(root: Path) -> np.ndarray:
+    return np.load(root / layout.packed_images(PARTITION))
+
+
+def file_states(root: Path) -> dict[str, tuple[int, int]]:
+    """Every output file's (inode, modification time): a rewrite changes one of them."""
+    return {
+        str(path.relative_to(root)): (path.stat().st_ino, path.stat().st_mtime_ns)
+        for path in root.rglob("*")
+        if path.is_file()
+    }
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> tuple[list[Path], Path]:
+    sources = write_sources(tmp_path / "sources", SOURCES)
+    root = tmp_path / "output"
+    first = build(sources, root)
+    assert first.rows_written == SOURCES
+    assert all(row.decoded and row.status == "ok" for row in first.rows)
+    return sources, root
+
+
+def test_an_unchanged_rerun_decodes_hashes_and_rewrites_nothing(built, monkeypatch):
+    sources, root = built
+    before = file_states(root)
+    calls = Calls(monkeypatch)
+
+    again = build(sources, root)
+
+    assert (calls.decoded, calls.read, calls.written, calls.patched) == ([], [], [], [])
+    assert again.rows_written == 0 and again.rows_replayed == 0
+    assert not any(row.decoded for row in again.rows)
+    assert file_states(root) == before
+
+
+def test_a_few_changed_sources_are_decoded_alone_and_patched_in_place(built, tmp_path, monkeypatch):
+    sources, root = built
+    packed_file = root / layout.packed_images(PARTITION)
+    inode = packed_file.stat().st_ino
+    for position in CHANGED:
+        rewrite_with_other_pixels(sources[position], position)
+    calls = Calls(monkeypatch)
+
+    patched = build(sources, root)
+
+    changed_names = sorted(sources[position].name for position in CHANGED)
+    assert sorted(calls.decoded) == changed_names
+    assert sorted(calls.read) == changed_names
+    assert sorted(calls.written) == sorted(
+        Path(layout.resized_image(PARTITION, sources[p].stem)).name for p in CHANGED
+    )
+    assert calls.patched == list(CHANGED) and patched.rows_written == len(CHANGED)
+    assert [row.decoded for row in patched.rows].count(True) == len(CHANGED)
+    # Patched in place: the same file, never a copy published over it.
+    assert packed_file.stat().st_ino == inode
+    assert is_complete(packed_file) and not patch_journal(packed_file).exists()
+
+    fresh = build(sources, tmp_path / "fresh")
+    np.testing.assert_array_equal(packed_of(root), packed_of(tmp_path / "fresh"))
+    assert [row.source_sha256 for row in patched.rows] == [row.source_sha256 for row in fresh.rows]
+    assert (root / layout.packed_keys(Path(layout.packed_images(PARTITION)))).read_bytes() == (
+        tmp_path / "fresh" / layout.packed_keys(Path(layout.packed_images(PARTITION)))
+    ).read_bytes()
+
+
+class Killed(Exception):
+    """Stands for the process being killed at that point."""
+
+
+def test_a_patch_interrupted_halfway_is_never_complete_and_is_replayed(
+    built, tmp_path, monkeypatch
+):
+    sources, root = built
+    packed_file = root / layout.packed_images(PARTITION)
+    old = packed_of(root)
+    for position in CHANGED:
+        rewrite_with_other_pixels(sources[position], position)
+    write_rows = packed_journal.write_rows
+
+    def killed_after_one_row(handle, offset, row_bytes, patch):
+        first = packed_journal.RowPatch(patch.rows[:1], patch.pixels[:1], patch.keys)
+        write_rows(handle, offset, row_bytes, first)
+        handle.flush()
+        raise Killed
+
+    with monkeypatch.context() as crash:
+        crash.setattr(packed_journal, "write_rows", killed_after_one_row)
+        with pytest.raises(Killed):
+            build(sources, root)
+
+    half = packed_of(root)
+    assert not np.array_equal(half[CHANGED[0]], old[CHANGED[0]])
+    np.testing.assert_array_equal(half[CHANGED[1]], old[CHANGED[1]])
+    # What a reader sees: no key record, a journal: not a finished array.
+    assert not is_complete(packed_file)
+    assert not layout.packed_keys(packed_file).exists() and patch_journal(packed_file).exists()
+
+    calls = Calls(monkeypatch)
+    resumed = build(sources, root)
+
+    assert resumed.rows_replayed == len(CHANGED) and resumed.rows_written == 0
+    assert (calls.decoded, calls.written, calls.patched) == ([], [], [])
+    assert is_complete(packed_file) and not patch_journal(packed_file).exists()
+    fresh = build(sources, tmp_path / "fresh")
+    np.testing.assert_array_equal(packed_of(root), packed_of(tmp_path / "fresh"))
+    assert resumed.rows == [replace(row, decoded=False) for row in fresh.rows]
+
+
+def test_a_patch_killed_before_its_journal_leaves_the_old_array_complete(
+    built, tmp_path, monkeypatch
+):
+    sources, root = built
+    packed_file = root / layout.packed_images(PARTITION)
+    old = packed_of(root)
+    for position in CHANGED:
+        rewrite_with_other_pixels(sources[position], position)
+
+    def killed(handle, patch):
+        raise Killed
+
+    with monkeypatch.context() as crash:
+        crash.setattr(packed_journal, "_write_journal", killed)
+        with pytest.raises(Killed):
+            build(sources, root)
+
+    assert is_complete(packed_file)
+    np.testing.assert_array_equal(packed_of(root), old)
+    calls = Calls(monkeypatch)
+    again = build(sources, root)
+    # The changed images' PNGs were written before the kill: re-used, not decoded again.
+    assert calls.decoded == [] and calls.patched == list(CHANGED)
+    assert again.rows_written == len(CHANGED)
+    build(sources, tmp_path / "fresh")
+    np.testing.assert_array_equal(packed_of(root), packed_of(tmp_path / "fresh"))
+
+
+def test_an_interrupted_first_build_decodes_only_the_images_not_yet_written(tmp_path, monkeypatch):
+    sources = write_sources(tmp_path / "sources", 60)
+    root = tmp_path / "output"
+    decode = image_jobs_module.decode_grayscale
+    done = Counter()
+
+    def killed_at_the_41st(path, **kwargs):
+        done["images"] += 1
+        if done["images"] == 41:
+            raise Killed
+        return decode(path, **kwargs)
+
+    with monkeypatch.context() as crash:
+        crash.setattr(image_jobs_module, "decode_grayscale", killed_at_the_41st)
+        with pytest.raises(Killed):
+            build(sources, root)
+    assert not (root / layout.packed_images(PARTITION)).exists()
+
+    calls = Calls(monkeypatch)
+    resumed = build(sources, root)
+
+    assert sorted(calls.decoded) == [source.name for source in sources[40:]]
+    assert resumed.rows_written == len(sources)
+    build(sources, tmp_path / "fresh")
+    np.testing.assert_array_equal(packed_of(root), packed_of(tmp_path / "fresh"))
+
+
+# --- the stages through Dagster ------------------------------------------------------------
+
+
+def materialization_metadata(result, asset: str) -> dict[str, object]:
+    for event in result.get_asset_materialization_events():
+        if event.materialization.asset_key.to_user_string() == asset:
+            return {k: getattr(v, "value", v) for k, v in event.materialization.metadata.items()}
+    raise AssertionError(f"{asset} was not materialized")
+
+
+def test_an_unchanged_partition_reuses_every_stage_and_a_changed_image_is_patched(
+    tiny_copy, tmp_path, monkeypatch
+):
+    import dagster as dg
+
+    from radharmony_pipeline.definitions import build_definitions
+    from radharmony_pipeline.sources.rexgradient import ReXGradientSource
+
+    partition = "rexgradient.train"
+    monkeypatch.setenv("RADHARMONY_WORKERS", "1")
+    output = tmp_path / "output"
+    job = build_definitions(tiny_copy, output).resolve_job_def("all_stages")
+    instance = dg.DagsterInstance.ephemeral()
+    first = job.execute_in_process(partition_key=partition, instance=instance)
+    tables = {
+        asset: pd.read_parquet(layout.table_file(output, asset, partition))
+        for asset in ("raw_index", "labels", "bboxes", "masks")
+    }
+    index = tables["raw_index"]
+    for asset in ("raw_index", "labels", "bboxes", "masks"):
+        assert materialization_metadata(first, asset)["reused"] is False
+
+    reads = Counter()
+    read_split, read_boxes = ReXGradientSource.read_split, ReXGradientSource.read_boxes
+
+    def counted_read_split(self, split):
+        reads["metadata"] += 1
+        return read_split(self, split)
+
+    def counted_read_boxes(self, split):
+        reads["boxes"] += 1
+        return read_boxes(self, split)
+
+    monkeypatch.setattr(ReXGradientSource, "read_split", counted_read_split)
+    monkeypatch.setattr(ReXGradientSource, "read_boxes", counted_read_boxes)
+    again = job.execute_in_process(partition_key=partition, instance=instance)
+
+    assert reads == Counter()
+    for asset in ("raw_index", "labels", "bboxes", "masks"):
+        assert materialization_metadata(again, asset)["reused"] is True
+    images = materialization_metadata(again, "images")
+    assert (images["decoded"], images["packed_rows_written"]) == (0, 0)
+    assert images["reused"] == len(index)
+    for asset, table in tables.items():
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(layout.table_file(output, asset, partition)), table
+        )
+
+    changed = tiny_copy / "rexgradient" / "deid_png" / index["image_path"].iloc[1]
+    pixels = cv2.imread(str(changed), cv2.IMREAD_UNCHANGED)
+    cv2.imwrite(str(changed), np.ascontiguousarray(pixels[::-1]))
+    third = job.execute_in_process(partition_key=partition, instance=instance)
+
+    assert reads == Counter()  # the metadata files did not change
+    images = materialization_metadata(third, "images")
+    assert (images["decoded"], images["packed_rows_written"]) == (1, 1)
