@@ -98,7 +98,7 @@ from radharmony_pipeline.processing.tables.table_schemas import (
     row_type,
     rows_frame,
 )
-from radharmony_pipeline.vocabulary import STATUS_ERROR
+from radharmony_pipeline.vocabulary import STATUS_ERROR, STATUS_OK
 
 # Bumped when decoding or resizing changes, so every image is redone once.
 # 2: perceptual hash and pixel digest (issue 11). 3: PNG and DICOM pixels reduced by a whole
@@ -451,7 +451,7 @@ def _patch(
     slots = [
         slot
         for slot, (position, row) in enumerate(zip(stale, fresh, strict=True))
-        if row.status == "ok" or keys[position] != recorded[position]
+        if row.status == STATUS_OK or keys[position] != recorded[position]
     ]
     patch_rows(packed, RowPatch(np.asarray(stale, np.int64)[slots], pixels[slots], keys))
     return len(slots)

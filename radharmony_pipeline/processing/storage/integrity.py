@@ -50,12 +50,12 @@ from radharmony_pipeline.processing.storage.store import (
     read_bytes,
     remove,
 )
+from radharmony_pipeline.processing.tables.table_schemas import PARTITION_TABLES
 from radharmony_pipeline.vocabulary import STATUS_OK
 
-# The per-partition tables. PNGs below the output root are named by the images table
-# (`image_path`, `mask_path`: the resized image and union mask) and the masks table
-# (`mask_path`: the native-resolution masks).
-PARTITION_TABLES = ("raw_index", "labels", "masks", "bboxes", "images")
+# The per-partition tables are table_schemas.PARTITION_TABLES. PNGs below the output root are
+# named by the images table (`image_path`, `mask_path`: the resized image and union mask) and
+# the masks table (`mask_path`: the native-resolution masks).
 # The images table's column, and the resized PNG's tag, holding the SHA-256 of its pixels.
 PIXEL_DIGEST = "pixels_sha256"
 # PNGs per chunk where no packed rows set the chunk's size (the masks table's, or images
