@@ -75,46 +75,32 @@ def label_reports(
     """
     has_report = reports.notna().to_numpy()
     ids = image_ids[has_report].astype("string").reset_index(drop=True)
-    texts = reports[has_report].astype(str).reset_index(drop=True)
-    codes, distinct = pd.factorize(texts)
-    keys = text_sha256(distinct)
+    codes, distinct = pd.factorize(reports[has_report].astype(str))
+    keys = pd.Index(text_sha256(distinct))
     known = _reusable_rows(previous, labeler_version)
-    reused = [key in known.index for key in keys]
+    reused = keys.isin(known.index)
     to_read = [text for text, done in zip(distinct, reused, strict=True) if not done]
-    readings = iter(reader.read_many(to_read) if to_read else [])
-    labels = {column: [] for column in REPORT_LABEL_COLUMNS}
-    evidence: list[object] = []
-    for key, done in zip(keys, reused, strict=True):
-        if done:
-            row = known.loc[key]
-            values = [row[column] for column in REPORT_LABEL_COLUMNS]
-            evidence.append(_plain_evidence(row["report_label_evidence"]))
-        else:
-            reading = next(readings)
-            values = [reading.labels.get(name) for name in REPORT_OBSERVATIONS]
-            evidence.append(_evidence_dicts(reading))
-        for column, value in zip(REPORT_LABEL_COLUMNS, values, strict=True):
-            labels[column].append(None if pd.isna(value) else int(value))
-    per_text = pa.table(
-        {
-            "report_sha256": pa.array(keys, pa.string()),
-            **{column: pa.array(labels[column], pa.int8()) for column in REPORT_LABEL_COLUMNS},
-            "report_label_evidence": pa.array(evidence, EVIDENCE),
-        }
-    ).take(pa.array(codes, pa.int64()))
-    table = _rows(ids, labeler_version, per_text)
+    read = _readings_table(reader.read_many(to_read) if to_read else [])
+    kept = _stored_table(known.reindex(keys[reused]))
+    # Each distinct text's row in read + kept, in the order of `distinct`.
+    order = np.empty(len(keys), dtype=np.int64)
+    order[~reused] = np.arange(len(to_read))
+    order[reused] = len(to_read) + np.arange(int(reused.sum()))
+    per_text = pa.concat_tables([read, kept]).take(pa.array(order))
+    per_text = per_text.append_column("report_sha256", pa.array(keys, pa.string()))
+    table = _rows(ids, labeler_version, per_text.take(pa.array(codes, pa.int64())))
     return LabelledReports(
         table=table,
         distinct_reports=len(keys),
         labelled=len(to_read),
-        reused=int(sum(reused)),
+        reused=int(reused.sum()),
     )
 
 
 def _reusable_rows(previous: pd.DataFrame | None, labeler_version: str) -> pd.DataFrame:
     """The previous rows by report_sha256 that the same labeler version read from text."""
-    if previous is None or previous.empty:
-        return pd.DataFrame(columns=["report_sha256"]).set_index("report_sha256")
+    if previous is None:
+        previous = empty_report_labels()
     same = previous[
         (previous["report_label_source"] == REPORT_RULES)
         & (previous["report_labeler_version"] == labeler_version)
@@ -130,11 +116,32 @@ def _evidence_dicts(reading: ReportReading) -> list[dict[str, object]]:
     ]
 
 
-def _plain_evidence(value: object) -> list[dict[str, object]]:
-    """Evidence as read back from Parquet (an array of dicts, or None) as a list of dicts."""
-    if value is None or (isinstance(value, float) and np.isnan(value)):
-        return []
-    return [dict(item) for item in value]
+def _readings_table(readings: Sequence[ReportReading]) -> pa.Table:
+    """The report_label_* columns and the evidence of each reading, in order."""
+    return pa.table(
+        {
+            **{
+                column: pa.array([reading.labels.get(name) for reading in readings], pa.int8())
+                for name, column in zip(REPORT_OBSERVATIONS, REPORT_LABEL_COLUMNS, strict=True)
+            },
+            "report_label_evidence": pa.array(list(map(_evidence_dicts, readings)), EVIDENCE),
+        }
+    )
+
+
+def _stored_table(rows: pd.DataFrame) -> pa.Table:
+    """The same columns from rows read back from a report_labels file."""
+    return pa.table(
+        {
+            **{
+                column: pa.array(rows[column], pa.int8(), from_pandas=True)
+                for column in REPORT_LABEL_COLUMNS
+            },
+            "report_label_evidence": pa.array(
+                rows["report_label_evidence"].to_numpy(), EVIDENCE, from_pandas=True
+            ),
+        }
+    )
 
 
 def _rows(ids: pd.Series, version: str, per_image: pa.Table) -> pd.DataFrame:
@@ -145,25 +152,26 @@ def _rows(ids: pd.Series, version: str, per_image: pa.Table) -> pd.DataFrame:
             "image_id": ids,
             "report_labeler_version": pd.Series(version, index=ids.index, dtype="string"),
             "report_sha256": pd.Series(
-                per_image.column("report_sha256").to_pylist(), index=ids.index, dtype="string"
+                per_image.column("report_sha256").to_pandas(), index=ids.index, dtype="string"
             ),
-            **{
-                column: pd.Series(
-                    per_image.column(column).to_pandas(types_mapper=_nullable), index=ids.index
-                ).astype("Int8")
-                for column in REPORT_LABEL_COLUMNS
-            },
             "report_label_source": pd.Series(REPORT_RULES, index=ids.index, dtype="string"),
-            "report_label_evidence": evidence_series(
-                per_image.column("report_label_evidence"), ids.index
-            ),
         }
     )
+    frame = pd.concat([frame, _label_frame(per_image, ids.index)], axis=1)
     return frame[[c for c in REPORT_LABELS.names if c in frame.columns]]
 
 
-def _nullable(type_: pa.DataType) -> object:
-    return pd.Int8Dtype() if type_ == pa.int8() else None
+def _label_frame(per_row: pa.Table, index: pd.Index) -> pd.DataFrame:
+    """The report_label_* columns (nullable Int8) and the evidence of an Arrow table."""
+    frame = pd.DataFrame(
+        {
+            column: pd.Series(per_row.column(column).to_pandas(), index=index).astype("Int8")
+            for column in REPORT_LABEL_COLUMNS
+        },
+        index=index,
+    )
+    frame["report_label_evidence"] = evidence_series(per_row.column("report_label_evidence"), index)
+    return frame
 
 
 def evidence_series(values: pa.ChunkedArray | pa.Array, index: pd.Index) -> pd.Series:
@@ -177,21 +185,18 @@ def read_texts(texts: pd.Series, reader: ReportReader) -> pd.DataFrame:
     null labels and no evidence."""
     present = texts.notna().to_numpy()
     codes, distinct = pd.factorize(texts[present].astype(str))
-    readings = reader.read_many(list(distinct)) if len(distinct) else []
-    # One more entry, all null and without evidence: where the null texts point.
-    positions = np.full(len(texts), len(readings), dtype=np.int64)
-    positions[present] = codes
-    frame = pd.DataFrame(
+    read = _readings_table(reader.read_many(list(distinct)) if len(distinct) else [])
+    # One more row, all null and without evidence: where the null texts point.
+    nothing = pa.table(
         {
-            column: pd.array(
-                [*(reading.labels.get(name) for reading in readings), None], dtype="Int8"
-            )[positions]
-            for name, column in zip(REPORT_OBSERVATIONS, REPORT_LABEL_COLUMNS, strict=True)
+            **{column: pa.nulls(1, pa.int8()) for column in REPORT_LABEL_COLUMNS},
+            "report_label_evidence": pa.array([[]], EVIDENCE),
         }
     )
-    evidence = pa.array([*map(_evidence_dicts, readings), []], EVIDENCE).take(pa.array(positions))
-    frame["report_label_evidence"] = evidence_series(evidence, frame.index)
-    return frame
+    positions = np.full(len(texts), len(distinct), dtype=np.int64)
+    positions[present] = codes
+    per_text = pa.concat_tables([read, nothing]).take(pa.array(positions))
+    return _label_frame(per_text, pd.RangeIndex(len(texts)))
 
 
 def observation_of(name: str) -> str | None:
