@@ -71,6 +71,7 @@ _WORD = re.compile(r"[^\W\d_]+")
 # Pieces kept between calls: reports repeat their sentences far more than their texts.
 _PIECE_CACHE_LIMIT = 500_000
 _BATCH_SIZE = 512
+_TEXTS_PER_CHUNK = 20_000
 
 
 @dataclass(frozen=True)
@@ -227,10 +228,12 @@ def _observations_of(label: str) -> tuple[tuple[str, ...], int | None]:
     return tuple(label.removeprefix("size:").split("+")), None
 
 
-def _clause_starts(doc: Doc, found: dict[str, list[Span]]) -> list[int]:
-    starts = {sent.start for sent in doc.sents}
-    starts.update(span.start for span in found.get(_CLAUSE_END, []))
-    return sorted(starts)
+def _sentence_spans(doc: Doc) -> tuple[list[int], list[str]]:
+    """The start token and the text of each sentence."""
+    sentences = list(doc.sents)
+    if len(sentences) == 1:
+        return [0], [doc.text.strip()]
+    return [s.start for s in sentences], [s.text for s in sentences]
 
 
 def _piece_findings(doc: Doc) -> _PieceFindings:
@@ -238,7 +241,8 @@ def _piece_findings(doc: Doc) -> _PieceFindings:
     if not doc.ents:
         return ()
     found: dict[str, list[Span]] = doc.user_data[_TRIGGERS]
-    starts = _clause_starts(doc, found)
+    sentence_starts, sentences = _sentence_spans(doc)
+    starts = sorted({*sentence_starts, *(span.start for span in found.get(_CLAUSE_END, []))})
 
     def clause(token: int) -> int:
         return bisect_right(starts, token)
@@ -274,7 +278,7 @@ def _piece_findings(doc: Doc) -> _PieceFindings:
             value = NEGATIVE
         else:
             value = UNCERTAIN if uncertain else POSITIVE
-        sentence = ent.sent.text
+        sentence = sentences[bisect_right(sentence_starts, ent.start) - 1]
         findings.extend((name, value, sentence) for name in observations)
     return tuple(findings)
 
@@ -385,32 +389,36 @@ class ReportLabeler:
     def read_many(self, texts: Iterable[str | None]) -> list[ReportReading]:
         """Readings in the order of `texts`; identical texts and sentences are read once."""
         texts = list(texts)
-        pieces_of: dict[str, list[str] | None] = {}
-        for text in texts:
-            if isinstance(text, str) and text not in pieces_of:
-                read = read_text(text)
-                pieces_of[text] = sentence_pieces(read) if read and read.strip() else None
-        self._read_pieces(piece for pieces in pieces_of.values() if pieces for piece in pieces)
-        readings: dict[str, ReportReading] = {
-            text: _reading([self._pieces[p] for p in pieces] if pieces is not None else None)
-            for text, pieces in pieces_of.items()
-        }
+        distinct = list(dict.fromkeys(t for t in texts if isinstance(t, str)))
+        readings: dict[str, ReportReading] = {}
+        # In chunks, so a partition's sentence pieces are never all held at once.
+        for first in range(0, len(distinct), _TEXTS_PER_CHUNK):
+            chunk = distinct[first : first + _TEXTS_PER_CHUNK]
+            pieces_of = [_pieces_read(text) for text in chunk]
+            self._read_pieces([p for pieces in pieces_of if pieces for p in pieces])
+            for text, pieces in zip(chunk, pieces_of, strict=True):
+                found = None if pieces is None else [self._pieces[p] for p in pieces]
+                readings[text] = _reading(found)
         return [readings[t] if isinstance(t, str) else _UNREAD for t in texts]
 
-    def _read_pieces(self, pieces: Iterable[str]) -> None:
+    def _read_pieces(self, pieces: list[str]) -> None:
+        """Find the mentions of every piece not read before."""
         if len(self._pieces) > _PIECE_CACHE_LIMIT:
             self._pieces.clear()
         new = []
         for piece in pieces:
-            if piece in self._pieces:
-                continue
-            if self._mention_words.isdisjoint(_WORD.findall(piece.lower())):
-                self._pieces[piece] = ()
-            else:
-                self._pieces[piece] = ()
-                new.append(piece)
+            if piece not in self._pieces:
+                self._pieces[piece] = ()  # stays empty when no mention word is in the piece
+                if not self._mention_words.isdisjoint(_WORD.findall(piece.lower())):
+                    new.append(piece)
         for piece, doc in zip(new, self.nlp.pipe(new, batch_size=_BATCH_SIZE), strict=True):
             self._pieces[piece] = _piece_findings(doc)
+
+
+def _pieces_read(text: str) -> list[str] | None:
+    """The sentence pieces of a report's read sections; None when nothing is read."""
+    read = read_text(text)
+    return sentence_pieces(read) if read is not None and read.strip() else None
 
 
 def _mention_words(nlp: Language) -> set[str]:
