@@ -5,12 +5,14 @@ same findings on the local pool, in-process and on Dask."""
 from __future__ import annotations
 
 import tracemalloc
+import uuid
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pandas as pd
 import pytest
+from upath import UPath
 
 from radharmony_pipeline import cli
 from radharmony_pipeline.operations.verify import verify_outputs
@@ -250,3 +252,32 @@ def test_verify_on_dask_finds_what_the_pool_finds(tmp_path):
         executor = DaskCluster(local.scheduler_address)
         on_dask = verify_outputs(tmp_path, [PARTITION], None, executor, window_bytes=ROW_BYTES)
     assert_found(on_dask, expected)
+
+
+def test_on_an_object_store_the_array_is_read_in_range_requests_of_a_window(tmp_path, monkeypatch):
+    write_partition(tmp_path, rows=64)
+    root = UPath(f"memory://verify-{uuid.uuid4().hex}/output")
+    root.fs.put(f"{tmp_path}/", root.path, recursive=True)
+    packed = root / layout.packed_images(PARTITION)
+    content = bytearray(root.fs.cat_file(packed.path))
+    content[read_layout(packed).data_offset + 40 * ROW_BYTES + 3] ^= 0x5A  # row 40
+    root.fs.pipe_file(packed.path, bytes(content))
+    array_requests = []
+    cat_file = type(root.fs).cat_file
+
+    def counted(fs, path, start=None, end=None, **kwargs):
+        if path.endswith(".npy"):
+            array_requests.append((start, end))
+        return cat_file(fs, path, start=start, end=end, **kwargs)
+
+    monkeypatch.setattr(type(root.fs), "cat_file", counted)
+    try:
+        mismatches = verify_outputs(root, [PARTITION], None, window_bytes=8 * ROW_BYTES)
+    finally:
+        root.fs.rm(root.parent.path, recursive=True)
+
+    assert found(mismatches) == {str(packed): "1 rows differ from their PNGs' digests: 40"}
+    # Never the whole object: the header, then one range of at most a window per request.
+    assert all(start is not None and end is not None for start, end in array_requests)
+    assert max(end - start for start, end in array_requests) <= 8 * ROW_BYTES
+    assert sum(end - start for start, end in array_requests[2:]) == 64 * ROW_BYTES
