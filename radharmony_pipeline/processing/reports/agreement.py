@@ -70,7 +70,7 @@ def _label_array(frame: pd.DataFrame, columns: list[str], side: str) -> np.ndarr
         if bad.any():
             row = bad.to_numpy().nonzero()[0][0]
             raise ValueError(
-                f"{side} labels, column {column!r}, row {row}: {original.iloc[row]!r} is not "
+                f"{side} labels, column {column!r}, row {row}: {original.iloc[row]!s} is not "
                 "1, 0, -1 or blank"
             )
     return values.fillna(_NULL).to_numpy(dtype=np.int64)
