@@ -1,0 +1,356 @@
+"""Rehearsal at the real size: the whole corpus built, joined, exported and verified as a user
+does, through the CLI on a persistent instance, at N/4, N/2 and N of the documented counts.
+
+Per size it writes the four datasets (CheXlocalize, MS-CXR over MIMIC-CXR and ChestX-Det at
+their documented counts whatever the size; ReXGradient and an NIH ChestX-ray14 parent at the
+size's share of 273,004 and 112,120 films, rendered in parallel by the project's renderer as
+distinct, look-alike radiographs of about `--side` pixels), then runs, each as its own
+command under `/usr/bin/time`: check-data, the observation job, every partition's
+`all_stages`, the corpus joins (`manifest`), every partition's `exports`, the card and
+`radharmony verify`. It prints per step: wall, CPU (user + system of the command and its
+children), peak RSS and the bytes it added under the output root, then the marginal cost per
+image between sizes. Everything lives under `--work` (about 40 GB at the full count with
+`--side 192`); each size is deleted before the next unless `--keep`.
+
+    .venv/bin/python benchmarks/bench_corpus.py --work /tmp/rehearsal
+    .venv/bin/python benchmarks/bench_corpus.py --work /tmp/r --fractions 0.02 --side 512
+
+It is a benchmark, not a test (most of an hour at the full count on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from radharmony_pipeline.sources import SOURCE_TYPES
+from radharmony_pipeline.sources.nih_chestxray14 import FOLDER as NIH_FOLDER
+from radharmony_pipeline.synthetic import generate_datasets, rexgradient
+from radharmony_pipeline.synthetic.encoding import png_bytes
+from radharmony_pipeline.synthetic.files import write_bytes
+from radharmony_pipeline.synthetic.parents import write_nih_metadata
+from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
+from radharmony_pipeline.synthetic.seeding import dataset_rng
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+# Datasets whose documented counts are small: written whole at every size.
+WHOLE_DATASETS = ("chexlocalize", "ms_cxr", "chestx_det")
+NIH_FILMS = 112_120
+NIH_FOLDER_FILMS = 10_000  # the real release: images_001/ … images_012/, ≤ 10,000 films each
+# The UI pages a user opens at full size, timed to network idle (item 8 of issue 30).
+UI_PAGES = (
+    "/assets/images?view=partitions",
+    "/assets/images?partition=rexgradient.train",
+    "/assets/unified_manifest",
+    "/assets/unified_manifest?view=checks",
+)
+CHROMIUM = "/usr/bin/chromium"
+QUIET = json.dumps({"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
+
+
+@dataclass
+class Step:
+    name: str
+    wall: float
+    cpu: float
+    peak_rss_mb: float
+    added_bytes: int
+    ok: bool
+
+
+# --- the corpus ------------------------------------------------------------------------------
+
+
+def scaled_split(size: rexgradient.SplitSize, fraction: float) -> rexgradient.SplitSize:
+    images = max(3, round(size.images * fraction))
+    studies = max(2, min(images, round(size.studies * fraction)))
+    patients = max(1, min(studies, round(size.patients * fraction)))
+    return rexgradient.SplitSize(studies, images, patients)
+
+
+def write_corpus(data: Path, fraction: float, side: int, seed: int, workers: int) -> dict:
+    """The four datasets and the NIH parent under `data`; return their image counts."""
+    generate_datasets(data, "full", seed, datasets=list(WHOLE_DATASETS))
+    root = data / "rexgradient"
+    sizes = {split: scaled_split(size, fraction) for split, size in rexgradient.FULL_SCALE.items()}
+    studies = rexgradient.write_metadata(root, seed, sizes, (side, side + side // 4))
+    with ProcessPoolExecutor(workers) as pool:
+        jobs = []
+        for split_index, split in enumerate(rexgradient.SPLIT_FILES):
+            first = 0
+            for chunk in _chunks(studies[split], 500):
+                jobs.append(
+                    pool.submit(rexgradient.write_images, root, seed, split_index, chunk, first)
+                )
+                first += sum(len(study["ImagePath"]) for _, study in chunk)
+        nih, nih_jobs = _write_nih(data, round(NIH_FILMS * fraction), side, seed, pool)
+        for job in [*jobs, *nih_jobs]:
+            job.result()
+    return {"rexgradient": sum(s.images for s in sizes.values()), "nih": nih}
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _write_nih(
+    data: Path, films: int, side: int, seed: int, pool: ProcessPoolExecutor
+) -> tuple[int, list[Future]]:
+    """ChestX-Det's files as their NIH originals plus distractors rendered in `pool`, with the
+    real Data_Entry_2017.csv and split lists; the film count and the rendering jobs."""
+    root = data / NIH_FOLDER
+    children = sorted((data / "chestx-det").glob("*/*.png"))
+    distractors = max(0, films - len(children))
+    entries = []
+    for number, child in enumerate(children):
+        name = f"{number + 1:08d}_000.png"
+        folder = _nih_folder(number)
+        shutil.copyfile(child, _mkdir(root / folder) / name)
+        entries.append(
+            (name, number + 1, 0, "test" if child.parent.name == "test" else "train_val")
+        )
+    first_patient = len(children) + 1
+    numbers = list(range(distractors))
+    jobs = [
+        pool.submit(_render_nih_films, root, seed, side, len(children), first_patient, chunk)
+        for chunk in _chunks(numbers, 2000)
+    ]
+    for number in numbers:
+        patient = first_patient + number // 2
+        split = "test" if patient % 5 == 0 else "train_val"
+        entries.append((f"{patient:08d}_{number % 2:03d}.png", patient, number % 2, split))
+    write_nih_metadata(root, entries)
+    return len(entries), jobs
+
+
+def _render_nih_films(
+    root: Path, seed: int, side: int, offset: int, first_patient: int, numbers: list[int]
+) -> None:
+    for number in numbers:
+        rng = dataset_rng(seed, "nih_chestxray14", 1, number)
+        pixels = to_uint8(render_radiograph(rng, side, side).pixels)
+        patient = first_patient + number // 2
+        name = f"{patient:08d}_{number % 2:03d}.png"
+        write_bytes(root / _nih_folder(offset + number) / name, png_bytes(pixels))
+
+
+def _nih_folder(number: int) -> str:
+    return f"images_{number // NIH_FOLDER_FILMS + 1:03d}/images"
+
+
+def _mkdir(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+# --- the steps -------------------------------------------------------------------------------
+
+
+def partitions() -> list[str]:
+    return [f"{key}.{split}" for key, source in SOURCE_TYPES.items() for split in source.splits]
+
+
+def commands() -> list[tuple[str, list[str]]]:
+    radharmony, dg = str(BIN / "radharmony"), str(BIN / "dg")
+    launch = [dg, "launch", "--config-json", QUIET, "--job"]
+    steps = [("check-data", [radharmony, "check-data"])]
+    steps.append(("observe", [*launch, "observe_source_files"]))
+    steps += [(f"all_stages {p}", [*launch, "all_stages", "--partition", p]) for p in partitions()]
+    steps.append(("manifest", [*launch, "manifest"]))
+    steps += [(f"exports {p}", [*launch, "exports", "--partition", p]) for p in partitions()]
+    steps.append(("card", [*launch, "dataset_card"]))
+    steps.append(("verify", [radharmony, "verify"]))
+    return steps
+
+
+def run_step(name: str, command: list[str], env: dict, output: Path, log: Path) -> Step:
+    before = _tree_bytes(output)
+    stats = log.with_suffix(".time")
+    start = time.perf_counter()
+    with log.open("ab") as sink:
+        sink.write(f"\n=== {name}: {' '.join(command)}\n".encode())
+        sink.flush()
+        code = subprocess.call(
+            ["/usr/bin/time", "-o", str(stats), "-f", "%U %S %M", *command],
+            cwd=REPO,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    wall = time.perf_counter() - start
+    user, system, rss_kb = stats.read_text().split()[-3:]
+    return Step(
+        name,
+        wall,
+        float(user) + float(system),
+        int(rss_kb) / 1024,
+        _tree_bytes(output) - before,
+        code == 0,
+    )
+
+
+def _tree_bytes(folder: Path) -> int:
+    if not folder.exists():
+        return 0
+    done = subprocess.run(["du", "-sb", str(folder)], capture_output=True, text=True, check=False)
+    return int(done.stdout.split()[0]) if done.stdout else 0
+
+
+def rehearse(
+    work: Path, fraction: float, side: int, seed: int, workers: int
+) -> tuple[dict, list[Step]]:
+    size_dir = work / f"n{fraction:g}"
+    data, output, home = size_dir / "data", size_dir / "output", size_dir / "dagster_home"
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
+    counts_file = size_dir / "corpus_counts.json"
+    if not counts_file.exists():
+        shutil.rmtree(data, ignore_errors=True)  # a corpus cut short is written again
+        start = time.perf_counter()
+        counts = write_corpus(data, fraction, side, seed, workers)
+        print(f"  corpus written in {time.perf_counter() - start:.0f} s: {counts}", flush=True)
+        counts_file.write_text(json.dumps(counts))
+    counts = json.loads(counts_file.read_text())
+    env = {
+        **os.environ,
+        "RADHARMONY_DATA_ROOT": str(data),
+        "RADHARMONY_OUTPUT_ROOT": str(output),
+        "DAGSTER_HOME": str(home),
+        "RADHARMONY_WORKERS": str(workers),
+    }
+    steps = []
+    for name, command in commands():
+        step = run_step(name, command, env, output, size_dir / "steps.log")
+        steps.append(step)
+        print(f"  {_row(step)}", flush=True)
+    if Path(CHROMIUM).exists():
+        for path, seconds in time_ui_pages(env, size_dir / "steps.log"):
+            print(f"  UI {path:<46} network idle after {seconds:5.2f} s", flush=True)
+    else:
+        print(f"  UI pages not timed: no {CHROMIUM} (apt-get install chromium)")
+    return counts, steps
+
+
+def time_ui_pages(env: dict, log: Path) -> list[tuple[str, float]]:
+    """Seconds from navigation to network idle for each of UI_PAGES, on a webserver of the
+    rehearsal's instance (loopback, stopped by its process group in `finally`)."""
+    from playwright.sync_api import sync_playwright
+
+    port = _free_port()
+    with log.open("ab") as sink:
+        server = subprocess.Popen(
+            [
+                str(BIN / "dagster-webserver"),
+                "-w",
+                str(REPO / "workspace.yaml"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_for(base + "/server_info", timeout=180)
+        timings = []
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.goto(base + "/assets", wait_until="networkidle", timeout=120_000)  # warm-up
+            for path in UI_PAGES:
+                start = time.perf_counter()
+                page.goto(base + path, wait_until="networkidle", timeout=120_000)
+                timings.append((path, time.perf_counter() - start))
+            browser.close()
+        return timings
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_for(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _row(step: Step) -> str:
+    flag = "" if step.ok else "  FAILED (see steps.log)"
+    return (
+        f"{step.name:<34} wall {step.wall:8.1f} s  cpu {step.cpu:8.1f} s  "
+        f"peak {step.peak_rss_mb:7.0f} MB  +{step.added_bytes / 1e9:6.2f} GB{flag}"
+    )
+
+
+def marginal(results: list[tuple[float, list[Step]]], images: dict[float, int]) -> None:
+    """Per step, the wall per image between consecutive sizes and their ratio."""
+    print("\nmarginal wall per 1,000 images between sizes (N/4→N/2, N/2→N) and their ratio")
+    for position, step in enumerate(results[0][1]):
+        costs = []
+        for (f0, s0), (f1, s1) in itertools.pairwise(results):
+            added = images[f1] - images[f0]
+            costs.append((s1[position].wall - s0[position].wall) / added * 1000 if added else 0.0)
+        ratio = costs[-1] / costs[-2] if len(costs) > 1 and costs[-2] > 0 else float("nan")
+        shown = "  ".join(f"{c:8.2f} s" for c in costs)
+        print(f"  {step.name:<34} {shown}   ratio {ratio:5.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, required=True, help="folder for data, outputs, logs")
+    parser.add_argument("--fractions", default="0.25,0.5,1", help="shares of the documented counts")
+    parser.add_argument("--side", type=int, default=192, help="pixel side of ReXGradient/NIH films")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep", action="store_true", help="keep each size's data and outputs")
+    args = parser.parse_args()
+    results, images = [], {}
+    for fraction in (float(f) for f in args.fractions.split(",")):
+        print(f"size {fraction:g} of the documented counts (side {args.side}):", flush=True)
+        counts, steps = rehearse(args.work, fraction, args.side, args.seed, args.workers)
+        images[fraction] = counts.get("rexgradient", 0) + counts.get("nih", 0)
+        results.append((fraction, steps))
+        if not args.keep:
+            shutil.rmtree(args.work / f"n{fraction:g}", ignore_errors=True)
+    if len(results) > 1:
+        marginal(results, images)
+
+
+if __name__ == "__main__":
+    main()
