@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from upath import UPath
 
+from ..internals import RetriedPartitionsFolderLookup
 from ..processing.storage.atomic import remove_orphaned_siblings
 from ..processing.storage.output_layout import tables_folder
 from ..processing.storage.store import (
@@ -16,7 +17,6 @@ from ..processing.storage.store import (
     open_for_reading,
     publish,
     remove,
-    with_retries,
 )
 from ..processing.tables.table_schemas import PARTITION_COLUMNS, conform
 from ..sources import declared_schema, parse_partition_key
@@ -26,9 +26,11 @@ from .metadata import table_metadata
 TABLE_CHECKSUM = "file_sha256"
 
 
-class ParquetTableIOManager(dg.UPathIOManager):
+class ParquetTableIOManager(RetriedPartitionsFolderLookup, dg.UPathIOManager):
     """Writes each partition's DataFrame as one Parquet file of its table's declared schema,
-    never visible half-written. A frame that does not fit the declaration fails the write."""
+    never visible half-written. A frame that does not fit the declaration fails the write.
+    Every request to the store follows its retry policy, Dagster's own look-up of the
+    partitions' folder too (RetriedPartitionsFolderLookup)."""
 
     extension = ".parquet"
 
@@ -54,17 +56,6 @@ class ParquetTableIOManager(dg.UPathIOManager):
 
     def unlink(self, path: UPath) -> None:
         remove(path)
-
-    def _handle_transition_to_partitioned_asset(self, context: dg.OutputContext, path: UPath):
-        # Dagster's own look-up (a file where the partitions' folder goes) asks the store
-        # directly: under the retry policy too.
-        with_retries(
-            path,
-            "look up the partitions' folder",
-            lambda: super(ParquetTableIOManager, self)._handle_transition_to_partitioned_asset(
-                context, path
-            ),
-        )
 
     def get_metadata(self, context: dg.OutputContext, obj: pd.DataFrame) -> dict:
         return table_metadata(obj, declared_schema(_table_name(context)))

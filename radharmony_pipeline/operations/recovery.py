@@ -25,6 +25,13 @@ import dagster as dg
 import psutil
 
 from ..defs.stages import HEAVY_POOL
+from ..internals import (
+    concurrency_run_ids,
+    free_concurrency_slots,
+    mark_run_failed,
+    pool_slots,
+    supports_pool_slots,
+)
 
 # The run tag naming the run worker: host, boot time, pid and process start time.
 WORKER_TAG = "radharmony/run_worker"
@@ -126,10 +133,9 @@ def _holder(instance: dg.DagsterInstance, run_id: str) -> SlotHolder:
 
 def slot_holders(instance: dg.DagsterInstance) -> list[SlotHolder]:
     """Every run the instance lists as holding or waiting for a pool slot."""
-    storage = instance.event_log_storage
-    if not storage.supports_global_concurrency_limits:
+    if not supports_pool_slots(instance):
         return []
-    return [_holder(instance, run_id) for run_id in sorted(storage.get_concurrency_run_ids())]
+    return [_holder(instance, run_id) for run_id in sorted(concurrency_run_ids(instance))]
 
 
 def free_slots_of_dead_runs(
@@ -137,19 +143,19 @@ def free_slots_of_dead_runs(
 ) -> list[str]:
     """Mark runs whose worker process is gone as failed and free every slot of a finished or
     dead run; returns their run ids."""
-    storage = instance.event_log_storage
     freed = []
     for holder in slot_holders(instance):
         if holder.alive:
             continue
         run = instance.get_run_by_id(holder.run_id)
         if run is not None and not run.is_finished:
-            instance.report_run_failed(
+            mark_run_failed(
+                instance,
                 run,
-                message=f"the run worker (pid {holder.worker.pid if holder.worker else '?'}) "
+                f"the run worker (pid {holder.worker.pid if holder.worker else '?'}) "
                 "is gone, probably killed; its pool slots were freed so later runs can proceed",
             )
-        storage.free_concurrency_slots_for_run(holder.run_id)
+        free_concurrency_slots(instance, holder.run_id)
         say(f"freed the pool slots of {holder.describe()}")
         freed.append(holder.run_id)
     return freed
@@ -160,10 +166,9 @@ def waiting_message(
 ) -> str | None:
     """What run `run_id` waits for in `pool`, naming the runs that hold its slots; None if it
     is not waiting."""
-    storage = instance.event_log_storage
-    if not storage.supports_global_concurrency_limits:
+    if not supports_pool_slots(instance):
         return None
-    info = storage.get_concurrency_info(pool)
+    info = pool_slots(instance, pool)
     if run_id not in info.pending_run_ids:
         return None
     holders = {h.run_id: h for h in slot_holders(instance)}

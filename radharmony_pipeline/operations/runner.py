@@ -1,26 +1,27 @@
 """Run the project's jobs against a Dagster instance and summarize the result.
 
-Used by `radharmony demo`. The runs are recorded as runs of the project's code location
-(`radharmony_pipeline`, as in workspace.yaml), like runs launched from the UI: the UI's
-Overview timeline and job pages list only runs that name the code location they came from,
-which `execute_in_process` runs do not.
+Used by `radharmony demo`, which builds the whole product: the stages of every partition, the
+manifest and the corpus joins, each partition's exports, and the dataset card. The runs are
+recorded as runs of the project's code location (`radharmony_pipeline`, as in workspace.yaml),
+like runs launched from the UI: the UI's Overview timeline and job pages list only runs that
+name the code location they came from, which `execute_in_process` runs do not.
 """
 
-import os
+from __future__ import annotations
+
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import dagster as dg
-from dagster._core.execution.api import execute_run
-from dagster._core.execution.execution_result import ExecutionResult
-from dagster._core.remote_origin import InProcessCodeLocationOrigin
-from dagster._core.remote_representation.code_location import CodeLocation
-from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
-from dagster._utils.hosted_user_process import recon_job_from_origin
 
-from ..defs.jobs import ALL_STAGES_JOB, MANIFEST_JOB, OBSERVE_JOB
+from ..defs.jobs import ALL_STAGES_JOB, CARD_JOB, EXPORTS_JOB, MANIFEST_JOB, OBSERVE_JOB
+from ..internals import in_process_code_location, run_with_origin
 from .recovery import free_slots_of_dead_runs
+
+if TYPE_CHECKING:
+    from ..internals import CodeLocation, ExecutionResult
 
 # The code location and repository names `make ui` (workspace.yaml) shows the project under.
 CODE_LOCATION = "radharmony_pipeline"
@@ -50,11 +51,7 @@ RUN_CONFIG = {
 @contextmanager
 def project_location(instance: dg.DagsterInstance) -> Iterator[CodeLocation]:
     """The project's code location, loaded in this process under the name the UI uses."""
-    origin = InProcessCodeLocationOrigin(
-        LoadableTargetOrigin(module_name=DEFINITIONS_MODULE, working_directory=os.getcwd()),
-        location_name=CODE_LOCATION,
-    )
-    with origin.create_location(instance) as location:
+    with in_process_code_location(instance, DEFINITIONS_MODULE, CODE_LOCATION) as location:
         yield location
 
 
@@ -66,20 +63,8 @@ def run_job(
     run_id: str | None = None,
 ) -> ExecutionResult:
     """Record a run of one of the project's jobs with its code-location origin, execute it here."""
-    remote_job = location.get_repository(REPOSITORY).get_full_job(job_name)
-    recon_job = recon_job_from_origin(remote_job.get_python_origin())
-    tags = {**remote_job.tags}
-    if partition_key is not None:
-        tags["dagster/partition"] = partition_key
-    run = instance.create_run_for_job(
-        job_def=recon_job.get_definition(),
-        run_config=RUN_CONFIG,
-        tags=tags,
-        remote_job_origin=remote_job.get_remote_origin(),
-        job_code_origin=remote_job.get_python_origin(),
-        run_id=run_id,
-    )
-    return execute_run(recon_job, run, instance)
+    tags = {} if partition_key is None else {"dagster/partition": partition_key}
+    return run_with_origin(location, instance, REPOSITORY, job_name, RUN_CONFIG, tags, run_id)
 
 
 def observe_sources(location: CodeLocation, instance: dg.DagsterInstance) -> None:
@@ -112,6 +97,27 @@ def materialize_partitions(
 def materialize_manifest(location: CodeLocation, instance: dg.DagsterInstance) -> PartitionOutcome:
     """Join every materialized partition into the unified manifest (with its checks)."""
     return _outcome("unified_manifest", run_job(location, instance, MANIFEST_JOB))
+
+
+def materialize_exports(
+    location: CodeLocation,
+    instance: dg.DagsterInstance,
+    partition_keys: Sequence[str],
+    on_done: Callable[[PartitionOutcome], None] = lambda outcome: None,
+) -> list[PartitionOutcome]:
+    """One `exports` run per partition (its Hugging Face and WebDataset shards); one failing
+    partition does not stop the others."""
+    outcomes = []
+    for key in partition_keys:
+        outcomes.append(_outcome(key, run_job(location, instance, EXPORTS_JOB, key)))
+        on_done(outcomes[-1])
+    return outcomes
+
+
+def materialize_card(location: CodeLocation, instance: dg.DagsterInstance) -> PartitionOutcome:
+    """Write the dataset card (DATASET_CARD.md, croissant.json) from the manifest and the
+    latest result of every check."""
+    return _outcome("corpus_card", run_job(location, instance, CARD_JOB))
 
 
 def _outcome(key: str, result: ExecutionResult) -> PartitionOutcome:

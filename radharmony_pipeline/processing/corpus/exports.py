@@ -18,6 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from radharmony_pipeline.internals import add_webdataset_opener
 from radharmony_pipeline.processing.annotations.masks import MASK_FOREGROUND
 from radharmony_pipeline.processing.imaging.geometry import GEOMETRIES, ResizeGeometry, resize_mask
 from radharmony_pipeline.processing.imaging.tagged_png import mask_png
@@ -47,6 +48,7 @@ from radharmony_pipeline.processing.tables.table_schemas import (
     col,
     conform,
 )
+from radharmony_pipeline.vocabulary import STATUS_OK, UNION_CLASS
 
 # Bumped when the bytes of a shard would change for the same inputs.
 EXPORT_CODE_VERSION = "2"  # 2: the labels derived from reports (issue 31)
@@ -202,7 +204,7 @@ def webdataset_urls(root: str | OutputPath, partition: str) -> list[str]:
     webdataset's opener, which has none for s3, see `open_object_url`)."""
     root = output_path(root)
     if not is_local(root):
-        register_object_store_scheme(root.protocol)
+        add_webdataset_opener(root.protocol, open_object_url)
     folder = root / WEBDATASET_FOLDER / partition
     index = read_shard_index(folder / WEBDATASET_INDEX_NAME)
     if index is None:
@@ -214,14 +216,6 @@ def open_object_url(url: str, mode: str = "rb", bufsize: int = 8192, **_: Any) -
     """Open an object-store URL through fsspec, the way the output root itself is opened
     (same endpoint and credentials): webdataset's opener for schemes it lacks."""
     return output_path(url).open(mode)
-
-
-def register_object_store_scheme(scheme: str) -> None:
-    # webdataset's table of URL openers, keyed by scheme (its package-level `gopen` name is
-    # the function, so the table is imported from the module itself).
-    from webdataset.gopen import gopen_schemes
-
-    gopen_schemes.setdefault(scheme, open_object_url)
 
 
 def read_shard_index(path: OutputPath) -> dict[str, Any] | None:
@@ -267,7 +261,7 @@ def export_samples(
     records = conform(manifest[list(RECORD_COLUMNS)], _record_schema()).to_pylist()
     geometry = images.set_index("image_id")[["orig_height", "orig_width", "size", "resize"]]
     pixels = images.set_index("image_id")["pixels_sha256"]
-    ok = masks[(masks["status"] == "ok") & (masks["mask_class"] != "any")]
+    ok = masks[(masks["status"] == STATUS_OK) & (masks["mask_class"] != UNION_CLASS)]
     class_masks: dict[str, dict[str, OutputPath]] = {}
     mask_rows: dict[str, list[str]] = {}
     for image_id, name, path, area in zip(

@@ -29,9 +29,8 @@ from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 from upath import UPath
-from upath.implementations.cloud import S3Path
-from upath.registry import register_implementation
 
+from radharmony_pipeline.internals import RETRY_OPTION, s3_path
 from radharmony_pipeline.processing.storage.atomic import (
     TEMP_MARKER,
     temporary_sibling,
@@ -42,8 +41,6 @@ OutputPath = Path | UPath
 Writer = Callable[[BinaryIO], None]
 T = TypeVar("T")
 
-# The storage option that carries the policy to every process that gets the path.
-RETRY_OPTION = "radharmony_retry_policy"
 # One attempt per request in the client: the policy below does the retrying. A wrong or
 # unreachable endpoint must fail an attempt within seconds, not botocore's default 60 s.
 _CLIENT_CONFIG = {
@@ -117,25 +114,9 @@ def output_path(
         return local
     if not text.startswith(("s3://", "s3a://")):
         return UPath(text)
-    return StoreS3Path(text, **_s3_options(retry_policy))
-
-
-class StoreS3Path(S3Path):
-    """An s3:// path that carries its retry policy among its options (so the policy reaches
-    every process the path is sent to), which the S3 client itself is not given. Registered
-    as the s3 implementation, so a path re-wrapped by UPath(...) keeps it."""
-
-    @classmethod
-    def _fs_factory(cls, urlpath: str, protocol: str, storage_options: Any) -> Any:
-        options = {k: v for k, v in storage_options.items() if k != RETRY_OPTION}
-        fs = super()._fs_factory(urlpath, protocol, options)
-        if RETRY_OPTION in storage_options:
-            fs.retries = 1  # s3fs's own retry loop (a class attribute, not an option): once
-        return fs
-
-
-for _protocol in ("s3", "s3a"):
-    register_implementation(_protocol, StoreS3Path, clobber=True)
+    # The path carries the policy among its options (RETRY_OPTION), so that it reaches every
+    # process the path is sent to; the S3 client is not given it (internals.s3_path).
+    return s3_path(text, _s3_options(retry_policy))
 
 
 def _s3_options(retry_policy: RetryPolicy) -> dict[str, Any]:
