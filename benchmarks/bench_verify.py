@@ -22,8 +22,9 @@ apart, so each pair shares its drift):
 
 The page cache is warm for both (the files were just written or read), so the floor is the
 cost of reaching every byte, not of the disk. The last lines give the median ratio verify /
-floor (whole command, and checks alone), the peak RSS against the packed array's size, and
-one run with a single worker for scale.
+floor (whole command, and checks alone), the peak RSS against the packed array's size and
+against hashing its rows through one memory map of the whole file (as verify read it before),
+and one run with a single worker for scale.
 
     .venv/bin/python benchmarks/bench_verify.py [--images 20000] [--size 224] [--workers 2]
         [--repeats 3] [--keep DIR]
@@ -172,6 +173,25 @@ def run_verify(root: Path, workers: int) -> tuple[float, float, int, int]:
     return wall, float(finished.group(1)), largest * 1024, tree_peak
 
 
+# The packed array's rows hashed through one memory map of the whole file, as verify read it
+# before packed_rows: every page touched stays in the process's resident set.
+_MAPPED_WHOLE = """
+import hashlib, sys
+import numpy as np
+array = np.load(sys.argv[1], mmap_mode="r")
+for row in array:
+    hashlib.sha256(row.tobytes()).hexdigest()
+"""
+
+
+def mapped_whole_rss(packed: Path) -> int:
+    """Peak RSS in bytes (time's %M) of hashing every row through a whole-file memory map."""
+    command = ["/usr/bin/time", "-f", "maxrss_kb=%M", sys.executable, "-c", _MAPPED_WHOLE]
+    done = subprocess.run([*command, str(packed)], capture_output=True, text=True, check=True)
+    line = next(x for x in done.stderr.splitlines() if x.startswith("maxrss_kb="))
+    return int(line.split("=")[1]) * 1024
+
+
 def _tree_rss(process: psutil.Process) -> int:
     total = 0
     for member in [process, *process.children(recursive=True)]:
@@ -226,6 +246,10 @@ def main() -> None:
         print(
             f"one worker: verify {one_wall:.2f} s, its checks {one_checks:.1f} s, peak RSS "
             f"{one_largest / 2**20:,.0f} MiB (tree {one_tree / 2**20:,.0f} MiB)"
+        )
+        mapped = mapped_whole_rss(root / layout.packed_images(PARTITION))
+        print(
+            f"the rows hashed through a whole-file memory map: peak RSS {mapped / 2**20:,.0f} MiB"
         )
         print(f"load average at end: {os.getloadavg()[0]:.2f}")
         print(

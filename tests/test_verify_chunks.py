@@ -4,6 +4,7 @@ same findings on the local pool, in-process and on Dask."""
 
 from __future__ import annotations
 
+import hashlib
 import tracemalloc
 import uuid
 from pathlib import Path
@@ -281,3 +282,24 @@ def test_on_an_object_store_the_array_is_read_in_range_requests_of_a_window(tmp_
     assert all(start is not None and end is not None for start, end in array_requests)
     assert max(end - start for start, end in array_requests) <= 8 * ROW_BYTES
     assert sum(end - start for start, end in array_requests[2:]) == 64 * ROW_BYTES
+
+
+def test_a_table_unlike_its_record_or_with_a_damaged_page_is_named(tmp_path):
+    write_partition(tmp_path, rows=6)
+    path = layout.table_file(tmp_path, "images", PARTITION)
+    table = pd.read_parquet(path)
+    table.to_parquet(path, write_page_checksum=True)
+    recorded = {PARTITION: {"images": hashlib.sha256(path.read_bytes()).hexdigest()}}
+    assert integrity.verify_partitions(tmp_path, recorded, LocalPool(1))[0].mismatches == []
+
+    table.loc[0, "image_id"] = "another"  # readable, but not the table recorded
+    table.to_parquet(path, write_page_checksum=True)
+    (changed,) = integrity.verify_partitions(tmp_path, recorded, LocalPool(1))[0].mismatches
+    assert changed.path == str(path)
+    assert changed.problem.startswith("SHA-256 differs from the one recorded when it was written")
+
+    # Inside a page of the digest column (its footer's statistics carry no checksum).
+    flip_byte(path, path.read_bytes().index(table[integrity.PIXEL_DIGEST][2].encode()) + 5)
+    (damaged,) = integrity.verify_partitions(tmp_path, {PARTITION: {}}, LocalPool(1))[0].mismatches
+    assert damaged.path == str(path)
+    assert damaged.problem.startswith("unreadable Parquet: ")

@@ -58,6 +58,11 @@ from radharmony_pipeline.vocabulary import STATUS_OK
 # the masks table (`mask_path`: the native-resolution masks).
 # The images table's column, and the resized PNG's tag, holding the SHA-256 of its pixels.
 PIXEL_DIGEST = "pixels_sha256"
+# The columns verify reads beyond the checksums, per table.
+COLUMNS_USED = {
+    "images": ("image_path", "mask_path", PIXEL_DIGEST, "tensor_index", "status"),
+    "masks": ("mask_path", "status"),
+}
 # PNGs per chunk where no packed rows set the chunk's size (the masks table's, or images
 # without a readable array): about a second of work, so that progress moves and the pool's
 # per-chunk cost stays small.
@@ -267,7 +272,7 @@ def _plan(
         path = table_file(root, name, partition)
         if not exists(path):
             continue
-        table, problem = _read_table(path, checksums.get(name))
+        table, problem = _read_table(path, checksums.get(name), COLUMNS_USED.get(name, ()))
         if problem:
             plan.findings.mismatches.append(Mismatch(str(path), problem))
         if table is not None:
@@ -288,13 +293,22 @@ def _plan(
     return plan
 
 
-def _read_table(path: OutputPath, recorded: str | None) -> tuple[pd.DataFrame | None, str | None]:
+def _read_table(
+    path: OutputPath, recorded: str | None, columns: Sequence[str]
+) -> tuple[pd.DataFrame | None, str | None]:
+    """The table's `columns` that it has (None when no column is wanted), after its SHA-256
+    against `recorded` and every page's checksum are checked, one batch of rows at a time
+    (a table's other columns, report texts among them, are never held whole)."""
     content = read_bytes(path)
     problem = None
     if recorded is not None and hashlib.sha256(content).hexdigest() != recorded:
         problem = f"SHA-256 differs from the one recorded when it was written ({recorded})"
     try:
-        table = pq.read_table(io.BytesIO(content), page_checksum_verification=True).to_pandas()
+        parquet = pq.ParquetFile(io.BytesIO(content), page_checksum_verification=True)
+        for _batch in parquet.iter_batches():
+            pass
+        present = [column for column in columns if column in parquet.schema_arrow.names]
+        table = parquet.read(columns=present).to_pandas() if columns else None
     except (OSError, ValueError) as error:  # ArrowInvalid is a ValueError
         return None, f"unreadable Parquet: {error}"
     return table, problem
