@@ -32,7 +32,7 @@ NO_FINDING = "no_finding"
 _COMPATIBLE_WITH_NO_FINDING = frozenset({"support_devices", NO_FINDING})
 
 # Bumped whenever a rule or a phrase list changes: it keys the stored report labels.
-LABELER_VERSION = "report-rules-1"
+LABELER_VERSION = "report-rules-2"
 
 POSITIVE, NEGATIVE, UNCERTAIN = 1, 0, -1
 # Several mentions of one observation: positive over uncertain over negative.
@@ -66,6 +66,8 @@ _SIZE_SUBJECTS: dict[str, tuple[tuple[str, ...], tuple[str, tuple[str, ...]]]] =
         ("enlarged_cardiomediastinum", ("enlarged_cardiomediastinum", "cardiomegaly")),
     ),
 }
+# Tokens between two sizes of a range ("normal to mildly enlarged").
+_RANGE_GAP = 2
 _NEGATION_WORDS = frozenset({"no", "not", "cannot", "can't", "without"})
 _WORD = re.compile(r"[^\W\d_]+")
 # Pieces kept between calls: reports repeat their sentences far more than their texts.
@@ -180,7 +182,8 @@ class _MentionFinder:
 
 def _size_mentions(doc: Doc, found: dict[str, list[Span]]) -> list[Span]:
     """Heart and mediastinum subjects joined to the size attribute nearest them in their
-    sentence: label `size:<observation>` when enlarged, `normal:<observations>` when normal."""
+    sentence: label `size:<observation>` when enlarged, `normal:<observations>` when normal,
+    `borderline:<observation>` when described as both."""
     attributes = filter_spans(found.get(_ENLARGED, []) + found.get(_NORMAL_SIZE, []))
     ends = sorted(span.start for span in found.get(_CLAUSE_END, []))
     sizes = []
@@ -195,10 +198,21 @@ def _size_mentions(doc: Doc, found: dict[str, list[Span]]) -> list[Span]:
         if not near:
             continue
         attribute = min(near, key=lambda a: _gap(subject, a))
+        # "upper limits of normal to mildly enlarged": an attribute of the other kind right
+        # after the nearest one makes the size borderline.
+        other = [
+            a
+            for a in attributes
+            if a.label_ != attribute.label_ and 0 <= a.start - attribute.end <= _RANGE_GAP
+        ]
         enlarged, normal = _SIZE_SUBJECTS[subject.label_.removeprefix("subject:")][1]
-        label = (
-            f"size:{enlarged}" if attribute.label_ == _ENLARGED else f"normal:{'+'.join(normal)}"
-        )
+        if other:
+            label = f"borderline:{enlarged}"
+            attribute = Span(doc, attribute.start, other[0].end)
+        elif attribute.label_ == _ENLARGED:
+            label = f"size:{enlarged}"
+        else:
+            label = f"normal:{'+'.join(normal)}"
         start, end = min(subject.start, attribute.start), max(subject.end, attribute.end)
         sizes.append(Span(doc, start, end, label=label))
     return sizes
@@ -225,6 +239,8 @@ def _observations_of(label: str) -> tuple[tuple[str, ...], int | None]:
     """A mention label -> (observations, value fixed by the phrase or None)."""
     if label.startswith("normal:"):
         return tuple(label.removeprefix("normal:").split("+")), NEGATIVE
+    if label.startswith("borderline:"):
+        return tuple(label.removeprefix("borderline:").split("+")), UNCERTAIN
     return tuple(label.removeprefix("size:").split("+")), None
 
 

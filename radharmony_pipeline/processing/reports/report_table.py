@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from radharmony_pipeline.processing.tables.table_schemas import (
     EVIDENCE,
@@ -65,29 +66,31 @@ def label_reports(
     reports: pd.Series,
     reader: ReportReader,
     labeler_version: str,
-    previous: pd.DataFrame | None = None,
+    previous: pa.Table | None = None,
 ) -> LabelledReports:
     """One row per image with a report (null reports have none), in the given order.
 
     Each distinct text is read once; a text whose (labeler_version, SHA-256) key has a row in
-    `previous` (the partition's last report_labels table) takes that row's labels and evidence
-    instead of being read again.
+    `previous` (the partition's last report_labels file, as Arrow: its evidence is never
+    turned into Python objects) takes that row's labels and evidence instead of being read.
     """
     has_report = reports.notna().to_numpy()
     ids = image_ids[has_report].astype("string").reset_index(drop=True)
     codes, distinct = pd.factorize(reports[has_report].astype(str))
-    keys = pd.Index(text_sha256(distinct))
-    known = _reusable_rows(previous, labeler_version)
-    reused = keys.isin(known.index)
+    keys = pa.array(text_sha256(distinct), pa.string())
+    stored = _reusable_rows(previous, labeler_version)
+    # Each text's first row in the stored ones (null: not there).
+    at = pc.index_in(keys, value_set=stored.column("report_sha256").combine_chunks())
+    reused = at.is_valid().to_numpy(zero_copy_only=False)
     to_read = [text for text, done in zip(distinct, reused, strict=True) if not done]
     read = _readings_table(reader.read_many(to_read) if to_read else [])
-    kept = _stored_table(known.reindex(keys[reused]))
+    kept = stored.select(read.column_names).cast(read.schema).take(at.filter(reused))
     # Each distinct text's row in read + kept, in the order of `distinct`.
     order = np.empty(len(keys), dtype=np.int64)
     order[~reused] = np.arange(len(to_read))
     order[reused] = len(to_read) + np.arange(int(reused.sum()))
     per_text = pa.concat_tables([read, kept]).take(pa.array(order))
-    per_text = per_text.append_column("report_sha256", pa.array(keys, pa.string()))
+    per_text = per_text.append_column("report_sha256", keys)
     table = _rows(ids, labeler_version, per_text.take(pa.array(codes, pa.int64())))
     return LabelledReports(
         table=table,
@@ -97,16 +100,15 @@ def label_reports(
     )
 
 
-def _reusable_rows(previous: pd.DataFrame | None, labeler_version: str) -> pd.DataFrame:
-    """The previous rows by report_sha256 that the same labeler version read from text."""
+def _reusable_rows(previous: pa.Table | None, labeler_version: str) -> pa.Table:
+    """The previous rows that the same labeler version read from a text."""
     if previous is None:
-        previous = empty_report_labels()
-    same = previous[
-        (previous["report_label_source"] == REPORT_RULES)
-        & (previous["report_labeler_version"] == labeler_version)
-        & previous["report_sha256"].notna()
-    ]
-    return same.drop_duplicates("report_sha256").set_index("report_sha256")
+        return REPORT_LABELS.arrow().empty_table()
+    same = pc.and_(
+        pc.equal(previous.column("report_label_source"), REPORT_RULES),
+        pc.equal(previous.column("report_labeler_version"), labeler_version),
+    )
+    return previous.filter(pc.and_(same, pc.is_valid(previous.column("report_sha256"))))
 
 
 def _evidence_dicts(reading: ReportReading) -> list[dict[str, object]]:
@@ -125,21 +127,6 @@ def _readings_table(readings: Sequence[ReportReading]) -> pa.Table:
                 for name, column in zip(REPORT_OBSERVATIONS, REPORT_LABEL_COLUMNS, strict=True)
             },
             "report_label_evidence": pa.array(list(map(_evidence_dicts, readings)), EVIDENCE),
-        }
-    )
-
-
-def _stored_table(rows: pd.DataFrame) -> pa.Table:
-    """The same columns from rows read back from a report_labels file."""
-    return pa.table(
-        {
-            **{
-                column: pa.array(rows[column], pa.int8(), from_pandas=True)
-                for column in REPORT_LABEL_COLUMNS
-            },
-            "report_label_evidence": pa.array(
-                rows["report_label_evidence"].to_numpy(), EVIDENCE, from_pandas=True
-            ),
         }
     )
 
