@@ -123,6 +123,7 @@ DICOM_SYNTAXES = [ExplicitVRLittleEndian, RLELossless, JPEG2000Lossless, JPEGLos
     ],
     ids=["window", "monochrome1-percentiles", "rescale-percentiles"],
 )
+@pytest.mark.slow
 def test_dicom_formats(tmp_path: Path, syntax, photometric: str, tags: dict) -> None:
     # 1792 x 1536: sides divisible by 2, so the JPEG 2000 path decodes at level 1 and the
     # others average 2 x 2 blocks.

@@ -241,6 +241,7 @@ AREA_SHAPES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, top", [(np.uint8, 255), (np.uint16, 4095)])
 def test_area_shrink_is_the_area_mean_rounded(dtype, top):
     rng = np.random.default_rng(7)

@@ -212,6 +212,7 @@ def test_second_run_rewrites_no_mask_png(tiny_corpus_copy, tiny_root):
     assert not list(output.rglob(".partial-*"))
 
 
+@pytest.mark.build
 def test_clipped_and_degenerate_boxes_are_counted_not_dropped(tiny_copy, tmp_path):
     path = tiny_copy / "ms-cxr" / CSV_NAME
     csv = pd.read_csv(path)
@@ -240,6 +241,7 @@ def test_clipped_and_degenerate_boxes_are_counted_not_dropped(tiny_copy, tmp_pat
     assert "no area" in check.description
 
 
+@pytest.mark.build
 def test_rgba_chestx_det_png_accepted_only_when_gray(tiny_copy, tmp_path):
     entries = json.loads((tiny_copy / "chestx-det" / "ChestX_Det_test.json").read_text())
     first, second = (tiny_copy / "chestx-det" / "test" / e["file_name"] for e in entries[:2])
@@ -263,6 +265,7 @@ def test_rgba_chestx_det_png_accepted_only_when_gray(tiny_copy, tmp_path):
     assert check.metadata["error_rows"].value == 1
 
 
+@pytest.mark.build
 def test_rle_size_mismatch_is_a_per_image_error_with_both_sizes(tiny_copy, tmp_path):
     path = tiny_copy / "chexlocalize" / "CheXlocalize" / "gt_segmentations_val.json"
     entries = json.loads(path.read_text())
@@ -294,6 +297,7 @@ def test_the_documented_unsegmented_positive_passes_and_is_listed(built):
     assert documented in evaluation.description
 
 
+@pytest.mark.build
 def test_an_undocumented_unsegmented_positive_warns_with_its_id(tiny_copy, tmp_path):
     # A frontal image without a segmentation entry turns positive for a localizable class.
     base = tiny_copy / "chexlocalize"

@@ -119,6 +119,7 @@ def test_sixteen_bit_images_are_stretched_for_display():
     assert picture.min() <= 5 and picture.max() >= 250
 
 
+@pytest.mark.slow
 def test_classes_get_distinct_colours_that_do_not_change_between_processes():
     assert class_colour("edema") != class_colour("consolidation")
     assert class_colour("pleural_effusion") != class_colour("atelectasis")

@@ -6,6 +6,7 @@ import json
 import os
 
 import dagster as dg
+import pytest
 
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.defs.jobs import OBSERVE_JOB
@@ -26,6 +27,7 @@ def observe(data_root, output, instance) -> dict[str, dg.AssetObservation]:
     }
 
 
+@pytest.mark.build
 def test_each_partition_observation_lists_its_files_and_what_changed(tiny_copy, tmp_path):
     instance = dg.DagsterInstance.ephemeral()
     first = observe(tiny_copy, tmp_path / "out", instance)
@@ -63,6 +65,7 @@ def test_each_partition_observation_lists_its_files_and_what_changed(tiny_copy, 
     assert untouched.tags == first["chestx_det.test"].tags
 
 
+@pytest.mark.build
 def test_a_missing_annotation_file_is_reported_not_raised(tiny_copy, tmp_path):
     os.remove(tiny_copy / "chestx-det" / "ChestX_Det_test.json")
     observed = observe(tiny_copy, tmp_path / "out", dg.DagsterInstance.ephemeral())

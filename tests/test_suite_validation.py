@@ -32,6 +32,7 @@ def broken_tables() -> tuple[pd.DataFrame, pd.DataFrame]:
     return index, labels
 
 
+@pytest.mark.slow
 def test_the_helper_reports_what_this_process_reports_in_any_order_asked():
     index, labels = broken_tables()
     helper = ValidationProcess()
@@ -90,6 +91,7 @@ def test_closing_a_helper_stops_it_at_once_without_waiting_for_gx(owed):
     assert helper.exit_code == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_a_table_that_cannot_be_sent_fails_its_suite_with_the_reason():
     frame = pd.DataFrame({"image_id": ["a"], "report": [lambda: None]})  # not picklable
     helper = ValidationProcess()
@@ -102,6 +104,7 @@ def test_a_table_that_cannot_be_sent_fails_its_suite_with_the_reason():
     assert "could not be sent to the validation process" in report.outcomes[0].unexpected_sample[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("source_bytes", "kind"),
     [(0, InProcessValidation), (HELPER_SOURCE_BYTES - 1, InProcessValidation),
