@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from ...processing.corpus.duplicates import near_duplicate_members
+from ...processing.corpus.duplicates import PackedContents, near_duplicate_members
 from ...processing.corpus.previews import PreviewSample, contact_sheet, save_png
 from ...processing.imaging.perceptual_hash import DEFAULT_RADIUS, HASH_BITS
 from ...processing.storage.output_layout import NEAR_DUPLICATE_SHEET
@@ -23,7 +23,7 @@ from ..partitions import OWNERS, every_partition_of
 from ..previews import inline_sheet
 from ..resources import OutputsResource
 
-CODE_VERSION = "1"
+CODE_VERSION = "2"
 SHEET_GROUPS = 6
 SHEET_MEMBERS = 4
 _KIND_LABELS = {"identical_file": "same file", "identical_pixels": "same pixels", "near": "near"}
@@ -38,8 +38,9 @@ _KIND_LABELS = {"identical_file": "same file", "identical_pixels": "same pixels"
         f"within {DEFAULT_RADIUS} bits of each other, as connected components over every "
         "materialized partition: one row per member with its group, the datasets and splits "
         "the group spans, its distance to the group's representative and a kind "
-        "(identical_file, identical_pixels, near). Found by multi-index hashing, not by "
-        "comparing every pair."
+        "(identical_file, identical_pixels, near). Hash pairs are found exactly by multi-index "
+        "hashing, not by comparing every pair, and each is kept only when the resized pixels "
+        "show the same film (different radiographs look alike)."
     ),
     automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
     code_version=table_code_version(CODE_VERSION),
@@ -52,10 +53,20 @@ def near_duplicates(
     outputs: OutputsResource,
 ) -> dg.Output[pd.DataFrame]:
     corpus = corpus_images(images)
-    members = near_duplicate_members(corpus)
-    context.log.info(f"{len(members)} images in {members['group_id'].nunique()} groups")
+    search = near_duplicate_members(corpus, PackedContents(outputs.root()))
+    members = search.members
+    context.log.info(
+        f"{len(members)} images in {members['group_id'].nunique()} groups; "
+        f"{search.hashes_compared:,} hash pairs compared, {search.candidates:,} within "
+        f"{DEFAULT_RADIUS} bits, {search.confirmed:,} confirmed and {search.rejected:,} "
+        "rejected on their pixels"
+    )
     metadata = {
         "images_compared": len(corpus),
+        "hash_pairs_compared": search.hashes_compared,
+        "hash_candidates": search.candidates,
+        "candidates_confirmed": search.confirmed,
+        "candidates_rejected": search.rejected,
         "partitions": dg.MetadataValue.json(sorted(images)),
         "groups": int(members["group_id"].nunique()),
         "images_in_groups": len(members),

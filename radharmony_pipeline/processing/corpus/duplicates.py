@@ -1,20 +1,35 @@
 """Near-duplicate groups of a corpus (one row per member), the train/test pairs inside them,
-and the manifest's `duplicate_group` with the loader's filters on it."""
+and the manifest's `duplicate_group` with the loader's filters on it.
+
+Candidates are the image pairs whose perceptual hashes lie within the radius (an exact
+search); each is kept only when the resized pixels show the same film (identical digests,
+or `film_similarity` above its threshold), since different radiographs of a large corpus
+fall within the radius too.
+"""
 
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from radharmony_pipeline.processing.imaging.film_similarity import film_structure, same_film
+from radharmony_pipeline.processing.imaging.geometry import GEOMETRIES
 from radharmony_pipeline.processing.imaging.perceptual_hash import (
     DEFAULT_RADIUS,
-    group_fingerprints,
+    HashPairs,
+    close_pairs,
+    components,
     hamming,
     hashes_to_words,
 )
+from radharmony_pipeline.processing.storage.output_layout import packed_images
+from radharmony_pipeline.processing.storage.packed_rows import PackedRowReader, read_layout
+from radharmony_pipeline.processing.storage.store import OutputPath
 from radharmony_pipeline.processing.tables.table_schemas import NEAR_DUPLICATES, pandas_dtype
 
 KINDS = ("identical_file", "identical_pixels", "near")
@@ -22,23 +37,163 @@ KINDS = ("identical_file", "identical_pixels", "near")
 NEAR_DUPLICATE_COLUMNS: tuple[str, ...] = tuple(NEAR_DUPLICATES.names)
 # Counts every member has (never null): plain integers, empty table or not.
 _COUNTS = {"group_size": "int64", "distance_to_representative": "int64"}
+# Films whose structure is kept for further comparisons (16 KiB each: at most 64 MiB).
+_KEPT_STRUCTURES = 4096
+# Candidate pairs whose pixels are read at once.
+_PAIRS_AT_ONCE = 1024
+
+# Reads the content (padding cut off) of each row of an `images`-like table, in row order.
+ContentReader = Callable[[pd.DataFrame], list[np.ndarray]]
 
 
-def near_duplicate_members(images: pd.DataFrame, radius: int = DEFAULT_RADIUS) -> pd.DataFrame:
+@dataclass(frozen=True)
+class NearDuplicateSearch:
+    """The groups found and what finding them took: hash comparisons the search made,
+    image pairs within the radius (`candidates`), and how many of those the pixels
+    confirmed or rejected (pairs already joined through others are not compared)."""
+
+    members: pd.DataFrame
+    hashes_compared: int
+    candidates: int
+    confirmed: int
+    rejected: int
+
+
+def near_duplicate_members(
+    images: pd.DataFrame, read_contents: ContentReader, radius: int = DEFAULT_RADIUS
+) -> NearDuplicateSearch:
     """One row per image that has a near duplicate: its group and how it relates to it.
 
     `images` needs `image_id, dataset, split, image_path, perceptual_hash, pixels_sha256,
-    source_sha256` (rows of usable images). The representative is the group's smallest
-    `image_id`; `group_splits` lists `<dataset>.<split>` keys. A member's `kind` is the
-    strongest tie it has inside its group: `identical_file` (same source bytes as another
-    member), `identical_pixels` (same resized pixels), else `near`.
+    source_sha256` and what `read_contents` reads (rows of usable images). Two images are
+    joined when they are the same file or the same pixels, or their hashes lie within
+    `radius` bits and their pixels show the same film; groups are the connected components.
+    The representative is the group's smallest `image_id`; `group_splits` lists
+    `<dataset>.<split>` keys. A member's `kind` is the strongest tie it has inside its group:
+    `identical_file` (same source bytes as another member), `identical_pixels` (same resized
+    pixels), else `near`.
     """
     usable = images.dropna(subset=["perceptual_hash"]).reset_index(drop=True)
-    grouping = group_fingerprints(hashes_to_words(usable["perceptual_hash"]), radius)
-    members = usable.loc[grouping.group >= 0].copy()
+    words = hashes_to_words(usable["perceptual_hash"])
+    distinct, hash_of_row = np.unique(words, axis=0, return_inverse=True)
+    hash_pairs = close_pairs(distinct, radius)
+    film = _identical_films(usable)
+    candidates = _candidate_film_pairs(hash_of_row.reshape(-1), film, hash_pairs)
+    joined = _FilmJoins(usable, film, read_contents)
+    joined.confirm(candidates)
+    group = joined.groups()
+    return NearDuplicateSearch(
+        _members(usable, group),
+        hash_pairs.compared,
+        len(candidates),
+        joined.confirmed,
+        joined.rejected,
+    )
+
+
+def _identical_films(usable: pd.DataFrame) -> np.ndarray:
+    """A label per row shared by rows with the same source file or the same pixels."""
+    n = len(usable)
+    left, right = [np.arange(n)], [np.arange(n)]
+    for column in ("source_sha256", "pixels_sha256"):
+        codes, _ = pd.factorize(usable[column])
+        known = np.flatnonzero(codes >= 0)
+        first = pd.Series(known).groupby(codes[known]).transform("first").to_numpy()
+        left.append(known)
+        right.append(first)
+    return components(np.concatenate(left), np.concatenate(right), n)
+
+
+def _candidate_film_pairs(
+    hash_of_row: np.ndarray, film: np.ndarray, hash_pairs: HashPairs
+) -> pd.DataFrame:
+    """(first, second, bits) film pairs to compare, closest hashes first: the films of each
+    hash pair, and the different films sharing one hash."""
+    films = pd.DataFrame({"hash": hash_of_row, "film": film}).drop_duplicates()
+    close = pd.DataFrame(
+        {"hash": hash_pairs.left, "other": hash_pairs.right, "bits": hash_pairs.bits}
+    )
+    across = close.merge(films, on="hash").merge(
+        films.rename(columns={"hash": "other", "film": "other_film"}), on="other"
+    )
+    shared = films.merge(films.rename(columns={"film": "other_film"}), on="hash")
+    shared = shared[shared["film"] < shared["other_film"]].assign(bits=0)
+    pairs = pd.concat(
+        [across[["film", "other_film", "bits"]], shared[["film", "other_film", "bits"]]],
+        ignore_index=True,
+    )
+    pairs = pairs[pairs["film"] != pairs["other_film"]]
+    first = np.minimum(pairs["film"], pairs["other_film"])
+    second = np.maximum(pairs["film"], pairs["other_film"])
+    pairs = pd.DataFrame({"first": first, "second": second, "bits": pairs["bits"]})
+    pairs = pairs.sort_values(["bits", "first", "second"]).drop_duplicates(["first", "second"])
+    return pairs.reset_index(drop=True)
+
+
+class _FilmJoins:
+    """Union-find over films, joining a candidate pair when its pixels show one film."""
+
+    def __init__(self, usable: pd.DataFrame, film: np.ndarray, read_contents: ContentReader):
+        self.parent = np.arange(int(film.max()) + 1 if len(film) else 0)
+        self.film = film
+        # One row stands for each film (its pixels are the film's, or the same file).
+        self.row_of_film = pd.Series(np.arange(len(film))).groupby(film).first().to_numpy()
+        self.usable = usable
+        self.read_contents = read_contents
+        self.structures: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.confirmed = 0
+        self.rejected = 0
+
+    def root(self, node: int) -> int:
+        while self.parent[node] != node:
+            self.parent[node] = self.parent[self.parent[node]]
+            node = self.parent[node]
+        return node
+
+    def confirm(self, candidates: pd.DataFrame) -> None:
+        pairs = candidates[["first", "second"]].to_numpy()
+        for start in range(0, len(pairs), _PAIRS_AT_ONCE):
+            chunk = pairs[start : start + _PAIRS_AT_ONCE]
+            open_pairs = [(a, b) for a, b in chunk.tolist() if self.root(a) != self.root(b)]
+            self._load({film for pair in open_pairs for film in pair})
+            for a, b in open_pairs:
+                if self.root(a) == self.root(b):
+                    continue
+                if same_film(self._structure(a), self._structure(b)):
+                    self.parent[self.root(a)] = self.root(b)
+                    self.confirmed += 1
+                else:
+                    self.rejected += 1
+
+    def groups(self) -> np.ndarray:
+        """Each row's group (a film root), −1 when the row is alone."""
+        roots = np.array([self.root(node) for node in range(len(self.parent))], dtype=np.int64)
+        group = roots[self.film] if len(self.film) else np.empty(0, dtype=np.int64)
+        sizes = np.bincount(group, minlength=len(self.parent)) if len(group) else group
+        return np.where(sizes[group] > 1, group, -1) if len(group) else group
+
+    def _load(self, films: set[int]) -> None:
+        missing = sorted(film for film in films if film not in self.structures)
+        if not missing:
+            return
+        rows = self.usable.iloc[self.row_of_film[missing]]
+        for film, content in zip(missing, self.read_contents(rows), strict=True):
+            self.structures[film] = film_structure(content)
+        while len(self.structures) > max(_KEPT_STRUCTURES, len(films)):
+            self.structures.popitem(last=False)
+
+    def _structure(self, film: int) -> np.ndarray:
+        if film not in self.structures:
+            self._load({film})
+        self.structures.move_to_end(film)
+        return self.structures[film]
+
+
+def _members(usable: pd.DataFrame, group: np.ndarray) -> pd.DataFrame:
+    members = usable.loc[group >= 0].copy()
     if members.empty:
         return _empty_members()
-    members["component"] = grouping.group[grouping.group >= 0]
+    members["component"] = group[group >= 0]
     members["partition"] = members["dataset"] + "." + members["split"]
     members = members.sort_values(["component", "image_id"]).reset_index(drop=True)
     by_component = members.groupby("component", sort=False)
@@ -58,6 +213,44 @@ def near_duplicate_members(images: pd.DataFrame, radius: int = DEFAULT_RADIUS) -
     members["kind"] = _kinds(members)
     ordered = members.sort_values(["group_id", "image_id"]).reset_index(drop=True)
     return ordered[list(NEAR_DUPLICATE_COLUMNS)].astype(_COUNTS)
+
+
+class PackedContents:
+    """Reads the content of `images` rows from their partitions' packed arrays under an
+    output root, a row at a time (never a whole array): `tensor_index` is the row, the
+    geometry (`resize`, `orig_height`, `orig_width`, `size`) says where the padding is."""
+
+    def __init__(self, root: OutputPath) -> None:
+        self.root = root
+
+    def __call__(self, rows: pd.DataFrame) -> list[np.ndarray]:
+        contents: list[np.ndarray | None] = [None] * len(rows)
+        partition = (rows["dataset"] + "." + rows["split"]).to_numpy()
+        for key in sorted(set(partition)):
+            path = self.root / packed_images(key)
+            positions = np.flatnonzero(partition == key)
+            positions = positions[np.argsort(rows["tensor_index"].to_numpy()[positions])]
+            with PackedRowReader(read_layout(path)) as reader:
+                for position in positions.tolist():
+                    row = rows.iloc[position]
+                    contents[position] = _content(reader, row, path)
+        return contents  # type: ignore[return-value]
+
+
+def _content(reader: PackedRowReader, row: pd.Series, path: OutputPath) -> np.ndarray:
+    index = int(row["tensor_index"])
+    if not 0 <= index < reader.layout.rows:
+        raise ValueError(
+            f"{path}: image {row['image_id']} has tensor_index {index}, the array holds "
+            f"{reader.layout.rows} rows; rematerialize `images` for {row['dataset']}."
+            f"{row['split']}"
+        )
+    framed = reader.read(index, index + 1)[0]
+    geometry = GEOMETRIES[str(row["resize"])](
+        int(row["orig_height"]), int(row["orig_width"]), int(row["size"])
+    )
+    top, left = geometry.pad_top, geometry.pad_left
+    return framed[top : top + geometry.resized_height, left : left + geometry.resized_width]
 
 
 def _kinds(members: pd.DataFrame) -> list[str]:

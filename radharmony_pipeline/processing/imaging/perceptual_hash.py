@@ -1,19 +1,16 @@
-"""Perceptual hashes of resized images, and the grouping of a whole corpus of them into
-connected components within a radius, without comparing every pair.
+"""Perceptual hashes of resized images, and the exact search for every pair of a whole
+corpus of them within a radius, without comparing every pair.
 
 The fingerprint is imagehash's difference hash (dHash) with 256 bits, taken over the content
 of the resized image (the letterbox padding cut off); docs/design-notes.md has the measurements
-that chose it over pHash and 64-bit hashes.
-Grouping uses multi-index hashing: the 256 bits are cut into `BLOCKS` blocks of 16 bits, and
-two hashes within `radius` ≤ `BLOCKS − 1` bits of each other agree exactly on at least one
-block (pigeonhole), so only hashes that share a block value are ever compared. Equal hashes
-are collapsed first, so a group of n identical images costs O(n), not n² comparisons.
+that chose it over pHash and 64-bit hashes. The search is multi-index hashing over 8 blocks of
+32 bits (`close_pairs`); `BLOCKS` of 16 bits are the index of the parents' cross search
+(processing/corpus/parents.py).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,12 +20,18 @@ from PIL import Image
 HASH_SIZE = 16  # 16×16 horizontal gradient signs: 256 bits
 HASH_BITS = HASH_SIZE * HASH_SIZE
 HASH_HEX_LENGTH = HASH_BITS // 4
+WORDS = HASH_BITS // 64
 BLOCK_BITS = 16
 BLOCKS = HASH_BITS // BLOCK_BITS
 # Tuned on planted copies vs distinct radiographs (docs/design-notes.md, "Near duplicates").
 DEFAULT_RADIUS = 15
-# Candidate pairs are checked this many at a time, so memory stays bounded for large buckets.
-_CANDIDATE_CHUNK = 250_000
+# Two hashes within 2 × SEARCH_BLOCKS − 1 bits are within one bit of each other in at least
+# one of the blocks (pigeonhole): each value is looked up with its 32 one-bit neighbours.
+SEARCH_BLOCKS = 8
+SEARCH_BLOCK_BITS = HASH_BITS // SEARCH_BLOCKS
+MAX_SEARCH_RADIUS = 2 * SEARCH_BLOCKS - 1
+# Hashes turned into bits this many at a time (8 MiB of bits), so memory stays bounded.
+_ROWS_AT_ONCE = 32_768
 
 
 def perceptual_hash(content: np.ndarray) -> str:
@@ -64,46 +67,6 @@ def hamming(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.bitwise_count(np.bitwise_xor(a, b)).sum(axis=1, dtype=np.int64)
 
 
-@dataclass(frozen=True)
-class Grouping:
-    """`group[i]` is the component of hash i (−1 when alone); `edges` found within radius."""
-
-    group: np.ndarray
-    candidate_pairs: int
-    edges: int
-
-
-def group_fingerprints(words: np.ndarray, radius: int = DEFAULT_RADIUS) -> Grouping:
-    """Connected components of hashes within `radius` bits, by multi-index hashing.
-
-    Linear in the input plus the number of hash pairs sharing a 16-bit block (the candidates),
-    which for well-spread hashes is a small multiple of n.
-    """
-    if not 0 <= radius < BLOCKS:
-        raise ValueError(f"radius must be in 0..{BLOCKS - 1} for {BLOCKS} blocks, got {radius}")
-    n = len(words)
-    if n == 0:
-        return Grouping(np.empty(0, dtype=np.int64), 0, 0)
-    unique, inverse = np.unique(words, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    blocks = block_values(unique)
-    sources, targets, candidates = [], [], 0
-    for block in range(BLOCKS):
-        for left, right in _shared_block_pairs(blocks[:, block]):
-            candidates += len(left)
-            close = hamming(unique[left], unique[right]) <= radius
-            sources.append(left[close])
-            targets.append(right[close])
-    u = len(unique)
-    left = np.concatenate([*sources, np.arange(u)]) if sources else np.arange(u)
-    right = np.concatenate([*targets, np.arange(u)]) if targets else np.arange(u)
-    unique_component = _components(left, right, u)
-    component = unique_component[inverse]
-    sizes = np.bincount(component)
-    group = np.where(sizes[component] > 1, component, -1)
-    return Grouping(group.astype(np.int64), candidates, int(sum(len(s) for s in sources)))
-
-
 def block_values(words: np.ndarray) -> np.ndarray:
     """(u, BLOCKS) uint16: each 64-bit word is four 16-bit blocks."""
     shifts = np.arange(0, 64, BLOCK_BITS, dtype=np.uint64)
@@ -111,56 +74,172 @@ def block_values(words: np.ndarray) -> np.ndarray:
     return parts.reshape(len(words), -1).astype(np.uint16)
 
 
-def _shared_block_pairs(values: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Index pairs (i < j in sorted order) of equal `values`, in bounded chunks.
+@dataclass(frozen=True)
+class HashPairs:
+    """Pairs of rows whose hashes lie within a radius: `left[k] < right[k]`, `bits[k]` their
+    distance; `compared` counts the hash comparisons the search made to find them."""
 
-    Sorting puts equal values in runs; pairs at distance d inside a run are produced for
-    d = 1, 2, … over only the elements whose run is still longer than d, so the work is the
-    number of pairs, never n × longest run.
+    left: np.ndarray
+    right: np.ndarray
+    bits: np.ndarray
+    compared: int
+
+    def __len__(self) -> int:
+        return len(self.left)
+
+
+def close_pairs(words: np.ndarray, radius: int = DEFAULT_RADIUS) -> HashPairs:
+    """Every pair of rows of `words` ((n, 4) uint64, distinct hashes) within `radius` bits:
+    the pairs comparing every pair finds, by multi-index hashing over `SEARCH_BLOCKS` blocks.
+
+    The bits are dealt to the blocks by how evenly each splits `words` (radiographs share
+    structure: in blocks of neighbouring bits, thousands of images share a value), so every
+    block separates the hashes about as well as the others. Per block, a hash is compared
+    with those of its own block value and, when `radius` ≥ `SEARCH_BLOCKS`, of each value one
+    bit away; `compared` counts these comparisons.
     """
+    if not 0 <= radius <= MAX_SEARCH_RADIUS:
+        raise ValueError(
+            f"radius must be in 0..{MAX_SEARCH_RADIUS} for {SEARCH_BLOCKS} blocks of "
+            f"{SEARCH_BLOCK_BITS} bits, got {radius}"
+        )
+    n = len(words)
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    compared = 0
+    if n > 1:
+        laid = _rearranged(words, _balanced_layout(words))
+        for block in range(SEARCH_BLOCKS):
+            compared += _search_block(laid, block, radius, found)
+    if not found:
+        empty = np.empty(0, dtype=np.int64)
+        return HashPairs(empty, empty, empty, compared)
+    first = np.concatenate([pair[0] for pair in found]).astype(np.int64)
+    second = np.concatenate([pair[1] for pair in found]).astype(np.int64)
+    bits = np.concatenate([pair[2] for pair in found]).astype(np.int64)
+    left, right = np.minimum(first, second), np.maximum(first, second)
+    # A pair close in several blocks was found once per block.
+    _, once = np.unique(left * n + right, return_index=True)
+    return HashPairs(left[once], right[once], bits[once], compared)
+
+
+def _balanced_layout(words: np.ndarray) -> np.ndarray:
+    """The 256 bit positions in block order: sorted by how evenly each bit splits the
+    hashes, dealt back and forth over the blocks (0..7, 7..0, …)."""
+    ones = np.zeros(HASH_BITS, dtype=np.int64)
+    for start in range(0, len(words), _ROWS_AT_ONCE):
+        ones += _bits(words[start : start + _ROWS_AT_ONCE]).sum(axis=0, dtype=np.int64)
+    share = ones / len(words)
+    order = np.argsort(-np.minimum(share, 1.0 - share), kind="stable")
+    layout = np.empty((SEARCH_BLOCKS, SEARCH_BLOCK_BITS), dtype=np.int64)
+    for rank, bit in enumerate(order):
+        lap, place = divmod(rank, SEARCH_BLOCKS)
+        layout[place if lap % 2 == 0 else SEARCH_BLOCKS - 1 - place, lap] = bit
+    return layout.reshape(-1)
+
+
+def _bits(words: np.ndarray) -> np.ndarray:
+    """(rows, 256) uint8 bits of (rows, 4) uint64 words, most significant first."""
+    return np.unpackbits(words.astype(">u8").view(np.uint8), axis=1)
+
+
+def _rearranged(words: np.ndarray, layout: np.ndarray) -> np.ndarray:
+    """`words` with bit i moved from position layout[i] (distances are unchanged): block b
+    is then bits 32b..32b+31, the high or low half of word b // 2."""
+    out = np.empty_like(words)
+    for start in range(0, len(words), _ROWS_AT_ONCE):
+        chosen = _bits(words[start : start + _ROWS_AT_ONCE])[:, layout]
+        packed = np.ascontiguousarray(np.packbits(chosen, axis=1))
+        out[start : start + len(packed)] = packed.view(">u8")
+    return out
+
+
+def _search_block(
+    laid: np.ndarray, block: int, radius: int, found: list[tuple[np.ndarray, ...]]
+) -> int:
+    """Compare the hashes whose block `block` is equal or one bit apart; append the pairs
+    within `radius` to `found` as (row, row, bits); return how many comparisons were made.
+
+    Sorted by block value, each value's hashes are one run. A task is a hash and a run of
+    partners: the rest of its own run, and the whole run of each value one bit above its
+    own. Tasks are taken longest first, and the k-th partner of every task at least k + 1
+    long is compared in one vectorized step, so the work is the comparisons plus one step
+    per partner rank. The word without this block is compared first: most tasks end there.
+    """
+    word, half = divmod(block, 64 // SEARCH_BLOCK_BITS)
+    shift = np.uint64(64 - SEARCH_BLOCK_BITS * (half + 1))
+    values = ((laid[:, word] >> shift) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
     order = np.argsort(values, kind="stable")
     ordered = values[order]
     starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
     lengths = np.diff(np.r_[starts, len(ordered)])
-    in_runs = np.repeat(lengths > 1, lengths)
-    positions = np.flatnonzero(in_runs)
-    if len(positions) == 0:
-        return
-    run_end = np.repeat(starts + lengths, lengths)[positions]
-    offset = 1
-    pending_left: list[np.ndarray] = []
-    pending_right: list[np.ndarray] = []
-    pending = 0
-    while len(positions):
-        keep = positions + offset < run_end
-        positions, run_end = positions[keep], run_end[keep]
-        pending_left.append(order[positions])
-        pending_right.append(order[positions + offset])
-        pending += len(positions)
-        if pending >= _CANDIDATE_CHUNK:
-            yield np.concatenate(pending_left), np.concatenate(pending_right)
-            pending_left, pending_right, pending = [], [], 0
-        offset += 1
-    if pending:
-        yield np.concatenate(pending_left), np.concatenate(pending_right)
+    position = np.arange(len(ordered))
+    rows, partners, counts = [position], [position + 1], [np.repeat(starts + lengths, lengths)]
+    counts[0] = counts[0] - position - 1
+    if radius >= SEARCH_BLOCKS:  # pigeonhole then needs the one-bit neighbours
+        distinct = ordered[starts]
+        for bit in range(SEARCH_BLOCK_BITS):
+            flag = np.uint32(1 << bit)
+            lower = np.flatnonzero((distinct & flag) == 0)
+            upper = np.minimum(np.searchsorted(distinct, distinct[lower] | flag), len(distinct) - 1)
+            hit = distinct[upper] == (distinct[lower] | flag)
+            lower, upper = lower[hit], upper[hit]
+            size = lengths[lower]
+            offsets = np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
+            rows.append(np.repeat(starts[lower], size) + offsets)
+            partners.append(np.repeat(starts[upper], size))
+            counts.append(np.repeat(lengths[upper], size))
+    count = np.concatenate(counts)
+    longest_first = np.flatnonzero(count > 0)
+    longest_first = longest_first[np.argsort(-count[longest_first], kind="stable")]
+    row = np.concatenate(rows)[longest_first].astype(np.int32)
+    partner = np.concatenate(partners)[longest_first].astype(np.int32)
+    count = count[longest_first]
+    sorted_words = laid[order]
+    check = [w for w in range(WORDS) if w != word] + [word]
+    first_word = np.ascontiguousarray(sorted_words[:, check[0]])
+    row_first = first_word[row]
+    compared = 0
+    shorter = -count  # ascending: tasks with count > k come before -k
+    for rank in range(int(count[0]) if len(count) else 0):
+        active = int(np.searchsorted(shorter, -rank, side="left"))
+        other = partner[:active] + rank
+        bits = np.bitwise_count(first_word[other] ^ row_first[:active])
+        close = np.flatnonzero(bits <= radius)
+        compared += active
+        if len(close) == 0:
+            continue
+        mine, theirs, total = row[close], other[close], bits[close].astype(np.int64)
+        for w in check[1:]:
+            column = sorted_words[:, w]
+            total += np.bitwise_count(column[mine] ^ column[theirs])
+            within = total <= radius
+            mine, theirs, total = mine[within], theirs[within], total[within]
+        found.append((order[mine], order[theirs], total))
+    return compared
 
 
-def brute_force_groups(words: np.ndarray, radius: int = DEFAULT_RADIUS) -> np.ndarray:
-    """Components by comparing every pair (the baseline; quadratic, for samples only)."""
+def brute_force_pairs(words: np.ndarray, radius: int = DEFAULT_RADIUS) -> HashPairs:
+    """The same pairs by comparing every pair (quadratic: the reference, for samples)."""
     n = len(words)
-    left, right = [], []
+    left, right, bits = [], [], []
     for i in range(n - 1):
-        close = np.flatnonzero(hamming(words[i + 1 :], words[i][None, :]) <= radius) + i + 1
+        distance = hamming(words[i + 1 :], words[i][None, :])
+        close = np.flatnonzero(distance <= radius)
         left.append(np.full(len(close), i))
-        right.append(close)
-    rows = np.concatenate([*left, np.arange(n)])
-    cols = np.concatenate([*right, np.arange(n)])
-    component = _components(rows, cols, n)
-    sizes = np.bincount(component)
-    return np.where(sizes[component] > 1, component, -1)
+        right.append(close + i + 1)
+        bits.append(distance[close])
+    if not left:
+        empty = np.empty(0, dtype=np.int64)
+        return HashPairs(empty, empty, empty, 0)
+    return HashPairs(
+        np.concatenate(left).astype(np.int64),
+        np.concatenate(right).astype(np.int64),
+        np.concatenate(bits).astype(np.int64),
+        n * (n - 1) // 2,
+    )
 
 
-def _components(left: np.ndarray, right: np.ndarray, count: int) -> np.ndarray:
+def components(left: np.ndarray, right: np.ndarray, count: int) -> np.ndarray:
     """Connected-component label of each of `count` nodes joined by the edges left-right."""
     # Imported here: scipy.sparse is ~4 % of loading the definitions (-X importtime), which
     # every process would otherwise pay; only the grouping of a whole corpus needs it.
