@@ -19,7 +19,14 @@ from radharmony_pipeline import cli
 from radharmony_pipeline.operations.verify import verify_outputs
 from radharmony_pipeline.processing.execution.cluster import DaskCluster, LocalPool
 from radharmony_pipeline.processing.imaging.perceptual_hash import pixels_sha256
-from radharmony_pipeline.processing.imaging.tagged_png import radiograph_png, with_text_tags
+from radharmony_pipeline.processing.imaging.tagged_png import (
+    INPUT_KEY_TAG,
+    leading_text_tags,
+    radiograph_png,
+    read_png_tags,
+    with_text_tags,
+    write_tagged_png,
+)
 from radharmony_pipeline.processing.storage import integrity
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.packed_rows import PackedRowReader, read_layout
@@ -303,3 +310,14 @@ def test_a_table_unlike_its_record_or_with_a_damaged_page_is_named(tmp_path):
     (damaged,) = integrity.verify_partitions(tmp_path, {PARTITION: {}}, LocalPool(1))[0].mismatches
     assert damaged.path == str(path)
     assert damaged.problem.startswith("unreadable Parquet: ")
+
+
+def test_the_leading_tags_read_without_pillow_are_pillows_latin1_tags(tmp_path):
+    pixels = np.arange(64, dtype=np.uint8).reshape(8, 8)
+    path = tmp_path / "tagged.png"
+    tags = {integrity.PIXEL_DIGEST: pixels_sha256(pixels), "scale": "0.5"}
+    write_tagged_png(path, lambda: pixels, "снимок/01.png", tags)  # the key needs iTXt
+    content = path.read_bytes()
+    assert leading_text_tags(content) == {**tags}
+    assert read_png_tags(path) == {INPUT_KEY_TAG: "снимок/01.png", **tags}
+    assert leading_text_tags(untagged_png(pixels)) == {}

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
-from PIL import Image
 
 from radharmony_pipeline.processing.corpus.exports import (
     HUGGINGFACE_FOLDER,
@@ -30,7 +29,7 @@ from radharmony_pipeline.processing.imaging.image_files import (
     read_grayscale_png,
 )
 from radharmony_pipeline.processing.imaging.perceptual_hash import pixels_sha256
-from radharmony_pipeline.processing.imaging.tagged_png import png_problem
+from radharmony_pipeline.processing.imaging.tagged_png import leading_text_tags, png_problem
 from radharmony_pipeline.processing.storage.output_layout import (
     packed_images,
     packed_keys,
@@ -241,7 +240,11 @@ def png_file_problem(path: OutputPath, pixel_digest: str | None) -> str | None:
     except FileNotFoundError:
         return "missing"
     problem = png_problem(content)
-    if problem or pixel_digest is None or _tagged_digest(content) == pixel_digest:
+    if (
+        problem
+        or pixel_digest is None
+        or leading_text_tags(content).get(PIXEL_DIGEST) == pixel_digest
+    ):
         return problem
     try:
         pixels, _mode = read_grayscale_png(path, content)
@@ -250,16 +253,6 @@ def png_file_problem(path: OutputPath, pixel_digest: str | None) -> str | None:
     if pixels_sha256(pixels) != pixel_digest:
         return f"pixels differ from their recorded digest ({pixel_digest})"
     return None
-
-
-def _tagged_digest(content: bytes) -> str | None:
-    """The pixel digest tag a PNG was written with, from its text chunks (not decoded)."""
-    try:
-        with Image.open(io.BytesIO(content), formats=["PNG"]) as image:
-            value = image.info.get(PIXEL_DIGEST)
-    except (OSError, SyntaxError, ValueError):
-        return None
-    return value if isinstance(value, str) else None
 
 
 def _plan(
