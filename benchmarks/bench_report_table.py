@@ -66,6 +66,8 @@ def main() -> None:
     if not root.exists():
         print(f"writing full-scale ReXGradient metadata under {folder} ...", flush=True)
         root = write_full_scale_rexgradient_metadata(folder)
+    # Metadata only: the reader wants the image folder to exist, not to hold the images.
+    (root / "deid_png").mkdir(exist_ok=True)
     source = open_source("rexgradient", SourceLocation(root=root))
     labels = source.read_split(args.split).labels
     if args.labeler == "real":
@@ -81,7 +83,7 @@ def main() -> None:
     first_s = time.perf_counter() - start
 
     start = time.perf_counter()
-    previous = pq.read_table(io.BytesIO(content)).to_pandas()
+    previous = pq.read_table(io.BytesIO(content))
     again = label_reports(labels["image_id"], labels["report"], reader, "bench", previous)
     written(again, args.split)
     rerun_s = time.perf_counter() - start

@@ -119,6 +119,7 @@ def test_ms_cxr_gets_mimics_chexpert_labels_per_study(tiny_root, tmp_path):
     assert grounded_any
     found = metadata(result)
     assert found["report_label_file"].endswith(CHEXPERT_NAMES[0])
+    assert found["images_without_study_labels"] == 0
     assert all(checks(result).values())
 
 

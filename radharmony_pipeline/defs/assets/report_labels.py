@@ -6,6 +6,8 @@ from collections.abc import Iterator
 
 import dagster as dg
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ...processing.reports.report_table import (
     empty_report_labels,
@@ -15,12 +17,11 @@ from ...processing.reports.report_table import (
     unmentioned_share,
 )
 from ...processing.storage.output_layout import table_file
-from ...processing.storage.store import OutputPath, exists
+from ...processing.storage.store import OutputPath, exists, open_for_reading
 from ...processing.tables.table_schemas import REPORT_LABELS, REPORT_RULES
 from ...sources import DatasetSource, SourceError, parse_partition_key
 from ..checks.report_labels import CHECK_SPECS, check_results
 from ..groups import ANNOTATIONS
-from ..io_managers import read_table_file
 from ..resources import DatasetsResource, OutputsResource
 from ..stages import checked_stage
 
@@ -110,16 +111,21 @@ def _read_reports(
     )
 
 
-def _previous_rows(context: dg.AssetExecutionContext, path: OutputPath) -> pd.DataFrame | None:
-    """The partition's last report_labels table, when there is a readable one."""
+def _previous_rows(context: dg.AssetExecutionContext, path: OutputPath) -> pa.Table | None:
+    """The partition's last report_labels file, as Arrow (its evidence stays Arrow: turning
+    hundreds of thousands of lists into Python objects would cost more than the rest)."""
     if not exists(path):
         return None
     try:
-        return read_table_file(path)
+        with open_for_reading(path) as handle:
+            table = pq.read_table(handle, page_checksum_verification=True)
     except (OSError, ValueError) as error:
         # Only a cache: a damaged file means every text is read again.
         context.log.warning(f"{path}: not reused ({error}); every report is read again")
         return None
+    if not set(REPORT_LABELS.names) <= set(table.column_names):
+        return None  # written under an older declaration
+    return table
 
 
 def _file_labels(
@@ -142,8 +148,13 @@ def _file_labels(
     table = file_labels(
         found.labels["image_id"], found.labels, source.report_label_source, found.path.name
     )
+    # Studies the file does not label (its reports were not read): counted, not an error.
+    unlabelled = int((~raw_index["image_id"].isin(table["image_id"])).sum())
     return (
         table,
         table["image_id"].astype("string"),
-        {"report_label_file": dg.MetadataValue.path(str(found.path))},
+        {
+            "report_label_file": dg.MetadataValue.path(str(found.path)),
+            "images_without_study_labels": unlabelled,
+        },
     )

@@ -75,8 +75,12 @@ def label_reports(
     turned into Python objects) takes that row's labels and evidence instead of being read.
     """
     has_report = reports.notna().to_numpy()
-    ids = image_ids[has_report].astype("string").reset_index(drop=True)
-    codes, distinct = pd.factorize(reports[has_report].astype(str))
+    if not has_report.all():  # a boolean selection copies every column: only when needed
+        image_ids, reports = image_ids[has_report], reports[has_report]
+    ids = image_ids.astype("string").reset_index(drop=True)
+    codes, uniques = pd.factorize(reports.astype(str))
+    # As Python strings once: iterating the Arrow-backed values costs more than hashing them.
+    distinct = uniques.to_numpy(dtype=object)
     keys = pa.array(text_sha256(distinct), pa.string())
     stored = _reusable_rows(previous, labeler_version)
     # Each text's first row in the stored ones (null: not there).
