@@ -5,6 +5,7 @@ package names is one settings.py lists."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +24,10 @@ def package_modules() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
-def parsed(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(), filename=str(path))
+@functools.cache
+def parsed(path: Path) -> ast.AST:
+    """The module's tree, each node knowing its parent (parsed once for every scan)."""
+    return with_parents(ast.parse(path.read_text(), filename=str(path)))
 
 
 def with_parents(tree: ast.AST) -> ast.AST:
@@ -91,7 +94,7 @@ def is_status_literal(node: ast.Constant) -> bool:
 
 def status_literals(path: Path) -> list[str]:
     relative = str(path.relative_to(PACKAGE))
-    tree = with_parents(parsed(path))
+    tree = parsed(path)
     return [
         f"{relative}:{node.lineno}: {node.value!r}"
         for node in literals(tree, STATUS_WORDS)
@@ -101,7 +104,7 @@ def status_literals(path: Path) -> list[str]:
 
 def union_class_literals(path: Path) -> list[str]:
     relative = str(path.relative_to(PACKAGE))
-    tree = with_parents(parsed(path))
+    tree = parsed(path)
     return [
         f"{relative}:{node.lineno}"
         for node in literals(tree, {vocabulary.UNION_CLASS})
