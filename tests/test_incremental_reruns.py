@@ -344,3 +344,65 @@ def test_an_unchanged_partition_reuses_every_stage_and_a_changed_image_is_patche
     assert reads == Counter()  # the metadata files did not change
     images = materialization_metadata(third, "images")
     assert (images["decoded"], images["packed_rows_written"]) == (1, 1)
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_images_then_decodes_only_the_images_not_yet_written(
+    tiny_copy, tmp_path, monkeypatch
+):
+    """SIGKILL while the `images` step decodes the middle image (a very large one), then
+    the same job again: every image whose PNG was written is re-used, the others decoded."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import dagster as dg
+    from PIL import Image
+
+    from radharmony_pipeline.definitions import build_definitions
+    from radharmony_pipeline.sources import SourceLocation, open_source
+
+    partition, split = "rexgradient.train", "train"
+    source = open_source("rexgradient", SourceLocation(), {"RADHARMONY_DATA_ROOT": str(tiny_copy)})
+    index = source.read_split(split).index
+    index = index[index["status"] == "ok"].reset_index(drop=True)
+    middle = len(index) // 2
+    noise = np.random.default_rng(0).integers(0, 65535, (9000, 9000), dtype=np.uint16)
+    Image.fromarray(noise).save(source.image_dir(split) / index["image_path"][middle])
+    script = tmp_path / "materialize.py"
+    script.write_text(
+        "import sys\n"
+        "from radharmony_pipeline.definitions import build_definitions\n"
+        "if __name__ == '__main__':\n"
+        "    job = build_definitions(sys.argv[1], sys.argv[2]).resolve_job_def('all_stages')\n"
+        "    result = job.execute_in_process(partition_key=sys.argv[3], raise_on_error=False)\n"
+        "    sys.exit(0 if result.success else 1)\n"
+    )
+    output = tmp_path / "output"
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(tiny_copy), str(output), partition],
+        env={**os.environ, "RADHARMONY_WORKERS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pngs = [output / layout.resized_image(partition, key) for key in index["image_key"]]
+    deadline = time.monotonic() + 240
+    while not pngs[middle - 1].exists() and process.poll() is None:
+        assert time.monotonic() < deadline, "the images step never reached the middle image"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    written = {png.name for png in pngs if png.exists()}
+    assert 0 < len(written) < len(pngs), "the run must be killed mid-way"
+
+    monkeypatch.setenv("RADHARMONY_WORKERS", "1")
+    job = build_definitions(tiny_copy, output).resolve_job_def("all_stages")
+    resumed = job.execute_in_process(
+        partition_key=partition, instance=dg.DagsterInstance.ephemeral()
+    )
+
+    images = materialization_metadata(resumed, "images")
+    assert images["decoded"] == len(pngs) - len(written)
+    assert images["reused"] == len(written)
+    assert images["packed_rows_written"] == images["images"]  # assembled: no array yet
