@@ -195,6 +195,7 @@ def test_hash_matches_of_different_films_form_no_group_and_copies_do():
     images = different | copies
     near = "0" * 63
     hashes = {image_id: near + "0123456789ab"[k] for k, image_id in enumerate(images)}
+    hashes["rexgradient/copy-jpeg"] = hashes["rexgradient/0"]  # one hash, two films
     reader = _Contents(images)
     search = near_duplicate_members(_rows(images, hashes), reader)
     groups = search.members.groupby("group_id")["image_id"].apply(set).tolist()
