@@ -5,6 +5,7 @@ first build resumes from the PNGs it wrote. Counts, not times, are asserted."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -27,8 +28,6 @@ SIZE = 32
 PARTITION = "p.train"
 SOURCES = 200
 CHANGED = (17, 101, 180)
-
-pytestmark = pytest.mark.build
 
 
 def write_source(path: Path, seed: int) -> None:
@@ -137,6 +136,7 @@ def built(tmp_path: Path) -> tuple[list[Path], Path]:
     return sources, root
 
 
+@pytest.mark.build
 def test_an_unchanged_rerun_decodes_hashes_and_rewrites_nothing(built, monkeypatch):
     sources, root = built
     before = file_states(root)
@@ -150,6 +150,7 @@ def test_an_unchanged_rerun_decodes_hashes_and_rewrites_nothing(built, monkeypat
     assert file_states(root) == before
 
 
+@pytest.mark.build
 def test_a_few_changed_sources_are_decoded_alone_and_patched_in_place(built, tmp_path, monkeypatch):
     sources, root = built
     packed_file = root / layout.packed_images(PARTITION)
@@ -184,6 +185,84 @@ class Killed(Exception):
     """Stands for the process being killed at that point."""
 
 
+# --- the journal on its own (fast) ---------------------------------------------------------
+
+
+def small_array(path: Path, rows: int = 6) -> np.ndarray:
+    array = np.arange(rows * 4 * 4, dtype=np.uint8).reshape(rows, 4, 4)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, array)
+    packed_journal.write_keys(path, [f"k{row}" for row in range(rows)])
+    return array
+
+
+def test_a_patch_writes_its_rows_in_place_and_records_the_new_keys(tmp_path):
+    packed = tmp_path / "images" / "p.npy"
+    array = small_array(packed)
+    inode = packed.stat().st_ino
+    pixels = np.full((2, 4, 4), 200, np.uint8)
+    keys = ["k0", "new1", "k2", "k3", "new4", "k5"]
+
+    packed_journal.patch_rows(packed, packed_journal.RowPatch(np.array([1, 4]), pixels, keys))
+
+    expected = array.copy()
+    expected[[1, 4]] = 200
+    np.testing.assert_array_equal(np.load(packed), expected)
+    assert packed.stat().st_ino == inode and is_complete(packed)
+    assert layout.packed_keys(packed).read_text() == json.dumps(keys)
+
+
+def killed_before_any_row(packed: Path, patch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Patch `packed`, the process killed right after the journal is published and the key
+    record withdrawn, before any row is written."""
+
+    def killed(*args):
+        raise Killed
+
+    with monkeypatch.context() as crash:
+        crash.setattr(packed_journal, "write_rows", killed)
+        with pytest.raises(Killed):
+            packed_journal.patch_rows(packed, patch)
+
+
+def test_a_journal_left_behind_is_replayed_and_the_array_is_incomplete_until_then(
+    tmp_path, monkeypatch
+):
+    packed = tmp_path / "images" / "p.npy"
+    array = small_array(packed)
+    patch = packed_journal.RowPatch(
+        np.array([0, 5]), np.full((2, 4, 4), 7, np.uint8), list("abcdef")
+    )
+    killed_before_any_row(packed, patch, monkeypatch)
+    assert not is_complete(packed) and not layout.packed_keys(packed).exists()
+
+    assert packed_journal.replay_interrupted_patch(packed) == 2
+    assert packed_journal.replay_interrupted_patch(packed) == 0  # done once, then gone
+    array[[0, 5]] = 7
+    np.testing.assert_array_equal(np.load(packed), array)
+    assert is_complete(packed)
+    assert json.loads(layout.packed_keys(packed).read_text()) == list("abcdef")
+
+
+def test_a_patch_that_does_not_fit_the_array_is_refused_with_the_fix(tmp_path):
+    packed = tmp_path / "images" / "p.npy"
+    small_array(packed)
+    outside = packed_journal.RowPatch(np.array([9]), np.zeros((1, 4, 4), np.uint8), ["x"] * 6)
+    with pytest.raises(ValueError, match=r"does not fit.*remove"):
+        packed_journal.patch_rows(packed, outside)
+
+
+def test_a_journal_whose_array_is_gone_is_dropped(tmp_path, monkeypatch):
+    packed = tmp_path / "images" / "p.npy"
+    small_array(packed)
+    patch = packed_journal.RowPatch(np.array([1]), np.zeros((1, 4, 4), np.uint8), ["x"] * 6)
+    killed_before_any_row(packed, patch, monkeypatch)
+    packed.unlink()
+    assert packed_journal.replay_interrupted_patch(packed) == 0
+    assert not patch_journal(packed).exists()
+
+
+@pytest.mark.build
 def test_a_patch_interrupted_halfway_is_never_complete_and_is_replayed(
     built, tmp_path, monkeypatch
 ):
@@ -223,6 +302,7 @@ def test_a_patch_interrupted_halfway_is_never_complete_and_is_replayed(
     assert resumed.rows == [replace(row, decoded=False) for row in fresh.rows]
 
 
+@pytest.mark.build
 def test_a_patch_killed_before_its_journal_leaves_the_old_array_complete(
     built, tmp_path, monkeypatch
 ):
@@ -251,6 +331,7 @@ def test_a_patch_killed_before_its_journal_leaves_the_old_array_complete(
     np.testing.assert_array_equal(packed_of(root), packed_of(tmp_path / "fresh"))
 
 
+@pytest.mark.build
 def test_an_interrupted_first_build_decodes_only_the_images_not_yet_written(tmp_path, monkeypatch):
     sources = write_sources(tmp_path / "sources", 60)
     root = tmp_path / "output"
@@ -288,6 +369,7 @@ def materialization_metadata(result, asset: str) -> dict[str, object]:
     raise AssertionError(f"{asset} was not materialized")
 
 
+@pytest.mark.build
 def test_an_unchanged_partition_reuses_every_stage_and_a_changed_image_is_patched(
     tiny_copy, tmp_path, monkeypatch
 ):
@@ -346,6 +428,7 @@ def test_an_unchanged_partition_reuses_every_stage_and_a_changed_image_is_patche
     assert (images["decoded"], images["packed_rows_written"]) == (1, 1)
 
 
+@pytest.mark.build
 @pytest.mark.slow
 def test_a_run_killed_mid_images_then_decodes_only_the_images_not_yet_written(
     tiny_copy, tmp_path, monkeypatch

@@ -80,11 +80,15 @@ def patch_rows(packed: Path, patch: RowPatch) -> None:
 
 def replay_interrupted_patch(packed: Any) -> int:
     """Finish the patch a killed run left (its journal is there): the rows written again,
-    the key record published, the journal removed. The number of rows replayed (0: none)."""
+    the key record published, the journal removed. The number of rows replayed (0: none).
+    A journal whose array is gone is dropped: the array is assembled anew anyway."""
     journal = patch_journal(packed)
     try:
         content = read_bytes(journal)
     except FileNotFoundError:
+        return 0
+    if not exists(packed):
+        remove(journal)
         return 0
     patch = _read_journal(content)
     _apply(packed, patch)
