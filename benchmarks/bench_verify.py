@@ -24,7 +24,8 @@ The page cache is warm for both (the files were just written or read), so the fl
 cost of reaching every byte, not of the disk. The last lines give the median ratio verify /
 floor (whole command, and checks alone), the peak RSS against the packed array's size and
 against hashing its rows through one memory map of the whole file (as verify read it before),
-and one run with a single worker for scale.
+one run with a single worker for scale, and twice the CPU time of verify's checks in this
+process against that of reading every file once (load changes CPU time far less than wall).
 
     .venv/bin/python benchmarks/bench_verify.py [--images 20000] [--size 224] [--workers 2]
         [--repeats 3] [--keep DIR]
@@ -47,6 +48,7 @@ import numpy as np
 import pandas as pd
 import psutil
 
+from radharmony_pipeline.operations.verify import verify_outputs
 from radharmony_pipeline.processing.imaging.perceptual_hash import pixels_sha256
 from radharmony_pipeline.processing.imaging.tagged_png import mask_png, write_tagged_png
 from radharmony_pipeline.processing.storage import output_layout as layout
@@ -192,6 +194,21 @@ def mapped_whole_rss(packed: Path) -> int:
     return int(line.split("=")[1]) * 1024
 
 
+def cpu_in_one_process(root: Path, files: list[Path]) -> tuple[float, float]:
+    """(CPU seconds of reading every file once, CPU seconds of verify's checks) in this one
+    process, back to back: the work itself, which a loaded machine changes far less than
+    wall time."""
+    started = time.process_time()
+    read_once(files)
+    floor = time.process_time() - started
+    started = time.process_time()
+    mismatches = verify_outputs(root, [PARTITION], None)
+    checks = time.process_time() - started
+    if mismatches:
+        raise SystemExit(f"the partition does not verify: {mismatches[0]}")
+    return floor, checks
+
+
 def _tree_rss(process: psutil.Process) -> int:
     total = 0
     for member in [process, *process.children(recursive=True)]:
@@ -247,6 +264,13 @@ def main() -> None:
             f"one worker: verify {one_wall:.2f} s, its checks {one_checks:.1f} s, peak RSS "
             f"{one_largest / 2**20:,.0f} MiB (tree {one_tree / 2**20:,.0f} MiB)"
         )
+        for _pair in range(2):
+            floor_cpu, checks_cpu = cpu_in_one_process(root, files)
+            print(
+                f"CPU in one process: reading every file {floor_cpu:.2f} s, verify's checks "
+                f"{checks_cpu:.2f} s ({checks_cpu / outputs * 1e6:.0f} µs per output, "
+                f"{checks_cpu / floor_cpu:.1f}x the read)"
+            )
         mapped = mapped_whole_rss(root / layout.packed_images(PARTITION))
         print(
             f"the rows hashed through a whole-file memory map: peak RSS {mapped / 2**20:,.0f} MiB"
