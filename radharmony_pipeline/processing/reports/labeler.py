@@ -106,9 +106,7 @@ def negation_termset() -> dict[str, list[str]]:
     terms = {key: [t for t in values if t not in dropped] for key, values in shipped.items()}
     uncertain = phrases.UNCERTAIN_BEFORE + phrases.UNCERTAIN_AFTER
     # An uncertainty phrase with a negation word in it ("cannot exclude") denies nothing.
-    negated_uncertainty = [
-        p for p in uncertain if _NEGATION_WORDS.intersection(p.replace("'", "'").split())
-    ]
+    negated_uncertainty = [p for p in uncertain if _NEGATION_WORDS.intersection(p.split())]
     additions = {
         "pseudo_negations": [*phrases.NOT_NEGATION, *negated_uncertainty],
         "preceding_negations": list(phrases.NEGATION_BEFORE),
