@@ -25,9 +25,9 @@ from ..groups import ANNOTATIONS
 from ..resources import DatasetsResource, OutputsResource
 from ..stages import checked_stage
 
-# The labeler's version is not part of it: the labeler imports spaCy (and torch with it), which
-# the definitions do not load. A new labeler's rows get new keys, so the next materialization
-# reads every text again.
+# The code version leaves the labeler's version out: the labeler imports spaCy (and torch with
+# it), which the definitions do not load. A new labeler's rows get new keys, so the next
+# materialization reads every text again.
 CODE_VERSION = "1"
 ASSET = "report_labels"
 
@@ -145,9 +145,7 @@ def _file_labels(
             "partition has no report labels; see docs/report-labels.md for where it goes"
         )
         return empty_report_labels(), empty, {"note": note}
-    table = file_labels(
-        found.labels["image_id"], found.labels, source.report_label_source, found.path.name
-    )
+    table = file_labels(found.labels, source.report_label_source, found.path.name)
     # Studies the file does not label (its reports were not read): counted, not an error.
     unlabelled = int((~raw_index["image_id"].isin(table["image_id"])).sum())
     return (

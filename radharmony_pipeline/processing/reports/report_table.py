@@ -1,6 +1,8 @@
 """Report labels as `report_labels` rows: each distinct report text read once, every row keyed
 by the labeler's version and the text's SHA-256, so an earlier run's rows are reused for
-texts it has already read and only new or changed texts reach the labeler."""
+texts it has already read and only new or changed texts reach the labeler; rows of labels a
+file gives; other labelers' column names and values mapped onto the observations; the
+figures the checks and the profile show."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pyarrow.compute as pc
 from radharmony_pipeline.processing.tables.table_schemas import (
     EVIDENCE,
     REPORT_LABEL_COLUMNS,
+    REPORT_LABEL_PREFIX,
     REPORT_LABELS,
     REPORT_RULES,
 )
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
 UNMENTIONED_REPORTS_LIMIT = 0.2
 
 # The observation columns except no finding, which a read text gets without any mention.
-_MENTION_COLUMNS = tuple(c for c in REPORT_LABEL_COLUMNS if c != "report_label_no_finding")
+_MENTION_COLUMNS = tuple(c for c in REPORT_LABEL_COLUMNS if c != f"{REPORT_LABEL_PREFIX}no_finding")
 # States of a report label in the prevalence figures, by value (null: not mentioned).
 PREVALENCE_STATES: dict[str, int] = {"positive": 1, "uncertain": -1, "negative": 0}
 
@@ -194,7 +197,7 @@ def observation_of(name: str) -> str | None:
     """The report observation a column or class name denotes (`Pleural Effusion`,
     `No Finding`, `report_label_edema`, `pleural_effusion`), or None when it names none."""
     try:
-        observation = unified_class(str(name).removeprefix("report_label_"))
+        observation = unified_class(str(name).removeprefix(REPORT_LABEL_PREFIX))
     except KeyError:
         return None
     return observation if observation in REPORT_OBSERVATIONS else None
@@ -208,7 +211,7 @@ def observation_columns(columns: Iterable[str]) -> dict[str, str]:
         observation = observation_of(column)
         if observation is None:
             continue
-        target = f"report_label_{observation}"
+        target = f"{REPORT_LABEL_PREFIX}{observation}"
         if target in found.values():
             other = next(c for c, t in found.items() if t == target)
             raise ValueError(f"columns {other!r} and {column!r} both name {observation}")
@@ -273,15 +276,13 @@ def empty_report_labels() -> pd.DataFrame:
     return frame
 
 
-def file_labels(
-    image_ids: pd.Series, labels: pd.DataFrame, source: str, version: str
-) -> pd.DataFrame:
-    """report_labels rows for labels read from a file (`labels`: report_label_* columns,
-    row-aligned with `image_ids`): no text hash, no evidence."""
-    index = pd.RangeIndex(len(image_ids))
+def file_labels(labels: pd.DataFrame, source: str, version: str) -> pd.DataFrame:
+    """report_labels rows for labels read from a file (`labels`: image_id and the
+    report_label_* columns it has): no text hash, no evidence."""
+    index = pd.RangeIndex(len(labels))
     frame = pd.DataFrame(
         {
-            "image_id": image_ids.astype("string").to_numpy(),
+            "image_id": labels["image_id"].astype("string").to_numpy(),
             "report_labeler_version": pd.Series(version, index=index, dtype="string"),
             "report_sha256": pd.Series(None, index=index, dtype="string"),
             **{
