@@ -108,7 +108,7 @@ class PackedRowReader:
 
     layout: PackedLayout
     reads: list[int] = field(default_factory=list)
-    _handle: BinaryIO | None = None
+    _handle: BinaryIO | None = field(default=None, init=False, repr=False)
 
     def __enter__(self) -> PackedRowReader:
         return self
