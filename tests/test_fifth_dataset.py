@@ -21,6 +21,9 @@ from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.sources import partition_keys
 from radharmony_pipeline.synthetic import generated_datasets
 
+# Module fixtures that build outputs: tests/conftest.py marks their users `build`.
+BUILD_FIXTURES = ("toy",)
+
 SCRIPT = Path(__file__).with_name("toy_dataset.py")
 
 

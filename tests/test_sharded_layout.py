@@ -54,6 +54,7 @@ PATH_COLUMNS = {
 # --- the layout ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_million_images_fill_no_folder_beyond_ten_thousand_entries():
     keys = map("rexgradient__{:07d}".format, range(10**6))
     per_shard = Counter(map(layout.image_shard, keys))

@@ -138,6 +138,7 @@ def test_returns_each_dataset_root(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.iterdir() if p.name.endswith((".staging", ".old"))]
 
 
+@pytest.mark.build
 def test_default_writes_every_registered_dataset_with_a_generator(out: Path) -> None:
     assert generated_datasets() == tuple(
         key for key, source in SOURCE_TYPES.items() if source.synthetic_generator
@@ -151,11 +152,13 @@ def test_default_writes_every_registered_dataset_with_a_generator(out: Path) -> 
         assert (source.root / "expected_counts.json").is_file(), dataset
 
 
+@pytest.mark.build
 def test_same_seed_gives_byte_identical_trees(out: Path, tmp_path: Path) -> None:
     generate_datasets(tmp_path, scale="tiny", seed=0)
     assert tree_digest(tmp_path) == tree_digest(out)
 
 
+@pytest.mark.build
 def test_another_seed_gives_other_files(out: Path, tmp_path: Path) -> None:
     generate_datasets(tmp_path, scale="tiny", seed=1)
     first, second = tree_digest(out), tree_digest(tmp_path)
@@ -618,6 +621,7 @@ def test_rexgradient_expected_counts_match_disk(out: Path) -> None:
         assert counts["splits"][split] == rex_counts(rex_metadata(out / "rexgradient", split)[1])
 
 
+@pytest.mark.build
 def test_full_scale_rexgradient_metadata_has_the_release_counts(tmp_path: Path) -> None:
     root = write_full_scale_rexgradient_metadata(tmp_path, seed=0)
     assert root == tmp_path / "rexgradient"
