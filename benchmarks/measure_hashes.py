@@ -1,4 +1,5 @@
-"""Measurement behind the choice of perceptual hash (docs/design-notes.md, "Near duplicates").
+"""Measurements behind the choice of perceptual hash and of the confirmation on pixels
+(docs/design-notes.md, "Near duplicates").
 
 Generates the small synthetic datasets, decodes every image as the `images` stage does
 (letterbox to 224, padding cut off), and for pHash and dHash at 64 and 256 bits prints:
@@ -6,7 +7,14 @@ the bit distances between distinct radiographs (min, 0.1 % and 1 % quantiles, me
 between an image and its transformed copy (median / max over the sample) for each
 transform the synthetic generator plants and some harsher ones.
 
-    .venv/bin/python benchmarks/measure_hashes.py [--images 70]
+Then, for the confirmation (`film_similarity`): renders of the project's renderer
+(`synthetic/look_alikes.py`, `--film-side` pixels, resized to 224 as the stage does), each
+copy kind's similarity to its original (min and median over `--films` films) and its hash
+distance, against the most alike pairs of different films (the `--closest` pairs of highest
+pixel correlation among `--films` × 4 renders, and pairs whose hashes are closest): the
+threshold must lie between.
+
+    .venv/bin/python benchmarks/measure_hashes.py [--images 70] [--films 40] [--only films]
 """
 
 from __future__ import annotations
@@ -23,8 +31,23 @@ import numpy as np
 from PIL import Image
 
 from radharmony_pipeline.processing.imaging.decode import decode_grayscale
+from radharmony_pipeline.processing.imaging.film_similarity import (
+    SAME_FILM_MIN_CORRELATION,
+    film_similarity,
+    film_structure,
+)
 from radharmony_pipeline.processing.imaging.geometry import letterbox_geometry, resize_image
+from radharmony_pipeline.processing.imaging.perceptual_hash import (
+    hamming,
+    hashes_to_words,
+    perceptual_hash,
+)
 from radharmony_pipeline.synthetic import generate_datasets
+from radharmony_pipeline.synthetic.look_alikes import (
+    COPY_KINDS,
+    look_alike_radiograph,
+    resized_like_images_stage,
+)
 
 SIZE = 224
 HASHES = {"phash": imagehash.phash, "dhash": imagehash.dhash}
@@ -72,10 +95,70 @@ TRANSFORMS = {
 }
 
 
+def measure_film_similarity(films: int, closest: int, side: int) -> None:
+    def content(pixels: np.ndarray) -> np.ndarray:
+        return resized_like_images_stage(pixels, SIZE)[1]
+
+    def bits(a: np.ndarray, b: np.ndarray) -> int:
+        words = hashes_to_words([perceptual_hash(a), perceptual_hash(b)])
+        return int(hamming(words[:1], words[1:])[0])
+
+    print(f"film_similarity (threshold {SAME_FILM_MIN_CORRELATION}), {side} px films:")
+    originals = [look_alike_radiograph(5, i, side) for i in range(films)]
+    lowest_copy = 1.0
+    for kind, transform in COPY_KINDS.items():
+        scores, distances = [], []
+        for film in originals:
+            a, b = content(film), content(transform(film))
+            scores.append(film_similarity(film_structure(a), film_structure(b)))
+            distances.append(bits(a, b))
+        inside = [s for s, d in zip(scores, distances, strict=True) if d <= 15]
+        lowest_copy = min([lowest_copy, *inside])
+        print(
+            f"    copy {kind:<16} min {min(scores):.4f} median {np.median(scores):.4f}  "
+            f"(hash bits median {np.median(distances):.0f}, max {max(distances)}; "
+            f"{len(inside)} of {films} within 15)"
+        )
+    renders = [content(look_alike_radiograph(6, i, side)) for i in range(films * 4)]
+    frames = np.array([cv2.resize(r, (64, 64), interpolation=cv2.INTER_AREA) for r in renders])
+    flat = frames.reshape(len(frames), -1).astype(np.float64)
+    flat -= flat.mean(axis=1, keepdims=True)
+    flat /= np.linalg.norm(flat, axis=1, keepdims=True)
+    upper = np.triu_indices(len(renders), 1)
+    correlation = (flat @ flat.T)[upper]
+    words = hashes_to_words([perceptual_hash(r) for r in renders])
+    distance = hamming(words[upper[0]], words[upper[1]])
+    for label, chosen in (
+        ("highest pixel correlation", np.argsort(correlation)[-closest:]),
+        ("closest hashes", np.argsort(distance, kind="stable")[:closest]),
+    ):
+        scores = [
+            film_similarity(
+                film_structure(renders[upper[0][k]]), film_structure(renders[upper[1][k]])
+            )
+            for k in chosen
+        ]
+        print(
+            f"    different films, the {closest} pairs of {label} (pixel correlation "
+            f"{correlation[chosen].min():.3f}–{correlation[chosen].max():.3f}, hash bits "
+            f"{distance[chosen].min()}–{distance[chosen].max()}): similarity max "
+            f"{max(scores):.4f}, median {np.median(scores):.4f}"
+        )
+    print(f"    lowest copy within the hash radius: {lowest_copy:.4f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=70)
+    parser.add_argument("--films", type=int, default=40)
+    parser.add_argument("--closest", type=int, default=40)
+    parser.add_argument("--film-side", type=int, default=190)
+    parser.add_argument("--only", choices=("hashes", "films"))
     args = parser.parse_args()
+    if args.only != "hashes":
+        measure_film_similarity(args.films, args.closest, args.film_side)
+    if args.only == "films":
+        return
     with tempfile.TemporaryDirectory() as folder:
         generate_datasets(Path(folder), scale="small", seed=0)
         files = sorted(f for f in Path(folder).rglob("*") if f.suffix in (".png", ".jpg", ".dcm"))
