@@ -6,10 +6,16 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-DEMO_DATA_ROOT = Path("data/demo")
+from .settings import DATA_ROOT_VARIABLE, DEFAULT_DATA_ROOT
+
+if TYPE_CHECKING:
+    from .operations.runner import PartitionOutcome
+
+DEMO_DATA_ROOT = Path(DEFAULT_DATA_ROOT)
 # A user error (bad option, unknown dataset, missing path): one line, this exit status.
 USAGE_ERROR = 2
 
@@ -83,7 +89,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     demo.add_argument(
         "--data-root",
         default=None,
-        help=f"datasets folder or s3:// URL (default RADHARMONY_DATA_ROOT or {DEMO_DATA_ROOT}); "
+        help=f"datasets folder or s3:// URL (default {DATA_ROOT_VARIABLE} or {DEMO_DATA_ROOT}); "
         f"must exist unless it is {DEMO_DATA_ROOT}, where the demo datasets are generated",
     )
     demo.add_argument(
@@ -108,8 +114,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     free.set_defaults(run=_free_slots)
     subcommands["free-slots"] = free
     subcommands["verify"] = _add_verify(commands)
-    subcommands["label-reports"] = _add_label_reports(commands)
     subcommands["migrate-layout"] = _add_migrate_layout(commands)
+    subcommands["label-reports"] = _add_label_reports(commands)
     return parser, subcommands
 
 
@@ -159,7 +165,7 @@ def _add_check_data_arguments(check: argparse.ArgumentParser) -> None:
     check.add_argument(
         "--data-root",
         default=None,
-        help="datasets folder or s3:// URL (default RADHARMONY_DATA_ROOT); the per-dataset "
+        help=f"datasets folder or s3:// URL (default {DATA_ROOT_VARIABLE}); the per-dataset "
         "variables (RADHARMONY_CHESTX_DET_ROOT, ...) still apply",
     )
     check.add_argument(
@@ -173,16 +179,16 @@ def _add_check_data_arguments(check: argparse.ArgumentParser) -> None:
 def _check_data(args: argparse.Namespace) -> int:
     from .processing.storage.source_store import exists, is_remote, source_path
     from .sources import partition_keys
-    from .sources.location import DATA_ROOT_ENV, expand_path
+    from .sources.location import expand_path
 
     if args.data_root:
-        os.environ[DATA_ROOT_ENV] = args.data_root
-    given = os.environ.get(DATA_ROOT_ENV)
+        os.environ[DATA_ROOT_VARIABLE] = args.data_root
+    given = os.environ.get(DATA_ROOT_VARIABLE)
     if given:
         root = source_path(expand_path(given, os.environ))
         if not is_remote(root) and not exists(root):
             raise UserError(
-                f"data root {root} does not exist; set {DATA_ROOT_ENV} (or --data-root) to "
+                f"data root {root} does not exist; set {DATA_ROOT_VARIABLE} (or --data-root) to "
                 "the folder that holds the downloads"
             )
     unknown = sorted(set(args.partition or ()) - set(partition_keys()))
@@ -198,7 +204,7 @@ def _check_data(args: argparse.Namespace) -> int:
         print("\n".join(report.lines()), flush=True)
     if all(report.status == "not configured" for report in reports):
         print(
-            "no dataset found: set RADHARMONY_DATA_ROOT to the folder that holds the downloads, "
+            f"no dataset found: set {DATA_ROOT_VARIABLE} to the folder that holds the downloads, "
             "or a dataset's own variable",
             file=sys.stderr,
         )
@@ -240,8 +246,9 @@ def _demo(args: argparse.Namespace) -> int:
     from .processing.storage.source_store import is_remote, source_path
     from .sources import partition_keys
     from .sources.location import expand_path
+    from .synthetic import generate_datasets, generated_partitions
 
-    given = args.data_root or os.environ.get("RADHARMONY_DATA_ROOT") or str(DEMO_DATA_ROOT)
+    given = args.data_root or os.environ.get(DATA_ROOT_VARIABLE) or str(DEMO_DATA_ROOT)
     data_root = source_path(expand_path(given, os.environ))
     is_default = not is_remote(data_root) and data_root.resolve() == DEMO_DATA_ROOT.resolve()
     # The demo datasets are generated in their own folder only: a mistyped path must not
@@ -249,17 +256,16 @@ def _demo(args: argparse.Namespace) -> int:
     if not is_remote(data_root) and not data_root.exists() and not is_default:
         raise UserError(
             f"data root {data_root} does not exist; point --data-root (or "
-            "RADHARMONY_DATA_ROOT) at your datasets, or make synthetic ones there with "
+            f"{DATA_ROOT_VARIABLE}) at your datasets, or make synthetic ones there with "
             f"`radharmony synth --out {data_root}`"
         )
     unknown = sorted(set(args.partition or ()) - set(partition_keys()))
     if unknown:
         raise UserError(f"unknown partition(s) {', '.join(unknown)}; known: {partition_keys()}")
-    os.environ["RADHARMONY_DATA_ROOT"] = str(data_root)
+    os.environ[DATA_ROOT_VARIABLE] = str(data_root)
     os.environ.setdefault("DAGSTER_HOME", str(Path("dagster_home").resolve()))
     # Demo data is generated on disk only; datasets on a store are uploaded by the user.
     if is_default and not data_root.exists():
-        from .synthetic import generate_datasets
         from .synthetic.duplicates import DEMO_DUPLICATES
 
         print(f"generating the demo datasets in {data_root} ...")
@@ -272,14 +278,17 @@ def _demo(args: argparse.Namespace) -> int:
     from .defs.resources import default_output_root
     from .operations.runner import (
         format_summary,
+        materialize_card,
+        materialize_exports,
         materialize_manifest,
         materialize_partitions,
         observe_sources,
         project_location,
     )
-    from .processing.storage import output_layout as layout
 
-    every_partition = partition_keys()
+    # On the demo's synthetic data, the datasets that have a generator (a registered dataset
+    # without one has no demo data); on real data, every registered one.
+    every_partition = generated_partitions() if is_default else partition_keys()
     chosen = args.partition or every_partition
     with dg.DagsterInstance.get() as instance, project_location(instance) as location:
         print("observing source files ...", flush=True)
@@ -294,28 +303,66 @@ def _demo(args: argparse.Namespace) -> int:
             ),
             say=lambda text: print(f"  {text}", flush=True),
         )
+        published = []
         if set(chosen) == set(every_partition):
             print("joining the unified manifest ...", flush=True)
             outcomes.append(materialize_manifest(location, instance))
+            built = [o.partition for o in outcomes if o.success and o.partition in chosen]
+            print("writing each partition's Hugging Face and WebDataset shards ...", flush=True)
+            published = materialize_exports(
+                location,
+                instance,
+                built,
+                on_done=lambda o: print(
+                    f"  {o.partition:<20} {'ok' if o.success else 'FAILED'}", flush=True
+                ),
+            )
+            if outcomes[-1].success:
+                print("writing the dataset card ...", flush=True)
+                published.append(materialize_card(location, instance))
     print()
     print(format_summary(outcomes))
     print()
-    output = default_output_root()
-    manifest = next((o for o in outcomes if o.partition == "unified_manifest"), None)
+    print(_where_the_outputs_are(default_output_root(), outcomes, published))
+    print("Open the UI with `make ui`, then http://127.0.0.1:3000 (same DAGSTER_HOME).")
+    return 0 if all(o.success for o in outcomes + published) else 1
+
+
+def _where_the_outputs_are(
+    output: str, built: Sequence[PartitionOutcome], published: Sequence[PartitionOutcome]
+) -> str:
+    """Where each product of the demo is, for the lines after its summary."""
+    from .processing.corpus.card import CARD_NAME, CROISSANT_NAME
+    from .processing.storage import output_layout as layout
+
+    lines = []
+    manifest = next((o for o in built if o.partition == "unified_manifest"), None)
     if manifest is not None and manifest.success:
-        print(
+        lines.append(
             f"Manifest: {output}/{layout.MANIFEST} (load it with "
             "radharmony_pipeline.loader.ManifestDataset)"
         )
     else:
-        print("No manifest was joined (it needs every partition, each run successfully).")
-    if any(o.success for o in outcomes):
-        print(
+        lines.append("No manifest was joined (it needs every partition, each run successfully).")
+    if any(o.success for o in built):
+        lines.append(
             f"Tables: {output}/{layout.TABLES}/   Images: {output}/{layout.IMAGES}/   "
             f"Previews: {output}/{layout.PREVIEWS}/"
         )
-    print("Open the UI with `make ui`, then http://127.0.0.1:3000 (same DAGSTER_HOME).")
-    return 0 if all(o.success for o in outcomes) else 1
+    exported = [o for o in published if o.partition != "corpus_card"]
+    if exported:
+        failed = [o.partition for o in exported if not o.success]
+        lines.append(
+            f"Hugging Face shards: {output}/{layout.HUGGINGFACE_EXPORT}/   WebDataset shards: "
+            f"{output}/{layout.WEBDATASET_EXPORT}/"
+            + (f"   (not exported: {', '.join(failed)})" if failed else "")
+        )
+    card = next((o for o in published if o.partition == "corpus_card"), None)
+    if card is not None and card.success:
+        lines.append(f"Dataset card: {output}/{CARD_NAME}   Croissant: {output}/{CROISSANT_NAME}")
+    elif card is not None:
+        lines.append(f"The dataset card was not written: {card.error or 'a check failed'}")
+    return "\n".join(lines)
 
 
 def _free_slots(args: argparse.Namespace) -> int:
@@ -323,14 +370,15 @@ def _free_slots(args: argparse.Namespace) -> int:
     os.environ.setdefault("DAGSTER_HOME", str(Path("dagster_home").resolve()))
     import dagster as dg
 
+    from .internals import free_concurrency_slots, mark_run_failed
     from .operations.recovery import free_slots_of_dead_runs, slot_holders
 
     with dg.DagsterInstance.get() as instance:
         for run_id in args.run_id:
             run = instance.get_run_by_id(run_id)
             if run is not None and not run.is_finished:
-                instance.report_run_failed(run, message="marked failed by radharmony free-slots")
-            instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+                mark_run_failed(instance, run, "marked failed by radharmony free-slots")
+            free_concurrency_slots(instance, run_id)
             print(f"freed the pool slots of run {run_id}")
         freed = free_slots_of_dead_runs(instance, print)
         remaining = slot_holders(instance)

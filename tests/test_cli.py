@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from radharmony_pipeline.cli import build_parser, main
+from radharmony_pipeline.defs.jobs import CARD_JOB, EXPORTS_JOB, MANIFEST_JOB
+from radharmony_pipeline.processing.corpus.card import CARD_NAME, CROISSANT_NAME
+from radharmony_pipeline.processing.corpus.exports import (
+    WEBDATASET_INDEX_NAME,
+    huggingface_index_name,
+)
 from radharmony_pipeline.processing.storage import output_layout as layout
+from radharmony_pipeline.sources import partition_keys
 
 
 @pytest.mark.build
@@ -59,14 +68,37 @@ def test_demo_materializes_every_partition_and_prints_the_summary(tiny_demo):
         passed, total = line.split()[3].split("/")
         assert passed == total and int(total) >= 3
     assert "make ui" in completed.stdout
-    # The runs are in the instance the UI reads: an observation, a run per partition, the manifest.
+    # The runs are in the instance the UI reads: an observation, a run per partition, the
+    # manifest, each partition's exports, the card.
     runs = tiny_demo.runs
-    assert len(runs) == 12 and all(run.is_success for run in runs)
+    assert len(runs) == 23 and all(run.is_success for run in runs)
     # Recorded as runs of the project's jobs in its code location, as the UI launches them.
-    assert sorted(run.job_name for run in runs).count("all_stages") == 10
+    jobs = sorted(run.job_name for run in runs)
+    assert jobs.count("all_stages") == 10 and jobs.count(EXPORTS_JOB) == 10
+    assert jobs.count(CARD_JOB) == 1 and jobs.count(MANIFEST_JOB) == 1
     assert {
         run.remote_job_origin.repository_origin.code_location_origin.location_name for run in runs
     } == {"radharmony_pipeline"}
+
+
+def test_demo_builds_the_exports_and_the_card_and_says_where_each_is(tiny_demo):
+    output = Path(tiny_demo.environment["RADHARMONY_OUTPUT_ROOT"])
+    stdout = tiny_demo.completed.stdout
+    for partition in partition_keys():
+        dataset, split = partition.split(".")
+        assert (output / layout.WEBDATASET_EXPORT / partition / WEBDATASET_INDEX_NAME).is_file()
+        index = huggingface_index_name(split)
+        assert (output / layout.HUGGINGFACE_EXPORT / dataset / index).is_file(), partition
+    assert "# " in (output / CARD_NAME).read_text()
+    assert json.loads((output / CROISSANT_NAME).read_text())["name"]
+    for product in (
+        layout.MANIFEST,
+        layout.HUGGINGFACE_EXPORT,
+        layout.WEBDATASET_EXPORT,
+        CARD_NAME,
+        CROISSANT_NAME,
+    ):
+        assert f"{output}/{product}" in stdout, product
 
 
 def one_line_error(capsys) -> str:
