@@ -470,7 +470,9 @@ def test_a_run_killed_mid_images_then_decodes_only_the_images_not_yet_written(
         stderr=subprocess.DEVNULL,
     )
     pngs = [output / layout.resized_image(partition, key) for key in index["image_key"]]
-    deadline = time.monotonic() + 240
+    # A bound against a hang, not a timing: the stages before `images` come first, and a
+    # loaded machine takes minutes over them.
+    deadline = time.monotonic() + 900
     while not pngs[middle - 1].exists() and process.poll() is None:
         assert time.monotonic() < deadline, "the images step never reached the middle image"
         time.sleep(0.02)
@@ -486,6 +488,9 @@ def test_a_run_killed_mid_images_then_decodes_only_the_images_not_yet_written(
     )
 
     images = materialization_metadata(resumed, "images")
-    assert images["decoded"] == len(pngs) - len(written)
+    table = pd.read_parquet(layout.table_file(output, "images", partition))
+    decodable = table[table["status"] == "ok"]["image_path"].map(lambda path: Path(path).name)
+    # Every image decodable and not yet written is decoded (an unreadable one fails again).
+    assert images["decoded"] == len(set(decodable) - written) > 0
     assert images["reused"] == len(written)
     assert images["packed_rows_written"] == images["images"]  # assembled: no array yet
