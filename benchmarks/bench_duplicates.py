@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from radharmony_pipeline.processing.corpus import duplicates
 from radharmony_pipeline.processing.corpus.duplicates import (
     PackedContents,
     near_duplicate_members,
@@ -240,9 +241,13 @@ def main() -> None:
         table = images_table(words, rows, args.film_side)
         needed = _rows_in_pairs(words, rows, distinct, pairs)
         write_packed(args.work, len(words), needed, pixels, args)
+        inner: list[float] = []
+        duplicates.close_pairs = _timed_search(inner)  # times the step's own search
         start = time.perf_counter()
         result = near_duplicate_members(table, PackedContents(args.work))
         step = time.perf_counter() - start
+        duplicates.close_pairs = close_pairs
+        rest = step - sum(inner)
         groups = result.members.groupby("group_id")["image_id"].apply(frozenset)
         planted = {frozenset(_ids(t)) for t in plants}
         visible = {frozenset(_ids(t)) for t in plants if _bits(words, t) <= DEFAULT_RADIUS}
@@ -253,8 +258,9 @@ def main() -> None:
         print(
             f"N/{share} = {len(rows):,} images: search {search:.1f} s, {pairs.compared:,} hash "
             f"pairs compared ({pairs.compared / len(distinct):.0f} per hash), {len(pairs)} "
-            f"within {DEFAULT_RADIUS} bits | whole step {step:.1f} s (confirmation "
-            f"{max(step - search, 0):.1f} s): {result.candidates} candidates, "
+            f"within {DEFAULT_RADIUS} bits | whole step {step:.1f} s (its search {sum(inner):.1f}"
+            f" s, the rest: candidates, pixels, confirmation, table {rest:.1f} s): "
+            f"{result.candidates} candidates, "
             f"{result.confirmed} confirmed, {result.rejected} rejected | planted copies found "
             f"{found} / {len(planted)} ({found_visible} / {len(visible)} of those whose hashes "
             f"are within the radius), groups that are not a plant: {false_groups}",
@@ -271,15 +277,36 @@ def main() -> None:
                 "its comparisons",
                 flush=True,
             )
-    (n1, t1, c1), (n2, t2, c2) = measured[1], measured[2]
-    slope_time = np.log(t2 / t1) / np.log(n2 / n1)
-    slope_pairs = np.log(c2 / c1) / np.log(n2 / n1)
-    projected = t2 * (PROJECTED / n2) ** slope_time
+    sizes = np.array([m[0] for m in measured], dtype=np.float64)
+    times = np.array([m[1] for m in measured])
+    compared = np.array([m[2] for m in measured], dtype=np.float64)
+    # Comparisons grow as a power of n (fitted through the three sizes). The time has a part
+    # per hash (sorting, probing) and a part per comparison; at these sizes the first
+    # dominates, so the time at 1,000,000 lies between N's time scaled by the hashes (all of
+    # it per hash) and by the comparisons (all of it per comparison: the upper bound stated).
+    exponent, offset = np.polyfit(np.log(sizes), np.log(compared), 1)
+    projected_compared = float(np.exp(offset) * PROJECTED**exponent)
+    by_hashes = times[2] * PROJECTED / sizes[2]
+    by_comparisons = times[2] * projected_compared / compared[2]
     print(
-        f"projection to {PROJECTED:,} hashes (power law through N/2 and N: time ~ n^"
-        f"{slope_time:.2f}, comparisons ~ n^{slope_pairs:.2f}): search {projected:.0f} s "
-        f"({projected / 60:.1f} min), {c2 * (PROJECTED / n2) ** slope_pairs:.2e} comparisons"
+        f"projection to {PROJECTED:,} hashes: comparisons ~ n^{exponent:.2f} (least squares "
+        f"through N/4, N/2, N) -> {projected_compared:.2e}; search time between "
+        f"{by_hashes:.0f} s (N's time per hash) and {by_comparisons:.0f} s = "
+        f"{by_comparisons / 60:.1f} min (N's time per comparison: the upper bound)"
     )
+
+
+def _timed_search(inner: list[float]):
+    search = duplicates.close_pairs
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return search(*args, **kwargs)
+        finally:
+            inner.append(time.perf_counter() - start)
+
+    return timed
 
 
 def _bits(words: np.ndarray, plant: tuple[int, int, str]) -> int:
