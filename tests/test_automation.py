@@ -118,7 +118,7 @@ def test_one_changed_partition_yields_one_manifest_after_its_stages(deployment, 
         stage: {"chestx_det.train"} for stage in STAGES
     }
     manifest_requests = 0
-    for level in (("raw_index", "labels"), ("masks", "bboxes"), ("images",)):
+    for level in (("raw_index", "labels"), ("masks", "bboxes", "report_labels"), ("images",)):
         deployment.run("all_stages", "chestx_det.train", assets=level)
         requested = deployment.evaluate()
         # Only that partition's stages may be asked for while it is being rebuilt.
