@@ -54,22 +54,25 @@ _VARIANTS = (
 
 @functools.cache
 def look_alike_words(count: int) -> np.ndarray:
-    """`count` distinct hashes: renders of the project's renderer and versions of them, plus
-    planted near copies 1 to 15 bits away (cached: several tests use the same set)."""
+    """At least `count` distinct hashes: renders of the project's renderer and versions of
+    them (7 in 8), plus planted near copies 1 to 15 bits away (cached: tests share them)."""
     rng = np.random.default_rng(count)
-    hashes: list[str] = []
+    hashes: set[str] = set()
     index = 0
     while len(hashes) < count * 7 // 8:
         render = look_alike_radiograph(11, index, HASH_SIDE)
-        hashes += [perceptual_hash(variant(render)) for variant in _VARIANTS]
+        hashes.update(perceptual_hash(variant(render)) for variant in _VARIANTS)
         index += 1
-    words = hashes_to_words(hashes)
-    sources = words[rng.integers(0, len(words), count - len(words))]
-    flips = np.zeros((len(sources), 256), dtype=bool)
-    for row in range(len(sources)):
-        flips[row, rng.choice(256, rng.integers(1, DEFAULT_RADIUS + 1), replace=False)] = True
-    planted = sources ^ np.packbits(flips, axis=1).view(">u8").astype(np.uint64)
-    return np.unique(np.concatenate([words, planted]), axis=0)
+    words = hashes_to_words(sorted(hashes))
+    while len(words) < count:
+        sources = words[rng.integers(0, len(words), count - len(words))]
+        flips = np.zeros((len(sources), 256), dtype=bool)
+        for row in range(len(sources)):
+            bits = rng.choice(256, rng.integers(1, DEFAULT_RADIUS + 1), replace=False)
+            flips[row, bits] = True
+        planted = sources ^ np.packbits(flips, axis=1).view(">u8").astype(np.uint64)
+        words = np.unique(np.concatenate([words, planted]), axis=0)
+    return words
 
 
 def _pair_set(pairs) -> set[tuple[int, int, int]]:
