@@ -18,7 +18,7 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -303,24 +303,32 @@ def _move_into_shards(
     folder: OutputPath, flat: Mapping[str, list[str]], outputs: StageOutputs, resuming: bool
 ) -> int:
     """Move every flat entry to `<shard>/<entry>`; the number of entries moved."""
+    if is_local(folder):
+        _rename_into_shards(os.fspath(folder), sorted(flat), outputs)
+        return len(flat)
     moves = [
         (folder / relative, folder / image_shard(outputs.key_of_entry(entry)) / relative)
         for entry, relatives in sorted(flat.items())
         for relative in relatives
     ]
-    if is_local(folder):
-        made: set[Path] = set()
-        for source, target in moves:
-            if target.parent not in made:
-                target.parent.mkdir(exist_ok=True)
-                made.add(target.parent)
-            if os.path.lexists(target):
-                raise _both_exist(source, target)
-            os.rename(source, target)
-    else:
-        with ThreadPoolExecutor(STORE_MOVES_IN_FLIGHT) as pool:
-            list(pool.map(lambda move: _move_object(*move, resuming=resuming), moves))
+    with ThreadPoolExecutor(STORE_MOVES_IN_FLIGHT) as pool:
+        list(pool.map(lambda move: _move_object(*move, resuming=resuming), moves))
     return len(flat)
+
+
+def _rename_into_shards(folder: str, entries: Sequence[str], outputs: StageOutputs) -> None:
+    """One rename per entry (a mask folder moves whole). A shard's names are listed once, when
+    it is first used, so that an entry already there is refused without a stat per entry."""
+    present: dict[str, set[str]] = {}
+    for entry in entries:
+        shard = image_shard(outputs.key_of_entry(entry))
+        names = present.get(shard)
+        if names is None:
+            os.makedirs(os.path.join(folder, shard), exist_ok=True)
+            names = present[shard] = set(os.listdir(os.path.join(folder, shard)))
+        if entry in names:
+            raise _both_exist(Path(folder, entry), Path(folder, shard, entry))
+        os.rename(os.path.join(folder, entry), os.path.join(folder, shard, entry))
 
 
 def _move_object(source: OutputPath, target: OutputPath, resuming: bool) -> None:
