@@ -156,6 +156,7 @@ def hang(item: int) -> int:
     return item * 10
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_one_stuck_or_dead_item_is_stopped_and_the_pool_continues():
     limit = TimeLimit(1.0, lambda item, reason: f"error {item}: {reason}")

@@ -150,6 +150,7 @@ def test_supervised_progress_is_reported_per_chunk() -> None:
     assert reports == [(3, 10), (6, 10), (9, 10), (10, 10)]
 
 
+@pytest.mark.slow
 def test_a_slow_item_holds_back_only_the_item_queued_behind_it() -> None:
     # Items are handed out one at a time (plus one in hand), not in fixed chunks: while one
     # worker sleeps on item 0, the other does everything except what the first holds.
@@ -160,6 +161,7 @@ def test_a_slow_item_holds_back_only_the_item_queued_behind_it() -> None:
     assert {number for number, pid in results if pid == slow_worker} <= {0, 1}
 
 
+@pytest.mark.slow
 def test_a_large_item_behind_a_stuck_one_never_blocks_the_parent() -> None:
     # 4 MB does not fit in a pipe: written to a worker stuck on its current item, it would
     # block the parent, and with it the time limit, forever.
@@ -185,6 +187,7 @@ def test_a_supervised_pool_keeps_its_workers_between_maps() -> None:
     assert second_pids <= first_pids and os.getpid() not in first_pids
 
 
+@pytest.mark.slow
 def test_a_worker_that_died_while_idle_is_replaced_at_the_next_map() -> None:
     with SupervisedPool(tag_with_pid, 1, LIMIT, process_context()) as pool:
         [(_, pid)] = pool.map([1])
@@ -204,6 +207,7 @@ def test_a_worker_that_died_while_idle_is_replaced_at_the_next_map() -> None:
     assert {worker for _, worker in again} != {pid}
 
 
+@pytest.mark.slow
 def test_workers_that_die_on_start_use_up_items_instead_of_restarting_for_ever() -> None:
     limit = TimeLimit(30.0, lambda item, reason: f"{item}: {reason}")
     results = run_supervised(DiesOnArrival(), [1, 2, 3], 2, limit, process_context())
@@ -290,6 +294,7 @@ def test_quick_items_are_collected_in_batches_not_one_wake_up_each(monkeypatch) 
     assert len(waits) < len(items) / 4, f"{len(waits)} wake-ups for {len(items)} items"
 
 
+@pytest.mark.slow
 def test_a_kept_worker_is_paced_by_the_current_map_not_its_idle_time(monkeypatch) -> None:
     # A pool kept between maps (a Dask worker between chunks) sits idle in between: that
     # time is no part of the worker's pace, which would otherwise look slow and be fed too
