@@ -468,6 +468,9 @@ def test_a_run_killed_mid_images_then_decodes_only_the_images_not_yet_written(
         env={**os.environ, "RADHARMONY_WORKERS": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        # Its own process group, so that the kill takes its pool's worker too: an orphaned
+        # worker would otherwise finish the image in hand after the PNGs are counted.
+        start_new_session=True,
     )
     pngs = [output / layout.resized_image(partition, key) for key in index["image_key"]]
     # A bound against a hang, not a timing: the stages before `images` come first, and a
@@ -476,7 +479,7 @@ def test_a_run_killed_mid_images_then_decodes_only_the_images_not_yet_written(
     while not pngs[middle - 1].exists() and process.poll() is None:
         assert time.monotonic() < deadline, "the images step never reached the middle image"
         time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
+    os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=30)
     written = {png.name for png in pngs if png.exists()}
     assert 0 < len(written) < len(pngs), "the run must be killed mid-way"
