@@ -3,8 +3,9 @@
 Each sample is a dict:
 
 - `img`: float32 1×S×S in [-1, 1] (pixel / 127.5 − 1), from the partition's packed uint8
-  array (`tensor_path`, row `tensor_index`, memory-mapped once per file) or, when that file is
-  absent or `use_packed=False`, from the resized PNG `image_path`.
+  array (`tensor_path`, row `tensor_index`, one row read per sample: a process never holds a
+  whole array) or, when that file is absent or `use_packed=False`, from the resized PNG
+  `image_path`.
 - `mask`: float32 1×S×S in {0, 1}, the resized union mask.
 - `has_mask`: bool. True: the dataset segmented this image and `mask` is its annotation (all
   zeros = annotated negative). False: no mask was annotated (laterals, MS-CXR, ReXGradient);
@@ -76,6 +77,7 @@ from radharmony_pipeline.processing.corpus.parents import (
 )
 from radharmony_pipeline.processing.storage.layout_migration import refuse_unfinished_migration
 from radharmony_pipeline.processing.storage.output_layout import root_of_table_file
+from radharmony_pipeline.processing.storage.packed_rows import PackedRowReader, read_layout
 from radharmony_pipeline.processing.storage.store import (
     OutputPath,
     exists,
@@ -190,7 +192,7 @@ class ManifestDataset(_DatasetBase):
         self.use_packed = use_packed
         # Done once for all rows: per-sample pandas conversions would dominate __getitem__.
         self._labels = _class_matrix(self.table, labels, uncertain)
-        self._packed: dict[Path, np.ndarray | None] = {}
+        self._packed: dict[Path, PackedRowReader | None] = {}
 
     def __len__(self) -> int:
         return len(self.table)
@@ -215,25 +217,29 @@ class ManifestDataset(_DatasetBase):
         return _as_tensors(sample)
 
     def __getstate__(self) -> dict[str, Any]:
-        # A pickled memmap carries its whole array; DataLoader workers reopen their own.
+        # An open file does not pickle; DataLoader workers open their own.
         state = self.__dict__.copy()
         state["_packed"] = {}
         return state
 
     def _pixels(self, row: pd.Series) -> np.ndarray:
         """The resized uint8 S×S image: a packed row if available, else the PNG."""
-        packed = self._packed_array(row["tensor_path"]) if self.use_packed else None
+        packed = self._packed_rows(row["tensor_path"]) if self.use_packed else None
         if packed is not None and not _is_missing(row["tensor_index"]):
-            return np.asarray(packed[int(row["tensor_index"])])
+            index = int(row["tensor_index"])
+            return packed.read(index, index + 1)[0]
         return _read_png(self.output_root / row["image_path"])
 
-    def _packed_array(self, relative_path: Any) -> np.ndarray | None:
-        """The partition's packed array, memory-mapped on first use; None if it is absent."""
+    def _packed_rows(self, relative_path: Any) -> PackedRowReader | None:
+        """A row reader of the partition's packed array, its header read on first use (a
+        row is one read of S×S bytes, locally or as a range request on object storage; a
+        memory map would grow the process to the whole array over an epoch); None if the
+        array is absent."""
         if _is_missing(relative_path):
             return None
         path = self.output_root / relative_path
         if path not in self._packed:
-            self._packed[path] = _load_packed(path) if exists(path) else None
+            self._packed[path] = PackedRowReader(read_layout(path)) if exists(path) else None
         return self._packed[path]
 
     def _mask(self, row: pd.Series, shape: tuple[int, int]) -> np.ndarray:
@@ -356,15 +362,6 @@ def _checked_index(index: int, length: int) -> int:
     if not -length <= index < length:
         raise IndexError(f"index {index} out of range for {length} samples")
     return index % length
-
-
-def _load_packed(path: OutputPath) -> np.ndarray:
-    """Memory-mapped on a local disk; read whole (once per process, one retried request)
-    from object storage."""
-    if is_local(path):
-        return np.load(path, mmap_mode="r")
-    with open_for_reading(path) as handle:
-        return np.load(handle, allow_pickle=False)
 
 
 def _read_png(path: OutputPath) -> np.ndarray:

@@ -230,19 +230,26 @@ def test_png_is_read_when_the_packed_array_is_missing(output_root, manifest_path
     np.testing.assert_allclose(dataset[3]["img"][0], image_pixels(3) / 127.5 - 1, atol=1e-6)
 
 
-def test_packed_arrays_are_memory_mapped_once_per_file(dataset, monkeypatch):
-    calls = []
-    real_load = np.load
+def test_packed_arrays_are_read_row_by_row_with_one_header_read_per_file(dataset, monkeypatch):
+    """A sample reads its one row, never the whole array (a map grows a training process to
+    the array's size over an epoch); each array's header is read once."""
+    import radharmony_pipeline.loader as loader
 
-    def counting_load(path, *args, **kwargs):
-        calls.append((Path(path).name, kwargs.get("mmap_mode")))
-        return real_load(path, *args, **kwargs)
+    headers = []
+    real_read_layout = loader.read_layout
 
-    monkeypatch.setattr(np, "load", counting_load)
+    def counting_read_layout(path):
+        headers.append(Path(path).name)
+        return real_read_layout(path)
+
+    monkeypatch.setattr(loader, "read_layout", counting_read_layout)
     for _ in range(3):
         for position in range(len(dataset)):
             dataset[position]
-    assert sorted(calls) == [("chestx_det.train.npy", "r"), ("ms_cxr.test.npy", "r")]
+    assert sorted(headers) == ["chestx_det.train.npy", "ms_cxr.test.npy"]
+    for reader in dataset._packed.values():
+        row_bytes = reader.layout.row_bytes
+        assert reader.reads and set(reader.reads) == {row_bytes}
 
 
 def test_class_vector_keeps_unknown_apart_from_negative(dataset):
