@@ -15,6 +15,7 @@ from typing import Any
 
 import dagster as dg
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..processing.storage.fingerprint import combined_version
@@ -64,10 +65,13 @@ def files_fingerprint(parts: Iterable[str], files: Sequence[SourcePath]) -> str:
 
 
 def table_fingerprint(table: pd.DataFrame) -> str:
-    """The content of a table given to a stage (columns and values, not its index)."""
-    digest = hashlib.sha256("\t".join(map(str, table.columns)).encode())
-    digest.update(pd.util.hash_pandas_object(table, index=False).to_numpy().tobytes())
-    return digest.hexdigest()
+    """The content of a table given to a stage (columns and values, not its index), hashed
+    in Arrow's stream format: list columns (arrays after a Parquet read) hash as values."""
+    arrow = pa.Table.from_pandas(table, preserve_index=False)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, arrow.schema) as writer:
+        writer.write_table(arrow)
+    return hashlib.sha256(sink.getvalue()).hexdigest()
 
 
 def previous_tables(

@@ -17,8 +17,9 @@ from ..processing.storage.integrity import (
     verify_partitions,
     withdraw_packed_keys,
 )
+from ..processing.storage.output_layout import mask_folder
 from ..processing.storage.packed_rows import DEFAULT_WINDOW_BYTES
-from ..processing.storage.store import OutputPath, remove
+from ..processing.storage.store import OutputPath, exists, remove
 
 # Without an executor, verify runs in this process (a library call, a test).
 IN_THIS_PROCESS = LocalPool(1)
@@ -51,9 +52,9 @@ def verify_outputs(
 
     A partition with a damaged image or packed array has its array's key record withdrawn,
     so that its next materialize checks every image and repairs exactly what is damaged
-    instead of trusting the headers. A damaged export shard is removed (a reader then fails
-    on it instead of reading garbage), and the next materialize of that export writes
-    exactly it again."""
+    instead of trusting the headers. A damaged native mask or export shard is removed (a
+    reader then fails on it instead of reading garbage), and the next materialize of its
+    stage or export writes exactly it again."""
     checksums = {
         partition: recorded_table_checksums(instance, partition) if instance else {}
         for partition in partitions
@@ -62,8 +63,19 @@ def verify_outputs(
     for found in verify_partitions(root, checksums, executor, on_progress, window_bytes):
         if found.pixels_damaged():
             withdraw_packed_keys(root, found.partition)
+        for mask in _native_masks(root, found.partition, found.mismatches):
+            remove(mask)
         mismatches += found.mismatches
         for shard, problem in found.damaged_shards:
             remove(shard)
             mismatches.append(Mismatch(str(shard), f"{problem}; removed, re-export to repair"))
     return mismatches
+
+
+def _native_masks(root: OutputPath, partition: str, mismatches: Sequence[Mismatch]) -> list:
+    """The damaged native-resolution masks among `mismatches` that still exist (the masks
+    stage re-uses its table only while every mask it names is there)."""
+    prefix = f"{root}/"
+    folder = f"{mask_folder(partition)}/"
+    relative = (m.path[len(prefix) :] for m in mismatches if m.path.startswith(prefix))
+    return [root / path for path in relative if path.startswith(folder) and exists(root / path)]

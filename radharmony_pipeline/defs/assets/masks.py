@@ -20,7 +20,7 @@ from ...processing.jobs.mask_jobs import (
 from ...processing.storage.atomic import remove_orphaned_temporaries
 from ...processing.storage.layout_migration import migrate_stage_outputs
 from ...processing.storage.output_layout import image_mask_folder, mask_folder
-from ...processing.storage.store import OutputPath
+from ...processing.storage.store import OutputPath, listing
 from ...processing.tables.table_schemas import MASKS
 from ...sources import DatasetSource, parse_partition_key
 from ...vocabulary import STATUS_OK
@@ -89,6 +89,10 @@ def masks(
     )
     # A root moved into another layout has another fingerprint: its tables are not re-used.
     previous = previous_tables(context, ("masks",), fingerprint, root)
+    if previous is not None and not _every_mask_present(root, folder, previous["masks"][0]):
+        # A mask removed by hand or by `radharmony verify` (damaged): the stage writes it again.
+        context.log.info("a mask file the last table names is missing: masks are rebuilt")
+        previous = None
     if previous is None:
         table, metadata = _mask_table(context, source, split, raw_index, root, run_settings)
     else:  # the same images from the same files: the masks and sheet of the last run
@@ -105,6 +109,13 @@ def masks(
         root,
         run_settings.strict,
     )
+
+
+def _every_mask_present(root: OutputPath, folder: str, table: pd.DataFrame) -> bool:
+    """Whether every mask file `table` names exists (one listing of the partition's masks)."""
+    present = {f"{folder}/{relative}" for relative in listing(root / folder)}
+    named = table["mask_path"].dropna()
+    return bool(named.isin(present).all())
 
 
 def _mask_table(

@@ -9,6 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ...processing.reports.labeler_version import LABELER_VERSION
 from ...processing.reports.report_table import (
     empty_report_labels,
     file_labels,
@@ -25,10 +26,9 @@ from ..groups import ANNOTATIONS
 from ..resources import DatasetsResource, OutputsResource
 from ..stages import checked_stage
 
-# The code version leaves the labeler's version out: the labeler imports spaCy (and torch with
-# it), which the definitions do not load. A new labeler's rows get new keys, so the next
+# A new labeler makes the asset stale in the UI; its rows get new keys, so the next
 # materialization reads every text again.
-CODE_VERSION = "1"
+CODE_VERSION = f"1|{LABELER_VERSION}"
 ASSET = "report_labels"
 
 
@@ -89,7 +89,7 @@ def _read_reports(
 ) -> tuple[pd.DataFrame, pd.Series, dict]:
     """The report texts of `labels` read by the labeler, reusing the last run's rows."""
     # Imported here, in the step that reads reports: spaCy takes seconds to import.
-    from ...processing.reports.labeler import LABELER_VERSION, ReportLabeler
+    from ...processing.reports.labeler import ReportLabeler
 
     result = label_reports(
         labels["image_id"],

@@ -20,19 +20,12 @@ from spacy.util import filter_spans
 
 from radharmony_pipeline.processing.reports import phrases
 from radharmony_pipeline.processing.reports.sections import read_text, sentence_pieces
-from radharmony_pipeline.vocabulary import UNIFIED_LABELS
+from radharmony_pipeline.vocabulary import REPORT_OBSERVATIONS
 
-# Unified classes a report's words do not name reliably.
-_NOT_READ_FROM_REPORTS = frozenset({"diffuse_nodule"})
-REPORT_OBSERVATIONS: tuple[str, ...] = tuple(
-    name for name in UNIFIED_LABELS if name not in _NOT_READ_FROM_REPORTS
-)
 NO_FINDING = "no_finding"
 # Observations whose presence leaves "no finding" standing (as in CheXpert).
 _COMPATIBLE_WITH_NO_FINDING = frozenset({"support_devices", NO_FINDING})
 
-# Bumped whenever a rule or a phrase list changes: it keys the stored report labels.
-LABELER_VERSION = "report-rules-2"
 
 POSITIVE, NEGATIVE, UNCERTAIN = 1, 0, -1
 # Several mentions of one observation: positive over uncertain over negative.
