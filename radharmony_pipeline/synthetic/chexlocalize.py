@@ -140,8 +140,11 @@ def plan_images(rng: np.random.Generator, sizing: Sizing) -> list[CxrImage]:
     images: list[CxrImage] = []
     for split in ("val", "test"):
         for index in range(sizing.patients[split]):
+            patient = FIRST_PATIENT[split] + index
+            if patient == UNSEGMENTED_PATIENT:  # one of the test patients at the full count
+                continue
             role = _ROLES[index] if index < len(_ROLES) else "random"
-            images += _patient_images(rng, sizing, split, FIRST_PATIENT[split] + index, role)
+            images += _patient_images(rng, sizing, split, patient, role)
     images += _patient_images(rng, sizing, "test", UNSEGMENTED_PATIENT, "unsegmented")
     return images
 
