@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .settings import DATA_ROOT_VARIABLE, DEFAULT_DATA_ROOT
 
@@ -460,41 +461,22 @@ def _add_verify(commands: argparse._SubParsersAction) -> argparse.ArgumentParser
         f"{WORKERS_VARIABLE} local processes, or the Dask cluster at {SCHEDULER_VARIABLE}. "
         "Progress goes to stderr every few seconds; exit 1 on any mismatch.",
     )
-    verify.add_argument(
-        "--partition", action="append", help="only this `<dataset>.<split>` (repeatable)"
-    )
-    verify.add_argument(
-        "--output-root",
-        default=None,
-        help="folder or s3:// URL of the outputs (default: the pipeline's output root)",
-    )
+    _add_output_arguments(verify)
     verify.set_defaults(run=_verify)
     return verify
 
 
 def _verify(args: argparse.Namespace) -> int:
     """Table checksums come from the instance at DAGSTER_HOME, when there is one."""
-    import dagster as dg
-
-    from .defs.resources import OutputsResource
     from .defs.run_settings import RunSettingsResource
     from .operations.verify import verify_outputs
     from .processing.execution.progress import ProgressLog
-    from .sources import partition_keys
 
-    outputs = (
-        OutputsResource(output_root=args.output_root) if args.output_root else OutputsResource()
-    )
-    partitions = args.partition or partition_keys()
     # The stages' own run settings (workers, Dask scheduler) choose where files are checked.
     executor = RunSettingsResource().executor()
     progress = ProgressLog(_StderrLog("radharmony verify"), "outputs checked", 0)
-    instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else None
-    try:
-        mismatches = verify_outputs(outputs.root(), partitions, instance, executor, progress.update)
-    finally:
-        if instance is not None:
-            instance.dispose()
+    with _outputs_of(args) as (root, partitions, instance):
+        mismatches = verify_outputs(root, partitions, instance, executor, progress.update)
     for mismatch in mismatches:
         print(mismatch)
     checked = ", ".join(partitions)
@@ -525,43 +507,57 @@ def _add_migrate_layout(commands: argparse._SubParsersAction) -> argparse.Argume
         help="move an output root's per-image files into shard folders (renames, nothing "
         "decoded); the stages also do this for the partition they build",
     )
-    migrate.add_argument(
-        "--partition", action="append", help="only this `<dataset>.<split>` (repeatable)"
-    )
-    migrate.add_argument(
-        "--output-root",
-        default=None,
-        help="folder or s3:// URL of the outputs (default: the pipeline's output root)",
-    )
+    _add_output_arguments(migrate)
     migrate.set_defaults(run=_migrate_layout)
     return migrate
 
 
 def _migrate_layout(args: argparse.Namespace) -> int:
     """Rewritten tables' checksums go to the instance at DAGSTER_HOME, when there is one."""
+    from .operations.migrate_layout import migrate_output_root
+    from .processing.storage.layout_migration import LayoutMigrationError
+
+    with _outputs_of(args) as (root, partitions, instance):
+        try:
+            results = migrate_output_root(root, partitions, instance, print)
+        except LayoutMigrationError as error:
+            print(f"radharmony migrate-layout: error: {error}", file=sys.stderr)
+            return 1
+    moved = sum(result.moved for result in results)
+    print(f"radharmony migrate-layout: {root} is in shard folders ({moved:,} moved)")
+    return 0
+
+
+def _add_output_arguments(command: argparse.ArgumentParser) -> None:
+    """The partitions and output root a command over existing outputs works on."""
+    command.add_argument(
+        "--partition", action="append", help="only this `<dataset>.<split>` (repeatable)"
+    )
+    command.add_argument(
+        "--output-root",
+        default=None,
+        help="folder or s3:// URL of the outputs (default: the pipeline's output root)",
+    )
+
+
+@contextlib.contextmanager
+def _outputs_of(args: argparse.Namespace) -> Iterator[tuple[Any, list[str], Any]]:
+    """(output root, partitions, the instance at DAGSTER_HOME or None), the instance
+    disposed of afterwards."""
     import dagster as dg
 
     from .defs.resources import OutputsResource
-    from .operations.migrate_layout import migrate_output_root
-    from .processing.storage.layout_migration import LayoutMigrationError
     from .sources import partition_keys
 
     outputs = (
         OutputsResource(output_root=args.output_root) if args.output_root else OutputsResource()
     )
-    partitions = args.partition or partition_keys()
     instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else None
     try:
-        results = migrate_output_root(outputs.root(), partitions, instance, print)
-    except LayoutMigrationError as error:
-        print(f"radharmony migrate-layout: error: {error}", file=sys.stderr)
-        return 1
+        yield outputs.root(), list(args.partition or partition_keys()), instance
     finally:
         if instance is not None:
             instance.dispose()
-    moved = sum(result.moved for result in results)
-    print(f"radharmony migrate-layout: {outputs.root()} is in shard folders ({moved:,} moved)")
-    return 0
 
 
 if __name__ == "__main__":
