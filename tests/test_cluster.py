@@ -43,6 +43,7 @@ from radharmony_pipeline.defs.assets.parents import (
     nih_parent_links,
     parent_provenance,
 )
+from radharmony_pipeline.defs.assets.report_labels import report_labels
 from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.loader import ManifestDataset
 from radharmony_pipeline.processing.storage import output_layout as layout
@@ -51,7 +52,7 @@ from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = "raw_index,labels,masks,bboxes,images"
+STAGES = "raw_index,labels,masks,bboxes,images,report_labels"
 # One process per run (not one per step): the services are what this test exercises.
 IN_PROCESS = json.dumps({"execution": {"config": {"in_process": {}}}})
 PARTITIONS = ["chexlocalize.val", "chestx_det.test"]
@@ -158,9 +159,9 @@ def run_cli(command: list[str], environment: dict, log: Path) -> None:
 def materialize_locally(data: Path, output: Path, partitions: list[str], manifest: bool) -> None:
     """The reference: the same assets in this process, local pool, local output folder."""
     resources = pipeline_resources(data_root=data, output_root=output)
-    assets = [raw_index_and_labels, masks, bboxes, images, *CORPUS_ASSETS, unified_manifest]
+    stages = [raw_index_and_labels, masks, bboxes, images, report_labels]
+    assets = [*stages, *CORPUS_ASSETS, unified_manifest]
     for partition in partitions:
-        stages = [raw_index_and_labels, masks, bboxes, images]
         assert dg.materialize(stages, partition_key=partition, resources=resources).success
     if manifest:
         result = dg.materialize(

@@ -178,7 +178,7 @@ class PackedRowReader:
             body = with_retries(
                 path,
                 "read rows of the array",
-                lambda a=begin + offset, b=begin + end: path.fs.cat_file(path.path, a, b),
+                lambda a=begin + offset, b=begin + end: path.fs.cat_file(path.path, start=a, end=b),
             )
             if len(body) != end - offset:
                 raise PackedArrayError(
@@ -194,7 +194,9 @@ def _object_header_bytes(path: OutputPath) -> bytes:
 
     def read(start: int, end: int) -> bytes:
         return with_retries(
-            path, "read the array's header", lambda: path.fs.cat_file(path.path, start, end)
+            path,
+            "read the array's header",
+            lambda: path.fs.cat_file(path.path, start=start, end=end),
         )
 
     prefix = read(0, _PREFIX_BYTES)
