@@ -7,9 +7,14 @@ size's share of 273,004 and 112,120 films, rendered in parallel by the project's
 distinct, look-alike radiographs of about `--side` pixels), then runs, each as its own
 command under `/usr/bin/time`: check-data, the observation job, every partition's
 `all_stages`, the corpus joins (`manifest`), every partition's `exports`, the card and
-`radharmony verify`. It prints per step: wall, CPU (user + system of the command and its
-children), peak RSS and the bytes it added under the output root, then the marginal cost per
-image between sizes. Everything lives under `--work` (about 40 GB at the full count with
+`radharmony verify`; at the largest size, ReXGradient train's re-runs (unchanged, 1 % of
+its sources changed, and resumed after a kill -9 halfway through a first build). It prints
+per step: wall, CPU (user + system of the command and its children), peak RSS and the bytes
+it added under the output root, then near_duplicates' time and hash pairs per size with a
+projection to 1,000,000 images, and the marginal cost per image between sizes. The datasets
+written whole are rendered once (`--work`/whole_datasets) and hard-linked into each size;
+each size's figures are kept (`--work`/steps_n*.json), so sizes run by separate commands
+combine. Everything lives under `--work` (about 40 GB at the full count with
 `--side 192`); each size is deleted before the next unless `--keep`.
 
     .venv/bin/python benchmarks/bench_corpus.py --work /tmp/rehearsal
@@ -24,6 +29,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import math
 import os
 import shutil
 import signal
@@ -33,9 +39,13 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from unittest import mock
 
+import bench_reruns
+
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.sources import SOURCE_TYPES
 from radharmony_pipeline.sources.nih_chestxray14 import FOLDER as NIH_FOLDER
 from radharmony_pipeline.synthetic import generate_datasets, rexgradient
@@ -59,6 +69,8 @@ UI_PAGES = (
     "/assets/unified_manifest?view=checks",
 )
 CHROMIUM = "/usr/bin/chromium"
+TRAIN_SOURCES = "rexgradient_train_sources.txt"  # under the size's data folder
+CHANGED_SHARE = 0.01
 QUIET = json.dumps({"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
 
 
@@ -82,12 +94,22 @@ def scaled_split(size: rexgradient.SplitSize, fraction: float) -> rexgradient.Sp
     return rexgradient.SplitSize(studies, images, patients)
 
 
-def write_corpus(data: Path, fraction: float, side: int, seed: int, workers: int) -> dict:
-    """The four datasets and the NIH parent under `data`; return their image counts."""
-    generate_datasets(data, "full", seed, datasets=list(WHOLE_DATASETS))
+def write_corpus(
+    data: Path, whole: Path, fraction: float, side: int, seed: int, workers: int
+) -> dict:
+    """The four datasets and the NIH parent under `data`; return their image counts. The
+    datasets written whole at every size come from `whole`, rendered once and hard-linked (the
+    pipeline only reads its data roots)."""
+    link_whole_datasets(whole, data, seed)
     root = data / "rexgradient"
     sizes = {split: scaled_split(size, fraction) for split, size in rexgradient.FULL_SCALE.items()}
     studies = rexgradient.write_metadata(root, seed, sizes, (side, side + side // 4))
+    train = [
+        root / "deid_png" / path.removeprefix(rexgradient.IMAGE_PREFIX)
+        for _, study in studies["train"]
+        for path in study["ImagePath"]
+    ]
+    (data / TRAIN_SOURCES).write_text("\n".join(map(str, train)))
     with ProcessPoolExecutor(workers) as pool:
         jobs = []
         for split_index, split in enumerate(rexgradient.SPLIT_FILES):
@@ -101,6 +123,17 @@ def write_corpus(data: Path, fraction: float, side: int, seed: int, workers: int
         for job in [*jobs, *nih_jobs]:
             job.result()
     return {"rexgradient": sum(s.images for s in sizes.values()), "nih": nih}
+
+
+def link_whole_datasets(whole: Path, data: Path, seed: int) -> None:
+    done = whole / "complete"
+    if not done.exists():
+        shutil.rmtree(whole, ignore_errors=True)
+        generate_datasets(whole / "data", "full", seed, datasets=list(WHOLE_DATASETS))
+        done.touch()
+    data.mkdir(parents=True, exist_ok=True)
+    for entry in (whole / "data").iterdir():
+        subprocess.run(["cp", "-al", str(entry), str(data / entry.name)], check=True)
 
 
 def _chunks(items: list, size: int) -> list[list]:
@@ -211,7 +244,7 @@ def _tree_bytes(folder: Path) -> int:
 
 
 def rehearse(
-    work: Path, fraction: float, side: int, seed: int, workers: int
+    work: Path, fraction: float, side: int, seed: int, workers: int, reruns: bool
 ) -> tuple[dict, list[Step]]:
     size_dir = work / f"n{fraction:g}"
     data, output, home = size_dir / "data", size_dir / "output", size_dir / "dagster_home"
@@ -221,7 +254,7 @@ def rehearse(
     if not counts_file.exists():
         shutil.rmtree(data, ignore_errors=True)  # a corpus cut short is written again
         start = time.perf_counter()
-        counts = write_corpus(data, fraction, side, seed, workers)
+        counts = write_corpus(data, work / "whole_datasets", fraction, side, seed, workers)
         print(f"  corpus written in {time.perf_counter() - start:.0f} s: {counts}", flush=True)
         counts_file.write_text(json.dumps(counts))
     counts = json.loads(counts_file.read_text())
@@ -237,12 +270,80 @@ def rehearse(
         step = run_step(name, command, env, output, size_dir / "steps.log")
         steps.append(step)
         print(f"  {_row(step)}", flush=True)
+    if reruns:
+        steps += rerun_train(data, output, env, size_dir)
+    search = near_duplicate_search(home)
+    print(f"  near_duplicates: {json.dumps(search)}", flush=True)
+    results_file(work, fraction).write_text(
+        json.dumps({"counts": counts, "steps": [asdict(step) for step in steps], "search": search})
+    )
     if Path(CHROMIUM).exists():
         for path, seconds in time_ui_pages(env, size_dir / "steps.log"):
             print(f"  UI {path:<46} network idle after {seconds:5.2f} s", flush=True)
     else:
         print(f"  UI pages not timed: no {CHROMIUM} (apt-get install chromium)")
     return counts, steps
+
+
+def rerun_train(data: Path, output: Path, env: dict, size_dir: Path) -> list[Step]:
+    """ReXGradient train launched again as issue 30 item 4 budgets it: unchanged, after 1 % of
+    its sources changed, and on a fresh output root killed (SIGKILL) once half its PNGs are
+    written, then launched again; with what each decoded and rewrote."""
+    log = size_dir / "steps.log"
+    command = bench_reruns.launch_command()
+    steps = [run_step("re-run train, unchanged", command, env, output, log)]
+    counted(steps[-1], env)
+    sources = [Path(line) for line in (data / TRAIN_SOURCES).read_text().splitlines()]
+    changed = bench_reruns.change_sources(sources, CHANGED_SHARE, 0)
+    steps.append(run_step(f"re-run train, {changed} changed", command, env, output, log))
+    counted(steps[-1], env)
+    resumed = size_dir / "resumed"
+    resumed_env = {**env, "RADHARMONY_OUTPUT_ROOT": str(resumed)}
+    killed = bench_reruns.launch_and_kill_halfway(resumed_env, resumed, len(sources))
+    written = len(list(resumed.glob(layout.resized_png_glob(bench_reruns.PARTITION))))
+    print(f"  first build of train killed after {killed:.1f} s, {written} PNGs written")
+    steps.append(run_step("train resumed after kill -9", command, resumed_env, resumed, log))
+    counted(steps[-1], resumed_env)
+    shutil.rmtree(resumed, ignore_errors=True)
+    return steps
+
+
+def counted(step: Step, env: dict) -> None:
+    """The step's line, then what its images stage decoded and wrote."""
+    print(f"  {_row(step)}", flush=True)
+    images = bench_reruns.summary(env)["counts"].get("images", {})
+    print(f"    images: {json.dumps(images)}", flush=True)
+
+
+def near_duplicate_search(home: Path) -> dict:
+    """The near_duplicates step of the latest `manifest` run: its seconds (step start to
+    success, from the instance's event log) and the search's figures from its metadata."""
+    import dagster as dg
+
+    # The instance's dagster.yaml places its storage by the variable, as the steps saw it.
+    with (
+        mock.patch.dict(os.environ, {"DAGSTER_HOME": str(home)}),
+        dg.DagsterInstance.get() as instance,
+    ):
+        event = instance.get_latest_materialization_event(dg.AssetKey("near_duplicates"))
+        if event is None:
+            return {}
+        metadata = event.asset_materialization.metadata
+        wanted = ("images_compared", "hash_pairs_compared", "hash_candidates", "groups")
+        figures = {key: metadata[key].value for key in wanted if key in metadata}
+        times = {
+            record.dagster_event.event_type: record.timestamp
+            for record in instance.all_logs(
+                event.run_id,
+                of_type={dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_SUCCESS},
+            )
+            if record.step_key == "near_duplicates"
+        }
+    if len(times) == 2:
+        figures["seconds"] = round(
+            times[dg.DagsterEventType.STEP_SUCCESS] - times[dg.DagsterEventType.STEP_START], 1
+        )
+    return figures
 
 
 def time_ui_pages(env: dict, log: Path) -> list[tuple[str, float]]:
@@ -331,6 +432,39 @@ def marginal(results: list[tuple[float, list[Step]]], images: dict[float, int]) 
         print(f"  {step.name:<34} {shown}   ratio {ratio:5.2f}")
 
 
+def results_file(work: Path, fraction: float) -> Path:
+    """Each size's steps outlive its data, so sizes run by separate commands combine."""
+    return work / f"steps_n{fraction:g}.json"
+
+
+def stored_results(work: Path) -> tuple[list[tuple[float, list[Step]]], dict[float, int]]:
+    results, images = [], {}
+    for path in work.glob("steps_n*.json"):
+        fraction = float(path.stem.removeprefix("steps_n"))
+        stored = json.loads(path.read_text())
+        results.append((fraction, [Step(**step) for step in stored["steps"]]))
+        images[fraction] = sum(stored["counts"].values())
+    return sorted(results, key=lambda result: result[0]), images
+
+
+def project_search(work: Path, corpus: int = 1_000_000) -> None:
+    """near_duplicates per size, and its time at `corpus` images extrapolated from the two
+    largest sizes with the growth exponent they show (t ∝ n^k)."""
+    searches = sorted(
+        (s["images_compared"], s["seconds"])
+        for path in work.glob("steps_n*.json")
+        if {"images_compared", "seconds"} <= (s := json.loads(path.read_text())["search"]).keys()
+    )
+    print("\nnear_duplicates (images compared: seconds)")
+    for images, seconds in searches:
+        print(f"  {images:>9,}: {seconds:6.1f} s")
+    if len(searches) >= 2:
+        (n0, t0), (n1, t1) = searches[-2:]
+        exponent = math.log(t1 / t0) / math.log(n1 / n0)
+        projected = t1 * (corpus / n1) ** exponent
+        print(f"  projected to {corpus:,} images: {projected / 60:.1f} min (t ∝ n^{exponent:.2f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, required=True, help="folder for data, outputs, logs")
@@ -340,16 +474,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep each size's data and outputs")
     args = parser.parse_args()
-    results, images = [], {}
     for fraction in (float(f) for f in args.fractions.split(",")):
         print(f"size {fraction:g} of the documented counts (side {args.side}):", flush=True)
-        counts, steps = rehearse(args.work, fraction, args.side, args.seed, args.workers)
-        images[fraction] = counts.get("rexgradient", 0) + counts.get("nih", 0)
-        results.append((fraction, steps))
+        reruns = fraction == max(float(f) for f in args.fractions.split(","))
+        rehearse(args.work, fraction, args.side, args.seed, args.workers, reruns)
         if not args.keep:
             shutil.rmtree(args.work / f"n{fraction:g}", ignore_errors=True)
+    results, images = stored_results(args.work)
     if len(results) > 1:
         marginal(results, images)
+        project_search(args.work)
 
 
 if __name__ == "__main__":
