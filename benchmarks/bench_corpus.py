@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from unittest import mock
@@ -71,6 +71,9 @@ UI_PAGES = (
 CHROMIUM = "/usr/bin/chromium"
 TRAIN_SOURCES = "rexgradient_train_sources.txt"  # under the size's data folder
 CHANGED_SHARE = 0.01
+# zlib level 1 for the rendered films: level 6 spent 5.3 of 8.8 ms per 192² film here, for
+# 15 % smaller files; what the rehearsal measures is per-file cost, not these bytes.
+FILM_PNG_LEVEL = 1
 QUIET = json.dumps({"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
 
 
@@ -87,42 +90,34 @@ class Step:
 # --- the corpus ------------------------------------------------------------------------------
 
 
-def scaled_split(size: rexgradient.SplitSize, fraction: float) -> rexgradient.SplitSize:
-    images = max(3, round(size.images * fraction))
-    studies = max(2, min(images, round(size.studies * fraction)))
-    patients = max(1, min(studies, round(size.patients * fraction)))
-    return rexgradient.SplitSize(studies, images, patients)
+def write_corpus(data: Path, work: Path, fraction: float, side: int, seed: int, workers: int):
+    """The four datasets and the NIH parent under `data`; return their image counts.
 
-
-def write_corpus(
-    data: Path, whole: Path, fraction: float, side: int, seed: int, workers: int
-) -> dict:
-    """The four datasets and the NIH parent under `data`; return their image counts. The
-    datasets written whole at every size come from `whole`, rendered once and hard-linked (the
-    pipeline only reads its data roots)."""
-    link_whole_datasets(whole, data, seed)
+    Each size is a share of one full-count corpus rendered once under `work`: the datasets
+    written whole, hard-linked; ReXGradient's first studies of each split (its metadata
+    written for them) and the NIH parent's first films, their files hard-linked from the
+    full render (the pipeline only reads its data roots). Sizes differ in count only."""
+    link_whole_datasets(work / "whole_datasets", data, seed)
+    films = work / "films"
+    plan = rexgradient.plan_studies(seed, rexgradient.FULL_SCALE, (side, side + side // 4))
+    render_films(films, plan, data, side, seed, workers)
+    share = {
+        split: studies[: max(2, round(len(studies) * fraction))] for split, studies in plan.items()
+    }
     root = data / "rexgradient"
-    sizes = {split: scaled_split(size, fraction) for split, size in rexgradient.FULL_SCALE.items()}
-    studies = rexgradient.write_metadata(root, seed, sizes, (side, side + side // 4))
-    train = [
-        root / "deid_png" / path.removeprefix(rexgradient.IMAGE_PREFIX)
-        for _, study in studies["train"]
-        for path in study["ImagePath"]
-    ]
+    rexgradient.write_planned_metadata(root, share)
+    train = []
+    for split, studies in share.items():
+        for _, study in studies:
+            for path in study["ImagePath"]:
+                relative = path.removeprefix(rexgradient.IMAGE_PREFIX)
+                target = _mkdir((root / "deid_png" / relative).parent) / Path(relative).name
+                os.link(films / "rexgradient" / "deid_png" / relative, target)
+                if split == "train":
+                    train.append(target)
     (data / TRAIN_SOURCES).write_text("\n".join(map(str, train)))
-    with ProcessPoolExecutor(workers) as pool:
-        jobs = []
-        for split_index, split in enumerate(rexgradient.SPLIT_FILES):
-            first = 0
-            for chunk in _chunks(studies[split], 500):
-                jobs.append(
-                    pool.submit(rexgradient.write_images, root, seed, split_index, chunk, first)
-                )
-                first += sum(len(study["ImagePath"]) for _, study in chunk)
-        nih, nih_jobs = _write_nih(data, round(NIH_FILMS * fraction), side, seed, pool)
-        for job in [*jobs, *nih_jobs]:
-            job.result()
-    return {"rexgradient": sum(s.images for s in sizes.values()), "nih": nih}
+    images = sum(len(study["ImagePath"]) for studies in share.values() for _, study in studies)
+    return {"rexgradient": images, "nih": _write_nih(data, films, round(NIH_FILMS * fraction))}
 
 
 def link_whole_datasets(whole: Path, data: Path, seed: int) -> None:
@@ -136,49 +131,77 @@ def link_whole_datasets(whole: Path, data: Path, seed: int) -> None:
         subprocess.run(["cp", "-al", str(entry), str(data / entry.name)], check=True)
 
 
+def render_films(films: Path, plan: dict, data: Path, side: int, seed: int, workers: int) -> None:
+    """Every ReXGradient film of the full plan and every NIH distractor (NIH's films beyond
+    ChestX-Det's originals), in parallel, once: `films`/complete marks a finished render."""
+    done = films / "complete"
+    if done.exists():
+        return
+    shutil.rmtree(films, ignore_errors=True)
+    distractors = NIH_FILMS - len(chestx_det_films(data))
+    with ProcessPoolExecutor(workers) as pool:
+        jobs = []
+        for split_index, split in enumerate(rexgradient.SPLIT_FILES):
+            first = 0
+            for chunk in _chunks(plan[split], 500):
+                jobs.append(
+                    pool.submit(
+                        rexgradient.write_images,
+                        films / "rexgradient",
+                        seed,
+                        split_index,
+                        chunk,
+                        first,
+                        FILM_PNG_LEVEL,
+                    )
+                )
+                first += sum(len(study["ImagePath"]) for _, study in chunk)
+        jobs += [
+            pool.submit(_render_nih_films, films / "nih", seed, side, chunk)
+            for chunk in _chunks(list(range(distractors)), 2000)
+        ]
+        for job in jobs:
+            job.result()
+    done.touch()
+
+
+def chestx_det_films(data: Path) -> list[Path]:
+    return sorted((data / "chestx-det").glob("*/*.png"))
+
+
 def _chunks(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _write_nih(
-    data: Path, films: int, side: int, seed: int, pool: ProcessPoolExecutor
-) -> tuple[int, list[Future]]:
-    """ChestX-Det's files as their NIH originals plus distractors rendered in `pool`, with the
-    real Data_Entry_2017.csv and split lists; the film count and the rendering jobs."""
+def _write_nih(data: Path, films: Path, count: int) -> int:
+    """ChestX-Det's files as their NIH originals plus the first rendered distractors, with the
+    real Data_Entry_2017.csv and split lists; the film count."""
     root = data / NIH_FOLDER
-    children = sorted((data / "chestx-det").glob("*/*.png"))
-    distractors = max(0, films - len(children))
+    children = chestx_det_films(data)
     entries = []
     for number, child in enumerate(children):
         name = f"{number + 1:08d}_000.png"
-        folder = _nih_folder(number)
-        shutil.copyfile(child, _mkdir(root / folder) / name)
+        os.link(child, _mkdir(root / _nih_folder(number)) / name)
         entries.append(
             (name, number + 1, 0, "test" if child.parent.name == "test" else "train_val")
         )
     first_patient = len(children) + 1
-    numbers = list(range(distractors))
-    jobs = [
-        pool.submit(_render_nih_films, root, seed, side, len(children), first_patient, chunk)
-        for chunk in _chunks(numbers, 2000)
-    ]
-    for number in numbers:
+    for number in range(max(0, count - len(children))):
         patient = first_patient + number // 2
+        name = f"{patient:08d}_{number % 2:03d}.png"
+        folder = _mkdir(root / _nih_folder(len(children) + number))
+        os.link(films / "nih" / f"{number:07d}.png", folder / name)
         split = "test" if patient % 5 == 0 else "train_val"
-        entries.append((f"{patient:08d}_{number % 2:03d}.png", patient, number % 2, split))
+        entries.append((name, patient, number % 2, split))
     write_nih_metadata(root, entries)
-    return len(entries), jobs
+    return len(entries)
 
 
-def _render_nih_films(
-    root: Path, seed: int, side: int, offset: int, first_patient: int, numbers: list[int]
-) -> None:
+def _render_nih_films(folder: Path, seed: int, side: int, numbers: list[int]) -> None:
     for number in numbers:
         rng = dataset_rng(seed, "nih_chestxray14", 1, number)
         pixels = to_uint8(render_radiograph(rng, side, side).pixels)
-        patient = first_patient + number // 2
-        name = f"{patient:08d}_{number % 2:03d}.png"
-        write_bytes(root / _nih_folder(offset + number) / name, png_bytes(pixels))
+        write_bytes(folder / f"{number:07d}.png", png_bytes(pixels, FILM_PNG_LEVEL))
 
 
 def _nih_folder(number: int) -> str:
@@ -254,7 +277,7 @@ def rehearse(
     if not counts_file.exists():
         shutil.rmtree(data, ignore_errors=True)  # a corpus cut short is written again
         start = time.perf_counter()
-        counts = write_corpus(data, work / "whole_datasets", fraction, side, seed, workers)
+        counts = write_corpus(data, work, fraction, side, seed, workers)
         print(f"  corpus written in {time.perf_counter() - start:.0f} s: {counts}", flush=True)
         counts_file.write_text(json.dumps(counts))
     counts = json.loads(counts_file.read_text())

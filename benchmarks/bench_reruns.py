@@ -66,15 +66,17 @@ with dg.DagsterInstance.get() as instance:
 """
 
 
-def write_partition(root: Path, images: int, seed: int = 0) -> list[Path]:
+def write_partition(
+    root: Path, images: int, seed: int = 0, sides: tuple[int, int] = SIDES
+) -> list[Path]:
     """ReXGradient metadata with `images` train images (tiny val and test), one rendered
-    radiograph per ImagePath; the train PNGs' paths."""
+    radiograph of `sides` per ImagePath; the train PNGs' paths."""
     sizes = {
         "train": rexgradient.SplitSize(images * 6 // 10, images, images * 4 // 10),
         "val": rexgradient.SplitSize(3, 5, 2),
         "test": rexgradient.SplitSize(3, 5, 2),
     }
-    studies = rexgradient.write_metadata(root / "rexgradient", seed, sizes, SIDES)
+    studies = rexgradient.write_metadata(root / "rexgradient", seed, sizes, sides)
     train = []
     for split_index, split in enumerate(rexgradient.SPLIT_FILES):
         index = 0
@@ -93,6 +95,7 @@ def write_partition(root: Path, images: int, seed: int = 0) -> list[Path]:
 
 def write_radiograph(path: Path, rng: np.random.Generator, height: int, width: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # a hard-linked source is replaced, its other names kept
     cv2.imwrite(str(path), to_uint8(render_radiograph(rng, height, width, "frontal").pixels))
 
 

@@ -21,23 +21,23 @@ def jpeg_bytes(gray: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def png_bytes(gray: np.ndarray) -> bytes:
+def png_bytes(gray: np.ndarray, compress_level: int = PNG_COMPRESS_LEVEL) -> bytes:
     """Single-channel PNG: 8-bit for uint8 input, 16-bit for uint16 input."""
     if gray.dtype not in (np.uint8, np.uint16):
         raise TypeError(f"PNG pixels must be uint8 or uint16, got {gray.dtype}")
-    return _png(Image.fromarray(gray))
+    return _png(Image.fromarray(gray), compress_level)
 
 
 def rgba_png_bytes(gray: np.ndarray) -> bytes:
     """RGBA PNG with R = G = B = `gray` and opaque alpha, as some NIH images are stored."""
     gray = _require(gray, np.uint8)
     alpha = np.full_like(gray, 255)
-    return _png(Image.fromarray(np.dstack([gray, gray, gray, alpha])))
+    return _png(Image.fromarray(np.dstack([gray, gray, gray, alpha])), PNG_COMPRESS_LEVEL)
 
 
-def _png(image: Image.Image) -> bytes:
+def _png(image: Image.Image, compress_level: int) -> bytes:
     buffer = io.BytesIO()
-    image.save(buffer, "PNG", compress_level=PNG_COMPRESS_LEVEL)
+    image.save(buffer, "PNG", compress_level=compress_level)
     return buffer.getvalue()
 
 

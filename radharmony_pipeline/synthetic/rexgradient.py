@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from radharmony_pipeline.synthetic.encoding import png_bytes
+from radharmony_pipeline.synthetic.encoding import PNG_COMPRESS_LEVEL, png_bytes
 from radharmony_pipeline.synthetic.expected import summed, write_expected_counts
 from radharmony_pipeline.synthetic.files import write_bytes, write_text, write_text_chunks
 from radharmony_pipeline.synthetic.identifiers import dicom_uids, grdn_codes
@@ -112,18 +112,32 @@ def write_metadata(
     root: Path, seed: int, sizes: dict[str, SplitSize], sides: tuple[int, int]
 ) -> dict[str, list[tuple[str, Study]]]:
     """Per split the view-position JSON and the study CSV, plus expected_counts.json."""
+    studies = plan_studies(seed, sizes, sides)
+    write_planned_metadata(root, studies)
+    return studies
+
+
+def plan_studies(
+    seed: int, sizes: dict[str, SplitSize], sides: tuple[int, int]
+) -> dict[str, list[tuple[str, Study]]]:
+    """Every split's studies, as write_metadata writes them (nothing written)."""
+    return {
+        split: plan_split(dataset_rng(seed, DATASET, 0, split_index), sizes[split], sides)
+        for split_index, split in enumerate(SPLIT_FILES)
+    }
+
+
+def write_planned_metadata(root: Path, studies: dict[str, list[tuple[str, Study]]]) -> None:
+    """The metadata files of studies already planned (e.g. a share of a larger plan)."""
     metadata = root / METADATA_DIR
-    studies, counts = {}, {}
-    for split_index, (split, stem) in enumerate(SPLIT_FILES.items()):
-        rng = dataset_rng(seed, DATASET, 0, split_index)
-        studies[split] = plan_split(rng, sizes[split], sides)
+    counts = {}
+    for split, stem in SPLIT_FILES.items():
         write_text_chunks(
             metadata / f"{stem}_metadata_view_position.json", _json_chunks(studies[split])
         )
         write_text(metadata / f"{stem}_metadata.csv", _csv_text(studies[split]))
         counts[split] = _split_counts(studies[split])
     write_expected_counts(root, DATASET, counts, summed(counts, ("images", "studies", "patients")))
-    return studies
 
 
 def plan_split(
@@ -315,6 +329,7 @@ def write_images(
     split_index: int,
     studies: list[tuple[str, Study]],
     first_index: int = 0,
+    compress_level: int = PNG_COMPRESS_LEVEL,
 ) -> None:
     """One PNG per ImagePath, of its ImageShape; 8-bit or 16-bit (first two: one of each).
 
@@ -337,5 +352,6 @@ def write_images(
                 gray = to_unsigned(pixels, 16 if rng.random() < 0.5 else 12)
             else:
                 gray = to_uint8(pixels)
-            write_bytes(root / "deid_png" / path.removeprefix(IMAGE_PREFIX), png_bytes(gray))
+            target = root / "deid_png" / path.removeprefix(IMAGE_PREFIX)
+            write_bytes(target, png_bytes(gray, compress_level))
             index += 1
