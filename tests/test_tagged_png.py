@@ -17,7 +17,9 @@ from PIL import Image
 from radharmony_pipeline.processing.imaging.tagged_png import (
     INPUT_KEY_TAG,
     mask_png,
+    leading_text_tags,
     radiograph_png,
+    read_leading_tags,
     read_png_tags,
     stored_input_key,
     with_text_tags,
@@ -68,6 +70,31 @@ def test_text_outside_latin1_is_kept_exactly(tmp_path: Path) -> None:
     tags = {"note": "肺 – ∅ ✓", "latin": "Zürich café"}
     write_tagged_png(path, lambda: random_pixels((8, 8), 1), "k", tags)
     assert read_png_tags(path) == {INPUT_KEY_TAG: "k", **tags}
+
+
+def test_leading_tags_are_read_from_the_head_of_the_file(tmp_path: Path) -> None:
+    tags = {"orig_height": "2828", "source_sha256": "ab" * 32}
+    path = tmp_path / "out.png"
+    write_tagged_png(path, lambda: random_pixels((224, 224), 5), "key-2", tags)
+    assert read_leading_tags(path) == {INPUT_KEY_TAG: "key-2", **tags} == read_png_tags(path)
+    assert read_leading_tags(tmp_path / "missing.png") == {}
+    (tmp_path / "text.png").write_text("not a png, though named like one")
+    assert read_leading_tags(tmp_path / "text.png") == {}
+
+
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    # The header ends at byte 33; tag a's chunk takes bytes 33-48, tag b's 48-102.
+    [(40, {}), (48, {"a": "1"}), (63, {"a": "1"}), (101, {"a": "1"}), (102, None)],
+)
+def test_a_tag_cut_off_by_a_short_read_is_left_out_not_shortened(
+    head: int, expected: dict | None
+) -> None:
+    """A head read may end inside a text chunk: that tag is missing (the image is then
+    checked whole), never read with a truncated value."""
+    tags = {"a": "1", "b": "x" * 40}
+    png = with_text_tags(radiograph_png(random_pixels((8, 8), 4)), tags)
+    assert leading_text_tags(png[:head]) == (tags if expected is None else expected)
 
 
 def test_tags_precede_the_image_data() -> None:

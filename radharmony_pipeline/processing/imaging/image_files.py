@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -71,17 +72,33 @@ def confined(path: SourcePath, root: SourcePath | None) -> SourcePath:
             raise ImageFileError(path, f"{problem}; the file was not read")
         return path
     try:
-        real = Path(os.path.realpath(path))
-        real_root = Path(os.path.realpath(root))
+        real = _real_path(os.fspath(path))
+        real_root = _real_folder(os.fspath(root))
     except (OSError, ValueError) as error:  # ValueError: a NUL byte in the path
         raise ImageFileError(path, f"unusable path: {error}") from error
-    if not real.is_relative_to(real_root):
+    if real != real_root and not real.startswith(os.path.join(real_root, "")):
         raise ImageFileError(
             path,
             f"resolves to {real}, outside the image folder {real_root} (a symlink leaving "
             "the dataset); the file was not read. Replace the link with the file itself",
         )
     return path
+
+
+def _real_path(path: str) -> str:
+    """os.path.realpath(path), with the folder's real path shared by every file in it and
+    each ancestor's by every folder below it: a partition's images (ReXGradient's sit eight
+    folders deep) cost an lstat of the file and of the folders not yet seen, not of every
+    component each time. A process keeps what it resolved (a run's worker, a launch)."""
+    folder, name = os.path.split(path)
+    if name in ("", ".", "..") or os.path.islink(path):
+        return os.path.realpath(path)
+    return os.path.join(_real_folder(folder), name)
+
+
+@functools.lru_cache(maxsize=16384)
+def _real_folder(folder: str) -> str:
+    return _real_path(folder)
 
 
 # --- size from the header ------------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 from isal import isal_zlib
 from PIL import Image
 
-from radharmony_pipeline.processing.storage.store import publish, read_bytes
+from radharmony_pipeline.processing.storage.store import publish, read_bytes, read_head
 
 INPUT_KEY_TAG = "radharmony-input"
 
@@ -36,6 +36,8 @@ MASK_FILTER = cv2.IMWRITE_PNG_FILTER_NONE
 _SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _HEADER_END = len(_SIGNATURE) + 4 + 4 + 13 + 4  # signature, then IHDR: length, type, data, CRC
 _MAX_KEYWORD = 79  # PNG's limit on a text chunk's keyword
+# An output's tags (its input key, sizes, geometry and three digests) take under 1 KB.
+_TAG_HEAD_BYTES = 4096
 # PNG keywords: printable Latin-1 (32-126, 161-255), no leading, trailing or double spaces.
 _KEYWORD = re.compile(rf"(?!.*  )(?! )[\x21-\x7e\xa1-\xff ]{{1,{_MAX_KEYWORD}}}(?<! )")
 
@@ -86,13 +88,25 @@ def leading_text_tags(content: bytes) -> dict[str, str]:
     while position + 8 <= len(content):
         (length,) = struct.unpack(">I", content[position : position + 4])
         kind = content[position + 4 : position + 8]
-        if kind not in (b"tEXt", b"iTXt"):
-            break
+        if kind not in (b"tEXt", b"iTXt") or position + 12 + length > len(content):
+            break  # the pixels, or a chunk cut off by a read of the file's head
         if kind == b"tEXt":
             keyword, _, value = content[position + 8 : position + 8 + length].partition(b"\0")
             tags[keyword.decode("latin-1")] = value.decode("latin-1")
         position += 12 + length
     return tags
+
+
+def read_leading_tags(path: Any) -> dict[str, str]:
+    """The tags right after a PNG's header, from one read of its first few KB, or {} if the
+    file is missing or not a PNG. No checksum is checked: what a re-run reads to see that an
+    output carries the current key (damage is found by `radharmony verify`, which then
+    withdraws the partition's keys so that every image is checked whole)."""
+    try:
+        head = read_head(path, _TAG_HEAD_BYTES)
+    except (OSError, ValueError):
+        return {}
+    return leading_text_tags(head) if head.startswith(_SIGNATURE) else {}
 
 
 def stored_input_key(path: Any) -> str | None:

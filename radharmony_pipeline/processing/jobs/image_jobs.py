@@ -57,7 +57,7 @@ from radharmony_pipeline.processing.imaging.perceptual_hash import perceptual_ha
 from radharmony_pipeline.processing.imaging.tagged_png import (
     INPUT_KEY_TAG,
     png_problem,
-    read_png_tags,
+    read_leading_tags,
     stored_input_key,
     write_tagged_png,
 )
@@ -174,11 +174,15 @@ class ImageJob:
             return self._error_row(str(exc)), None
 
     def current_row(self, key: str) -> ImageRow | None:
-        """The row from the outputs' headers when they carry `key` (pixels untouched)."""
-        tags = read_png_tags(self.output_root / self.image_relative)
+        """The row from the outputs' headers when they carry `key` (the first KB of each
+        file read; pixels untouched)."""
+        tags = read_leading_tags(self.output_root / self.image_relative)
         if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
             return None
-        return self._row(tags, decoded=False)
+        try:
+            return self._row(tags, decoded=False)
+        except (KeyError, ValueError):  # a tag missing or unreadable: the image is redone
+            return None
 
     def _mask_is_current(self, key: str) -> bool:
         return self.mask_relative is None or (

@@ -284,6 +284,16 @@ def read_bytes(path: OutputPath) -> bytes:
     return with_retries(path, "read the object", lambda: path.fs.cat_file(path.path))
 
 
+def read_head(path: OutputPath, size: int) -> bytes:
+    """The first `size` bytes of the file or object (fewer if it is shorter; one request)."""
+    if is_local(path):
+        with open(path, "rb") as handle:
+            return handle.read(size)
+    return with_retries(
+        path, "read the object's head", lambda: path.fs.cat_file(path.path, start=0, end=size)
+    )
+
+
 @contextlib.contextmanager
 def open_for_reading(path: OutputPath) -> Iterator[BinaryIO]:
     """A binary handle on the file; an object is fetched whole first (one retried request),
