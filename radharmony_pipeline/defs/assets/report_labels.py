@@ -2,7 +2,8 @@
 0 negative, -1 uncertain, null not mentioned), from the report labeler or the dataset's own
 report-label file. Its checks run in the same step, on the table in memory (check_specs)."""
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import dagster as dg
 import pandas as pd
@@ -18,6 +19,9 @@ from ...processing.reports.report_table import (
     unmentioned_share,
 )
 from ...processing.storage.output_layout import table_file
+
+if TYPE_CHECKING:
+    from ...processing.reports.labeler import ReportReading
 from ...processing.storage.store import OutputPath, exists, open_for_reading
 from ...processing.tables.table_schemas import REPORT_LABELS, REPORT_RULES
 from ...sources import DatasetSource, SourceError, parse_partition_key
@@ -88,13 +92,10 @@ def _read_reports(
     context: dg.AssetExecutionContext, labels: pd.DataFrame, previous_file: OutputPath
 ) -> tuple[pd.DataFrame, pd.Series, dict]:
     """The report texts of `labels` read by the labeler, reusing the last run's rows."""
-    # Imported here, in the step that reads reports: spaCy takes seconds to import.
-    from ...processing.reports.labeler import ReportLabeler
-
     result = label_reports(
         labels["image_id"],
         labels["report"],
-        ReportLabeler(),
+        LabelerOnFirstUse(),
         LABELER_VERSION,
         previous=_previous_rows(context, previous_file),
     )
@@ -109,6 +110,16 @@ def _read_reports(
             "reused": result.reused,
         },
     )
+
+
+class LabelerOnFirstUse:
+    """The report labeler, built when a text is first to be read: a partition whose texts
+    were all read before (an unchanged re-run) never imports spaCy, which takes seconds."""
+
+    def read_many(self, texts: Sequence[str]) -> list["ReportReading"]:
+        from ...processing.reports.labeler import ReportLabeler
+
+        return ReportLabeler().read_many(texts)
 
 
 def _previous_rows(context: dg.AssetExecutionContext, path: OutputPath) -> pa.Table | None:
