@@ -443,16 +443,40 @@ def _row(step: Step) -> str:
 
 
 def marginal(results: list[tuple[float, list[Step]]], images: dict[float, int]) -> None:
-    """Per step, the wall per image between consecutive sizes and their ratio."""
-    print("\nmarginal wall per 1,000 images between sizes (N/4→N/2, N/2→N) and their ratio")
+    """Per step, the wall and CPU per 1,000 corpus images between consecutive sizes, and the
+    ratio of the last two (1.0: linear)."""
+    print("\nmarginal cost per 1,000 images between sizes (wall | CPU), ratio of the last two")
     for position, step in enumerate(results[0][1]):
-        costs = []
+        walls, cpus = [], []
         for (f0, s0), (f1, s1) in itertools.pairwise(results):
-            added = images[f1] - images[f0]
-            costs.append((s1[position].wall - s0[position].wall) / added * 1000 if added else 0.0)
-        ratio = costs[-1] / costs[-2] if len(costs) > 1 and costs[-2] > 0 else float("nan")
-        shown = "  ".join(f"{c:8.2f} s" for c in costs)
-        print(f"  {step.name:<34} {shown}   ratio {ratio:5.2f}")
+            added = (images[f1] - images[f0]) / 1000
+            walls.append((s1[position].wall - s0[position].wall) / added)
+            cpus.append((s1[position].cpu - s0[position].cpu) / added)
+        shown = "  ".join(f"{w:7.2f} | {c:7.2f} s" for w, c in zip(walls, cpus, strict=True))
+        print(f"  {step.name:<34} {shown}   ratio {_ratio(walls)} | {_ratio(cpus)}")
+
+
+def _ratio(costs: list[float]) -> str:
+    return f"{costs[-1] / costs[-2]:5.2f}" if len(costs) > 1 and costs[-2] > 0 else "  n/a"
+
+
+def table(results: list[tuple[float, list[Step]]], images: dict[float, int]) -> None:
+    """Every step at every size as one Markdown table (wall / CPU / peak RSS)."""
+    sizes = [f"{fraction:g} ({images[fraction]:,} images)" for fraction, _ in results]
+    print("\n| step | " + " | ".join(sizes) + " |")
+    print("|---|" + "---|" * len(results))
+    names = dict.fromkeys(step.name for _, steps in results for step in steps)
+    for name in names:
+        cells = []
+        for _, steps in results:
+            step = next((step for step in steps if step.name == name), None)
+            cells.append(
+                "–"
+                if step is None
+                else f"{step.wall:.1f} s / {step.cpu:.1f} s / {step.peak_rss_mb / 1024:.2f} GB"
+                + ("" if step.ok else " FAILED")
+            )
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 def results_file(work: Path, fraction: float) -> Path:
@@ -496,17 +520,21 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep each size's data and outputs")
+    parser.add_argument(
+        "--report", action="store_true", help="only print the figures kept under --work"
+    )
     args = parser.parse_args()
-    for fraction in (float(f) for f in args.fractions.split(",")):
+    fractions = [] if args.report else [float(f) for f in args.fractions.split(",")]
+    for fraction in fractions:
         print(f"size {fraction:g} of the documented counts (side {args.side}):", flush=True)
-        reruns = fraction == max(float(f) for f in args.fractions.split(","))
-        rehearse(args.work, fraction, args.side, args.seed, args.workers, reruns)
+        rehearse(args.work, fraction, args.side, args.seed, args.workers, fraction == fractions[-1])
         if not args.keep:
             shutil.rmtree(args.work / f"n{fraction:g}", ignore_errors=True)
     results, images = stored_results(args.work)
+    table(results, images)
     if len(results) > 1:
         marginal(results, images)
-        project_search(args.work)
+    project_search(args.work)
 
 
 if __name__ == "__main__":
