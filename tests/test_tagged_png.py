@@ -16,8 +16,8 @@ from PIL import Image
 
 from radharmony_pipeline.processing.imaging.tagged_png import (
     INPUT_KEY_TAG,
-    mask_png,
     leading_text_tags,
+    mask_png,
     radiograph_png,
     read_leading_tags,
     read_png_tags,
