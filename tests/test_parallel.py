@@ -23,6 +23,7 @@ from radharmony_pipeline.processing.execution.parallel import (
 from radharmony_pipeline.processing.execution.supervised import (
     SupervisedPool,
     TimeLimit,
+    WorkerStartError,
     run_supervised,
 )
 from radharmony_pipeline.settings import WORKERS_VARIABLE, worker_count
@@ -214,6 +215,16 @@ def test_workers_that_die_on_start_use_up_items_instead_of_restarting_for_ever()
     assert results == [
         f"{n}: worker process died (exit code 3) while processing it" for n in (1, 2, 3)
     ]
+
+
+@pytest.mark.slow
+def test_workers_that_keep_dying_on_start_stop_the_map_with_the_likely_causes() -> None:
+    """A partition of many items is not used up one failed start at a time."""
+    limit = TimeLimit(30.0, lambda item, reason: f"{item}: {reason}")
+    start = time.monotonic()
+    with pytest.raises(WorkerStartError, match=r"8 worker processes in a row exited .*code 3"):
+        run_supervised(DiesOnArrival(), list(range(1000)), 2, limit, process_context())
+    assert time.monotonic() - start < 60
 
 
 def test_no_items_gives_no_results() -> None:

@@ -46,6 +46,16 @@ class WorkerError(RuntimeError):
     """A worker raised an exception that could not be sent back as itself."""
 
 
+class WorkerStartError(RuntimeError):
+    """Worker processes keep exiting before they report ready: no item can run."""
+
+
+# Workers that exit one after another before reporting ready (an import that fails in the
+# child, a script whose top level runs work when the child imports it) stop the map after
+# this many, instead of each using up an item of a partition of 239,000.
+_START_FAILURES = 8
+
+
 @dataclass(frozen=True)
 class TimeLimit(Generic[T, R]):
     """At most `seconds` per item; `on_timeout(item, reason)` is the result of an item that
@@ -196,6 +206,7 @@ class SupervisedPool(Generic[T, R]):
         for worker in active:
             worker.forget_pace()  # its idle time since the last map() is no part of it
         last_wake = -math.inf
+        failed_starts = 0  # workers in a row that exited before reporting ready
         while finished < len(items):
             while len(active) < min(self.workers, len(waiting)):
                 active.append(_start(self.function, self.context))
@@ -218,6 +229,7 @@ class SupervisedPool(Generic[T, R]):
                 if worker.connection not in ready and not exited and now < worker.deadline:
                     continue  # nothing to read, within its time
                 outcome = _drain(worker, record, limit.seconds, exited)
+                failed_starts = 0 if worker.started else failed_starts + (outcome == "dead")
                 if outcome == "running":
                     continue
                 active.remove(worker)
@@ -226,6 +238,8 @@ class SupervisedPool(Generic[T, R]):
                     reason = limit.exceeded()
                 else:
                     code = worker.process.exitcode
+                    if failed_starts >= _START_FAILURES:
+                        raise WorkerStartError(_start_failure(failed_starts, code))
                     reason = f"worker process died (exit code {code}) while processing it"
                 if worker.in_hand:
                     current = worker.in_hand.popleft()
@@ -254,6 +268,16 @@ def _start(function: Callable, context: multiprocessing.context.BaseContext) -> 
     process.start()
     theirs.close()
     return _Worker(process, mine, time.monotonic() + _START_SECONDS)
+
+
+def _start_failure(count: int, code: int | None) -> str:
+    return (
+        f"{count} worker processes in a row exited before reporting ready (last exit code "
+        f"{code}), so nothing can run in them. A worker imports the calling program's main "
+        "module: a script that starts this work at its top level must do so under "
+        "`if __name__ == '__main__':`; otherwise the environment is broken (importing "
+        "radharmony_pipeline in a new `python` of the same environment shows what fails)"
+    )
 
 
 def _hand_out(worker: _Worker, items: Sequence, waiting: deque[int], seconds: float) -> None:
