@@ -38,6 +38,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -288,54 +289,62 @@ def rehearse(
         "DAGSTER_HOME": str(home),
         "RADHARMONY_WORKERS": str(workers),
     }
-    steps = []
+    figures: dict = {"counts": counts, "steps": [], "search": {}, "ui": {}}
+
+    def keep(step: Step | None = None) -> None:
+        """Every figure is kept as soon as it is measured: a run cut short loses none."""
+        if step is not None:
+            figures["steps"].append(asdict(step))
+        results_file(work, fraction).write_text(json.dumps(figures))
+
     for name, command in commands():
         step = run_step(name, command, env, output, size_dir / "steps.log")
-        steps.append(step)
         print(f"  {_row(step)}", flush=True)
-    if reruns:
-        steps += rerun_train(data, output, env, size_dir)
-    search = near_duplicate_search(home)
-    print(f"  near_duplicates: {json.dumps(search)}", flush=True)
-    results_file(work, fraction).write_text(
-        json.dumps({"counts": counts, "steps": [asdict(step) for step in steps], "search": search})
-    )
-    if Path(CHROMIUM).exists():
-        for path, seconds in time_ui_pages(env, size_dir / "steps.log"):
-            print(f"  UI {path:<46} network idle after {seconds:5.2f} s", flush=True)
-    else:
+        keep(step)
+    figures["search"] = near_duplicate_search(home)
+    print(f"  near_duplicates: {json.dumps(figures['search'])}", flush=True)
+    if not Path(CHROMIUM).exists():
         print(f"  UI pages not timed: no {CHROMIUM} (apt-get install chromium)")
-    return counts, steps
+    else:
+        try:
+            figures["ui"] = dict(time_ui_pages(env, size_dir / "steps.log"))
+        except Exception as error:  # the re-runs below are still worth measuring
+            print(f"  UI pages not timed: {error!r} (see steps.log)", flush=True)
+        for path, seconds in figures["ui"].items():
+            print(f"  UI {path:<46} network idle after {seconds:5.2f} s", flush=True)
+    keep()
+    if reruns:
+        for step in rerun_train(data, output, env, size_dir):
+            keep(step)
+    return counts, [Step(**step) for step in figures["steps"]]
 
 
-def rerun_train(data: Path, output: Path, env: dict, size_dir: Path) -> list[Step]:
+def rerun_train(data: Path, output: Path, env: dict, size_dir: Path) -> Iterator[Step]:
     """ReXGradient train launched again as issue 30 item 4 budgets it: unchanged, after 1 % of
     its sources changed, and on a fresh output root killed (SIGKILL) once half its PNGs are
     written, then launched again; with what each decoded and rewrote."""
     log = size_dir / "steps.log"
     command = bench_reruns.launch_command()
-    steps = [run_step("re-run train, unchanged", command, env, output, log)]
-    counted(steps[-1], env)
+    yield counted(run_step("re-run train, unchanged", command, env, output, log), env)
     sources = [Path(line) for line in (data / TRAIN_SOURCES).read_text().splitlines()]
     changed = bench_reruns.change_sources(sources, CHANGED_SHARE, 0)
-    steps.append(run_step(f"re-run train, {changed} changed", command, env, output, log))
-    counted(steps[-1], env)
+    yield counted(run_step(f"re-run train, {changed} changed", command, env, output, log), env)
     resumed = size_dir / "resumed"
     resumed_env = {**env, "RADHARMONY_OUTPUT_ROOT": str(resumed)}
     killed = bench_reruns.launch_and_kill_halfway(resumed_env, resumed, len(sources))
     written = len(list(resumed.glob(layout.resized_png_glob(bench_reruns.PARTITION))))
     print(f"  first build of train killed after {killed:.1f} s, {written} PNGs written")
-    steps.append(run_step("train resumed after kill -9", command, resumed_env, resumed, log))
-    counted(steps[-1], resumed_env)
+    resume = run_step("train resumed after kill -9", command, resumed_env, resumed, log)
+    yield counted(resume, resumed_env)
     shutil.rmtree(resumed, ignore_errors=True)
-    return steps
 
 
-def counted(step: Step, env: dict) -> None:
-    """The step's line, then what its images stage decoded and wrote."""
+def counted(step: Step, env: dict) -> Step:
+    """The step, after printing its line and what its images stage decoded and wrote."""
     print(f"  {_row(step)}", flush=True)
     images = bench_reruns.summary(env)["counts"].get("images", {})
     print(f"    images: {json.dumps(images)}", flush=True)
+    return step
 
 
 def near_duplicate_search(home: Path) -> dict:
@@ -446,14 +455,17 @@ def marginal(results: list[tuple[float, list[Step]]], images: dict[float, int]) 
     """Per step, the wall and CPU per 1,000 corpus images between consecutive sizes, and the
     ratio of the last two (1.0: linear)."""
     print("\nmarginal cost per 1,000 images between sizes (wall | CPU), ratio of the last two")
-    for position, step in enumerate(results[0][1]):
+    by_name = [{step.name: step for step in steps} for _, steps in results]
+    for name in by_name[0]:
+        if not all(name in steps for steps in by_name):
+            continue  # not measured at every size (a run cut short)
         walls, cpus = [], []
-        for (f0, s0), (f1, s1) in itertools.pairwise(results):
+        for (f0, s0), (f1, s1) in itertools.pairwise(zip(images, by_name, strict=True)):
             added = (images[f1] - images[f0]) / 1000
-            walls.append((s1[position].wall - s0[position].wall) / added)
-            cpus.append((s1[position].cpu - s0[position].cpu) / added)
+            walls.append((s1[name].wall - s0[name].wall) / added)
+            cpus.append((s1[name].cpu - s0[name].cpu) / added)
         shown = "  ".join(f"{w:7.2f} | {c:7.2f} s" for w, c in zip(walls, cpus, strict=True))
-        print(f"  {step.name:<34} {shown}   ratio {_ratio(walls)} | {_ratio(cpus)}")
+        print(f"  {name:<34} {shown}   ratio {_ratio(walls)} | {_ratio(cpus)}")
 
 
 def _ratio(costs: list[float]) -> str:
@@ -491,7 +503,8 @@ def stored_results(work: Path) -> tuple[list[tuple[float, list[Step]]], dict[flo
         stored = json.loads(path.read_text())
         results.append((fraction, [Step(**step) for step in stored["steps"]]))
         images[fraction] = sum(stored["counts"].values())
-    return sorted(results, key=lambda result: result[0]), images
+    results.sort(key=lambda result: result[0])
+    return results, {fraction: images[fraction] for fraction, _ in results}
 
 
 def project_search(work: Path, corpus: int = 1_000_000) -> None:
