@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 from radharmony_pipeline.processing.execution.cluster import LocalPool
+from radharmony_pipeline.processing.imaging import tagged_png
 from radharmony_pipeline.processing.jobs import image_jobs as image_jobs_module
 from radharmony_pipeline.processing.jobs.image_jobs import ImageJob, update_packed_images
 from radharmony_pipeline.processing.storage import output_layout as layout
@@ -141,10 +142,19 @@ def test_an_unchanged_rerun_decodes_hashes_and_rewrites_nothing(built, monkeypat
     sources, root = built
     before = file_states(root)
     calls = Calls(monkeypatch)
+    whole_reads, head_reads = [], []
+    read_head = tagged_png.read_head
+    monkeypatch.setattr(tagged_png, "read_bytes", whole_reads.append)
+    monkeypatch.setattr(image_jobs_module, "read_bytes", whole_reads.append)
+    monkeypatch.setattr(
+        tagged_png, "read_head", lambda path, size: head_reads.append(size) or read_head(path, size)
+    )
 
     again = build(sources, root)
 
     assert (calls.decoded, calls.read, calls.written, calls.patched) == ([], [], [], [])
+    # Each output PNG is only opened for the first few KB that hold its tags.
+    assert whole_reads == [] and len(head_reads) == SOURCES and max(head_reads) <= 4096
     assert again.rows_written == 0 and again.rows_replayed == 0
     assert not any(row.decoded for row in again.rows)
     assert file_states(root) == before
