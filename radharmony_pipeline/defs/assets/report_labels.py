@@ -19,9 +19,6 @@ from ...processing.reports.report_table import (
     unmentioned_share,
 )
 from ...processing.storage.output_layout import table_file
-
-if TYPE_CHECKING:
-    from ...processing.reports.labeler import ReportReading
 from ...processing.storage.store import OutputPath, exists, open_for_reading
 from ...processing.tables.table_schemas import REPORT_LABELS, REPORT_RULES
 from ...sources import DatasetSource, SourceError, parse_partition_key
@@ -29,6 +26,9 @@ from ..checks.report_labels import CHECK_SPECS, check_results
 from ..groups import ANNOTATIONS
 from ..resources import DatasetsResource, OutputsResource
 from ..stages import checked_stage
+
+if TYPE_CHECKING:
+    from ...processing.reports.labeler import ReportReading
 
 # A new labeler makes the asset stale in the UI; its rows get new keys, so the next
 # materialization reads every text again.
