@@ -267,9 +267,8 @@ def _tree_bytes(folder: Path) -> int:
     return int(done.stdout.split()[0]) if done.stdout else 0
 
 
-def rehearse(
-    work: Path, fraction: float, side: int, seed: int, workers: int, reruns: bool
-) -> tuple[dict, list[Step]]:
+def rehearse(work: Path, fraction: float, side: int, seed: int, workers: int, reruns: bool) -> None:
+    """One size written (once) and every step run on it; its figures go to results_file."""
     size_dir = work / f"n{fraction:g}"
     data, output, home = size_dir / "data", size_dir / "output", size_dir / "dagster_home"
     home.mkdir(parents=True, exist_ok=True)
@@ -316,7 +315,6 @@ def rehearse(
     if reruns:
         for step in rerun_train(data, output, env, size_dir):
             keep(step)
-    return counts, [Step(**step) for step in figures["steps"]]
 
 
 def rerun_train(data: Path, output: Path, env: dict, size_dir: Path) -> Iterator[Step]:
