@@ -9,7 +9,9 @@ command under `/usr/bin/time`: check-data, the observation job, every partition'
 `all_stages`, the corpus joins (`manifest`), every partition's `exports`, the card and
 `radharmony verify`; at the largest size, ReXGradient train's re-runs (unchanged, 1 % of
 its sources changed, and resumed after a kill -9 halfway through a first build). It prints
-per step: wall, CPU (user + system of the command and its children), peak RSS and the bytes
+per step: wall, CPU (busy CPU seconds of the machine while the step runs: the rehearsal runs
+alone, and pool workers forked by a fork server are never the command's reaped children),
+peak RSS and the bytes
 it added under the output root, then near_duplicates' time and hash pairs per size with a
 projection to 1,000,000 images, and the marginal cost per image between sizes. The datasets
 written whole are rendered once (`--work`/whole_datasets) and hard-linked into each size;
@@ -237,27 +239,36 @@ def commands() -> list[tuple[str, list[str]]]:
 def run_step(name: str, command: list[str], env: dict, output: Path, log: Path) -> Step:
     before = _tree_bytes(output)
     stats = log.with_suffix(".time")
+    busy = machine_busy_seconds()
     start = time.perf_counter()
     with log.open("ab") as sink:
         sink.write(f"\n=== {name}: {' '.join(command)}\n".encode())
         sink.flush()
         code = subprocess.call(
-            ["/usr/bin/time", "-o", str(stats), "-f", "%U %S %M", *command],
+            ["/usr/bin/time", "-o", str(stats), "-f", "%M", *command],
             cwd=REPO,
             env=env,
             stdout=sink,
             stderr=subprocess.STDOUT,
         )
     wall = time.perf_counter() - start
-    user, system, rss_kb = stats.read_text().split()[-3:]
+    cpu = machine_busy_seconds() - busy
+    rss_kb = stats.read_text().split()[-1]
     return Step(
         name,
         wall,
-        float(user) + float(system),
+        cpu,
         int(rss_kb) / 1024,
         _tree_bytes(output) - before,
         code == 0,
     )
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every core has spent busy since boot (/proc/stat: all but idle and iowait)."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n")[0].split()[1:8]]
+    user, nice, system, _idle, _iowait, irq, softirq = fields
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def _tree_bytes(folder: Path) -> int:
