@@ -12,6 +12,7 @@ from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.loader import ManifestDataset
 from radharmony_pipeline.processing.corpus.parents import PARENT_IDENTITY
 from radharmony_pipeline.processing.storage import output_layout as layout
+from radharmony_pipeline.processing.tables import suite_validation
 from radharmony_pipeline.processing.tables.manifest import PARTITION_MANIFEST_COLUMNS
 from radharmony_pipeline.processing.tables.table_schemas import UNIFIED_MANIFEST
 from radharmony_pipeline.sources import parse_partition_key
@@ -61,9 +62,13 @@ def test_every_image_is_packed_and_written_at_the_target_size(corpus):
 
 
 def test_second_run_of_an_unchanged_partition_decodes_at_most_5_percent(
-    corpus, tiny_root, tiny_corpus_copy
+    corpus, tiny_root, tiny_corpus_copy, monkeypatch
 ):
     _output, first, _, _ = corpus
+    validated = []
+    monkeypatch.setattr(
+        suite_validation, "validate_suite", lambda frame, suite, *_: validated.append(suite)
+    )
     again = (
         build_definitions(tiny_root, tiny_corpus_copy)
         .resolve_job_def("all_stages")
@@ -72,6 +77,14 @@ def test_second_run_of_an_unchanged_partition_decodes_at_most_5_percent(
     before = images_metadata(first["chexlocalize.test"])["decoded"]
     assert images_metadata(again)["decoded"] <= 0.05 * before
     assert images_metadata(again)["reused"] == before
+    # Every suite's table is the one validated before: its kept report, no validation.
+    suites = {
+        check.check_name
+        for check in again.get_asset_check_evaluations()
+        if "suite" in check.check_name
+    }
+    assert suites >= {"raw_index_suite", "labels_suite", "masks_suite", "bboxes_suite"}
+    assert validated == []
 
 
 def test_union_mask_follows_the_image_geometry(corpus):

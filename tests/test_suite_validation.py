@@ -11,9 +11,11 @@ import pytest
 from deadline import within
 from test_expectations import LABELS, labels_frame, raw_index_frame
 
+from radharmony_pipeline.processing.tables.suite_reports import unfinished_report
 from radharmony_pipeline.processing.tables.suite_validation import (
     HELPER_SOURCE_BYTES,
     InProcessValidation,
+    KeptReports,
     ValidationProcess,
     validate_suite,
 )
@@ -117,3 +119,57 @@ def test_only_a_large_source_gets_a_helper(source_bytes, kind):
     assert report.success, report.summary()
     if isinstance(validator, ValidationProcess):
         assert validator.exit_code is not None, "the helper outlived its block"
+
+
+class CountingValidation:
+    """In-process validation that counts the tables it validates."""
+
+    def __init__(self) -> None:
+        self.validated: list[str] = []
+
+    def submit(self, frame: pd.DataFrame, suite: str, *arguments):
+        self.validated.append(suite)
+        return InProcessValidation().submit(frame, suite, *arguments)
+
+
+def test_a_kept_report_is_given_back_only_for_the_same_table_and_suite(tmp_path):
+    index, labels = broken_tables()
+    counting = CountingValidation()
+    kept = KeptReports(counting, tmp_path, "nih.train")
+    first = kept.submit(labels, "labels", LABELS)()
+    # The same values in a new frame: the kept report, no validation.
+    again = kept.submit(labels.copy(), "labels", LABELS)()
+    assert counting.validated == ["labels"]
+    assert again == first and not again.success
+    # Another partition's report is its own; so is one of a changed table or other arguments.
+    KeptReports(counting, tmp_path, "nih.val").submit(labels, "labels", LABELS)()
+    changed = labels.copy()
+    changed.loc[1, "label_cardiomegaly"] = 1
+    assert kept.submit(changed, "labels", LABELS)().success
+    kept.submit(changed, "labels", LABELS[:2])()
+    assert counting.validated == ["labels"] * 4
+    # The last report of each suite is kept, whatever came before.
+    kept.submit(changed, "labels", LABELS[:2])()
+    assert len(counting.validated) == 4
+
+
+class DyingValidation:
+    """A helper that dies before it reports."""
+
+    def submit(self, frame: pd.DataFrame, suite: str, *arguments):
+        return lambda: unfinished_report(suite, "the validation process ended")
+
+
+def test_an_unfinished_or_unreadable_report_is_validated_again(tmp_path):
+    died = KeptReports(DyingValidation(), tmp_path, "nih.train").submit(
+        labels_frame(), "labels", LABELS
+    )()
+    assert not died.finished and not died.success
+    assert not list(tmp_path.rglob("*.json"))
+    counting = CountingValidation()
+    kept = KeptReports(counting, tmp_path, "nih.train")
+    kept.submit(labels_frame(), "labels", LABELS)()
+    (stored,) = tmp_path.rglob("labels.json")
+    stored.write_text('{"key": ')  # cut short
+    assert kept.submit(labels_frame(), "labels", LABELS)().success
+    assert counting.validated == ["labels", "labels"]

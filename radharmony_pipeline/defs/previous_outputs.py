@@ -15,10 +15,9 @@ from typing import Any
 
 import dagster as dg
 import pandas as pd
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..processing.storage.fingerprint import combined_version
+from ..processing.storage.fingerprint import combined_version, table_fingerprint
 from ..processing.storage.output_layout import table_file
 from ..processing.storage.source_store import SourcePath, file_state
 from ..processing.storage.store import read_bytes
@@ -62,16 +61,6 @@ def files_fingerprint(parts: Iterable[str], files: Sequence[SourcePath]) -> str:
         except OSError:  # absent or unreadable: the stage reports it when it runs
             states.append(f"{path}\tabsent")
     return combined_version([*parts, *states])
-
-
-def table_fingerprint(table: pd.DataFrame) -> str:
-    """The content of a table given to a stage (columns and values, not its index), hashed
-    in Arrow's stream format: list columns (arrays after a Parquet read) hash as values."""
-    arrow = pa.Table.from_pandas(table, preserve_index=False)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, arrow.schema) as writer:
-        writer.write_table(arrow)
-    return hashlib.sha256(sink.getvalue()).hexdigest()
 
 
 def previous_tables(

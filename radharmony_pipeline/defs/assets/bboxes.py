@@ -11,6 +11,7 @@ from ...processing.tables.table_schemas import BBOXES
 from ...sources import DatasetSource, parse_partition_key
 from ...vocabulary import STATUS_ERROR, STATUS_OK
 from ..checks.bboxes import CHECK_SPECS, check_results
+from ..checks.expectations import kept_validation
 from ..groups import ANNOTATIONS
 from ..metadata import status_counts, table_code_version
 from ..previews import box_preview
@@ -70,7 +71,12 @@ def bboxes(
     if dg.AssetKey("bboxes") in context.selected_asset_keys:
         yield dg.Output(table, output_name="bboxes", metadata=metadata)
     yield from check_results(
-        context.selected_asset_check_keys, source, split, table, run_settings.strict
+        context.selected_asset_check_keys,
+        source,
+        split,
+        table,
+        run_settings.strict,
+        kept_validation(root, context.partition_key),
     )
 
 

@@ -9,7 +9,7 @@ import dagster as dg
 import pandas as pd
 
 from ...processing.storage.source_store import file_state
-from ...processing.tables.suite_validation import suite_validation
+from ...processing.tables.suite_validation import KeptReports, suite_validation
 from ...processing.tables.table_schemas import RAW_INDEX
 from ...settings import UNREADABLE_LIMIT_VARIABLE
 from ...sources import (
@@ -96,7 +96,10 @@ def raw_index_and_labels(
         table_code_version(CODE_VERSION), context.partition_key, source, split
     )
     previous = previous_tables(context, _OUTPUT_ORDER, fingerprint, outputs.root())
-    with suite_validation(_validated_source_bytes(context, source, split)) as validator:
+    # Re-used tables are not read again: no read for a helper's GX import to overlap.
+    source_bytes = 0 if previous is not None else _validated_source_bytes(context, source, split)
+    with suite_validation(source_bytes) as helper:
+        validator = KeptReports(helper, outputs.root(), context.partition_key)
         # Counting and summarizing the tables allocate Arrow memory too (hash tables over 239k
         # ids for ReXGradient train): same allocator as the read, see arrow_system_allocator.
         with arrow_system_allocator():

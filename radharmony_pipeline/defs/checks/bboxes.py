@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import dagster as dg
 import pandas as pd
 
+from ...processing.tables.suite_validation import Validator
 from ...sources import DatasetSource
 from ...sources.counts import compare_counts
 from ...vocabulary import STATUS_ERROR, STATUS_OK
@@ -28,6 +29,7 @@ class _BboxesStep:
     split: str
     bboxes: pd.DataFrame
     strict: bool
+    validator: Validator
 
 
 CHECKS: list[StepCheck[_BboxesStep]] = [
@@ -46,7 +48,9 @@ CHECKS: list[StepCheck[_BboxesStep]] = [
             "coordinates in [0, 1], y_min < y_max and x_min < x_max for "
             "valid boxes, labels in the unified vocabulary.",
         ),
-        lambda step: suite_result(step.bboxes[step.bboxes["status"] == STATUS_OK], "bboxes"),
+        lambda step: suite_result(
+            step.validator, step.bboxes[step.bboxes["status"] == STATUS_OK], "bboxes"
+        ),
     ),
     StepCheck(error_rows_check(BBOXES), lambda step: row_errors_result(step.bboxes, step.strict)),
 ]
@@ -59,9 +63,10 @@ def check_results(
     split: str,
     bboxes: pd.DataFrame,
     strict: bool,
+    validator: Validator,
 ) -> Iterator[dg.AssetCheckResult]:
     """The result of every selected check, computed from the table in memory."""
-    yield from step_results(CHECKS, selected, _BboxesStep(source, split, bboxes, strict))
+    yield from step_results(CHECKS, selected, _BboxesStep(source, split, bboxes, strict, validator))
 
 
 def _counts(

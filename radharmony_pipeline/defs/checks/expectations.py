@@ -5,8 +5,9 @@ from typing import Any
 import dagster as dg
 import pandas as pd
 
+from ...processing.storage.store import OutputPath
 from ...processing.tables.suite_reports import SuiteReport
-from ...processing.tables.suite_validation import validate_suite
+from ...processing.tables.suite_validation import InProcessValidation, KeptReports, Validator
 from ..partitions import blocking_partition_check
 
 
@@ -17,9 +18,16 @@ def suite_check(asset: dg.AssetKey, description: str) -> dg.AssetCheckSpec:
     )
 
 
-def suite_result(table: pd.DataFrame, suite: str, *arguments: Any) -> dg.AssetCheckResult:
-    """Validate `table` against the suite of that name (processing/tables/suites.py), here."""
-    return report_result(validate_suite(table, suite, *arguments))
+def suite_result(
+    validator: Validator, table: pd.DataFrame, suite: str, *arguments: Any
+) -> dg.AssetCheckResult:
+    """`table` validated against the suite of that name (processing/tables/suites.py)."""
+    return report_result(validator.submit(table, suite, *arguments)())
+
+
+def kept_validation(root: OutputPath, partition: str) -> Validator:
+    """Validation in this process, of tables not validated before (KeptReports)."""
+    return KeptReports(InProcessValidation(), root, partition)
 
 
 def report_result(report: SuiteReport) -> dg.AssetCheckResult:

@@ -7,6 +7,7 @@ import pandas as pd
 
 from ...processing.storage import output_layout as layout
 from ...processing.storage.store import listing
+from ...processing.tables.suite_validation import InProcessValidation
 from ...sources import SOURCE_TYPES
 from ...sources.counts import CountComparison, compare_counts
 from ...vocabulary import LABEL_COLUMNS
@@ -145,7 +146,7 @@ def manifest_paths_exist(
     " labels in {0, 1, null}, report never 'None', sizes positive.",
 )
 def manifest_suite(unified_manifest: pd.DataFrame) -> dg.AssetCheckResult:
-    return suite_result(unified_manifest, "unified_manifest", LABEL_COLUMNS)
+    return suite_result(InProcessValidation(), unified_manifest, "unified_manifest", LABEL_COLUMNS)
 
 
 def shared_patients(rows: pd.DataFrame) -> dict[str, list[str]]:

@@ -15,7 +15,7 @@ from ...vocabulary import STATUS_ERROR, STATUS_OK, UNION_CLASS
 from ..partitions import blocking_partition_check, dataset_split_partitions
 from ..row_errors import error_rows_check, row_errors_result
 from .counts import comparison_result
-from .expectations import suite_check, suite_result
+from .expectations import kept_validation, suite_check, suite_result
 from .in_step import StepCheck, specs_of, step_results
 
 MASKS = dg.AssetKey("masks")
@@ -35,6 +35,10 @@ class _MasksStep:
     @property
     def masks(self) -> pd.DataFrame:
         return self.tables["masks"]
+
+    @property
+    def partition(self) -> str:
+        return f"{self.source.key}.{self.split}"
 
 
 CHECKS: list[StepCheck[_MasksStep]] = [
@@ -68,7 +72,8 @@ CHECKS: list[StepCheck[_MasksStep]] = [
             "every mask file exists, classes in the vocabulary.",
         ),
         lambda step: suite_result(
-            _with_derived_columns(step.masks, step.root, f"{step.source.key}.{step.split}"),
+            kept_validation(step.root, step.partition),
+            _with_derived_columns(step.masks, step.root, step.partition),
             "masks",
         ),
     ),

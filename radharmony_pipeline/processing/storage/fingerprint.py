@@ -1,10 +1,14 @@
-"""Content hashes of annotation files and cheap fingerprints of image trees (data versions)."""
+"""Content hashes of annotation files and tables, and cheap fingerprints of image trees (data
+versions)."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
 
 
 def file_sha256(path: Path) -> str:
@@ -33,3 +37,13 @@ def combined_version(parts: Iterable[str]) -> str:
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:24]
+
+
+def table_fingerprint(table: pd.DataFrame) -> str:
+    """The content of a table given to a stage (columns and values, not its index), hashed
+    in Arrow's stream format: list columns (arrays after a Parquet read) hash as values."""
+    arrow = pa.Table.from_pandas(table, preserve_index=False)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, arrow.schema) as writer:
+        writer.write_table(arrow)
+    return hashlib.sha256(sink.getvalue()).hexdigest()

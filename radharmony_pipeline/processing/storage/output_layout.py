@@ -124,6 +124,12 @@ def source_snapshot(partition: str) -> str:
     return f"{OBSERVATIONS}/source_files/{partition}.json.gz"
 
 
+def suite_report(partition: str, suite: str) -> str:
+    """The last report of a suite on the partition's table, with the digest of the table and
+    suite it is the report of (a table validated before is not validated again)."""
+    return f"{OBSERVATIONS}/suite_reports/{partition}/{suite}.json"
+
+
 def layout_migration_journal(stage: str, partition: str) -> str:
     """Present while a stage's outputs of a partition are being moved into shard folders
     (`radharmony migrate-layout`, or the stage itself): the partition is unfinished."""

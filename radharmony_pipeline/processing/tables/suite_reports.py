@@ -35,6 +35,8 @@ class SuiteReport:
 
     suite: str
     outcomes: tuple[ExpectationOutcome, ...]
+    # False for a validation that never ended (unfinished_report): nothing to keep or re-use.
+    finished: bool = True
 
     @property
     def success(self) -> bool:
@@ -53,8 +55,33 @@ class SuiteReport:
             "failures": [outcome.to_dict() for outcome in self.failures],
         }
 
+    def to_json(self) -> dict[str, Any]:
+        """Every outcome as plain values: what `from_json` reads back."""
+        return {
+            "suite": self.suite,
+            "outcomes": [
+                {"success": outcome.success, **outcome.to_dict()} for outcome in self.outcomes
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, stored: dict[str, Any]) -> SuiteReport:
+        return cls(
+            stored["suite"],
+            tuple(
+                ExpectationOutcome(
+                    outcome["expectation"],
+                    outcome["success"],
+                    outcome["unexpected_count"],
+                    tuple(outcome["unexpected_sample"]),
+                )
+                for outcome in stored["outcomes"]
+            ),
+        )
+
 
 def unfinished_report(suite: str, reason: str) -> SuiteReport:
     """The report of a validation that never ended: one failed outcome saying why, so that a
     suite nobody could run can never read as passed."""
-    return SuiteReport(suite, (ExpectationOutcome(f"{suite} validation", False, None, (reason,)),))
+    outcome = ExpectationOutcome(f"{suite} validation", False, None, (reason,))
+    return SuiteReport(suite, (outcome,), finished=False)

@@ -9,6 +9,8 @@ process, where GX, once imported, stays for the next validation.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pickle
 import queue
@@ -19,10 +21,16 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from functools import cache
+from importlib.metadata import version
+from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 import pandas as pd
 
+from ..storage import output_layout as layout
+from ..storage.fingerprint import combined_version, table_fingerprint
+from ..storage.store import OutputPath, publish, read_bytes
 from .suite_reports import SuiteReport, unfinished_report
 
 # A source this large takes longer to read and parse than GX takes to import (the train JSON
@@ -59,6 +67,52 @@ class InProcessValidation:
 
     def submit(self, frame: pd.DataFrame, suite: str, *arguments: Any) -> PendingReport:
         return lambda: validate_suite(frame, suite, *arguments)
+
+
+class KeptReports:
+    """A validator that keeps each finished report under the output root with a digest of the
+    table and of the suites' code, and gives the kept report back when both are unchanged:
+    an unchanged partition's re-run validates nothing (nor imports GX)."""
+
+    def __init__(self, validator: Validator, root: OutputPath, partition: str) -> None:
+        self.validator = validator
+        self.root = root
+        self.partition = partition
+
+    def submit(self, frame: pd.DataFrame, suite: str, *arguments: Any) -> PendingReport:
+        path = self.root / layout.suite_report(self.partition, suite)
+        key = combined_version([suites_version(), suite, repr(arguments), table_fingerprint(frame)])
+        kept = _kept_report(path, key)
+        if kept is not None:
+            return lambda: kept
+        pending = self.validator.submit(frame, suite, *arguments)
+
+        def report() -> SuiteReport:
+            found = pending()
+            if found.finished:
+                stored = json.dumps({"key": key, "report": found.to_json()}).encode()
+                publish(path, lambda handle: handle.write(stored))
+            return found
+
+        return report
+
+
+@cache
+def suites_version() -> str:
+    """A digest of what a report depends on besides the table: the suites, how they are run
+    and reported, and the Great Expectations release."""
+    digest = hashlib.sha256(version("great_expectations").encode())
+    for module in ("suites.py", "validation.py", "suite_reports.py"):
+        digest.update(Path(__file__).with_name(module).read_bytes())
+    return digest.hexdigest()
+
+
+def _kept_report(path: OutputPath, key: str) -> SuiteReport | None:
+    try:
+        kept = json.loads(read_bytes(path))
+        return SuiteReport.from_json(kept["report"]) if kept["key"] == key else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # none kept, or unreadable: validated again, and kept anew
 
 
 class ValidationProcess:
