@@ -549,7 +549,8 @@ def main() -> None:
     fractions = [] if args.report else [float(f) for f in args.fractions.split(",")]
     for fraction in fractions:
         print(f"size {fraction:g} of the documented counts (side {args.side}):", flush=True)
-        rehearse(args.work, fraction, args.side, args.seed, args.workers, fraction == fractions[-1])
+        largest = fraction == max(fractions)
+        rehearse(args.work, fraction, args.side, args.seed, args.workers, largest)
         if not args.keep:
             shutil.rmtree(args.work / f"n{fraction:g}", ignore_errors=True)
     results, images = stored_results(args.work)
