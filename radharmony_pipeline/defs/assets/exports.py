@@ -14,7 +14,7 @@ from ...processing.corpus.exports import (
     WEBDATASET_INDEX_NAME,
     ExportFormat,
     ExportResult,
-    ExportSample,
+    ExportSamples,
     ShardNames,
     export_partition,
     export_samples,
@@ -156,7 +156,7 @@ def _samples(
     images: pd.DataFrame,
     report_labels: pd.DataFrame,
     root: OutputPath,
-) -> list[ExportSample]:
+) -> ExportSamples:
     # The same rows the manifest holds for this partition, from the same function.
     rows, _excluded = partition_manifest(
         partition, raw_index, labels, masks, bboxes, images, report_labels
@@ -166,7 +166,7 @@ def _samples(
 
 def _export(
     context: dg.AssetExecutionContext,
-    samples: list[ExportSample],
+    samples: ExportSamples,
     export: ExportFormat,
     folder: OutputPath,
     shard_names: ShardNames,
