@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
@@ -28,6 +29,7 @@ from radharmony_pipeline.processing.corpus.exports import (
     RECORD_COLUMNS,
     WEBDATASET_FOLDER,
     WEBDATASET_INDEX_NAME,
+    export_samples,
     export_schema,
     huggingface_data_files,
     huggingface_features,
@@ -37,6 +39,7 @@ from radharmony_pipeline.processing.corpus.exports import (
 )
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
+from radharmony_pipeline.processing.tables.manifest import partition_manifest
 from radharmony_pipeline.sources import SOURCE_TYPES, partition_keys
 from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
@@ -561,3 +564,24 @@ def test_verify_finds_damaged_shards_and_the_next_export_rewrites_exactly_them(
         assert export_files(exported_copy, folder) == export_files(exported, folder)
     assert {p: p.stat().st_mtime_ns for p in untouched} == untouched  # only those rewritten
     assert verify_outputs(exported_copy, [partition], None) == []
+
+
+def test_samples_built_a_slice_at_a_time_are_the_partitions_rows(tiny_corpus):
+    root, partition = tiny_corpus[0], "chexlocalize.test"
+    tables = {
+        name: pd.read_parquet(layout.table_file(root, name, partition))
+        for name in ("raw_index", "labels", "masks", "bboxes", "images", "report_labels")
+    }
+    rows, _ = partition_manifest(partition, *tables.values())
+    samples = export_samples(rows, tables["images"], tables["masks"], root)
+    one_by_one = [samples[n] for n in range(len(samples))]
+    assert len(samples) == len(rows) > 3
+    assert [s.record["image_id"] for s in one_by_one] == rows["image_id"].tolist()
+    # Any window gives the same samples as single rows; the last one is also index -1.
+    assert samples[1:4] == one_by_one[1:4] and samples[-1] == one_by_one[-1]
+    assert samples[len(samples) - 2 : len(samples) + 5] == one_by_one[-2:]
+    with pytest.raises(IndexError):
+        samples[len(samples)]
+    masked = [s for s in one_by_one if s.class_masks]
+    assert masked and all(path.exists() for s in masked for path in s.class_masks.values())
+    assert all(s.image.exists() and s.provenance[0] != "None" for s in one_by_one)
