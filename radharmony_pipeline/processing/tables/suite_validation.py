@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from functools import cache
 from importlib.metadata import version
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -97,13 +98,25 @@ class KeptReports:
         return report
 
 
+# What a report depends on besides its table: the suites, the modules their expectations take
+# columns and allowed values from, and how a suite is run and reported.
+_SUITE_MODULES = (
+    "radharmony_pipeline.processing.tables.suites",
+    "radharmony_pipeline.processing.tables.validation",
+    "radharmony_pipeline.processing.tables.suite_reports",
+    "radharmony_pipeline.processing.tables.table_schemas",
+    "radharmony_pipeline.processing.annotations.boxes",
+    "radharmony_pipeline.vocabulary",
+)
+
+
 @cache
 def suites_version() -> str:
-    """A digest of what a report depends on besides the table: the suites, how they are run
-    and reported, and the Great Expectations release."""
+    """A digest of the suites' code (_SUITE_MODULES, read as files: GX is not imported) and of
+    the Great Expectations release."""
     digest = hashlib.sha256(version("great_expectations").encode())
-    for module in ("suites.py", "validation.py", "suite_reports.py"):
-        digest.update(Path(__file__).with_name(module).read_bytes())
+    for module in _SUITE_MODULES:
+        digest.update(Path(find_spec(module).origin).read_bytes())
     return digest.hexdigest()
 
 
