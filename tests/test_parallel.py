@@ -15,8 +15,10 @@ import pytest
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
 from radharmony_pipeline.processing.execution import supervised
 from radharmony_pipeline.processing.execution.parallel import (
+    FILE_SYSTEM_THREADS,
     default_chunk_size,
     map_in_chunks,
+    map_on_file_system,
     map_with_time_limit,
     process_context,
 )
@@ -319,3 +321,28 @@ def test_a_kept_worker_is_paced_by_the_current_map_not_its_idle_time(monkeypatch
         assert pool.map(items) == items
     # Paced by its idle time, the worker held two items per pause: about 70 wake-ups.
     assert len(waits) < len(items) / 8, f"{len(waits)} wake-ups for {len(items)} items"
+
+
+def test_file_system_map_keeps_order_uses_threads_and_raises_the_first_error() -> None:
+    threads: set[int] = set()
+
+    def square(item: int) -> int:
+        threads.add(threading.get_ident())
+        time.sleep(0.0005)  # waits, as a stat on a cold tree does: the threads overlap
+        return item * item
+
+    items = list(range(3000))
+    assert map_on_file_system(square, items) == [item * item for item in items]
+    assert 1 < len(threads) <= FILE_SYSTEM_THREADS
+    # A few items run here, in order, without threads.
+    threads.clear()
+    assert map_on_file_system(square, [3, 1, 2]) == [9, 1, 4]
+    assert threads == {threading.get_ident()}
+
+    def fails_at_2000(item: int) -> int:
+        if item == 2000:
+            raise OSError(f"item {item}")
+        return item
+
+    with pytest.raises(OSError, match="item 2000"):
+        map_on_file_system(fails_at_2000, items)

@@ -133,7 +133,7 @@ class CountingValidation:
 
 
 def test_a_kept_report_is_given_back_only_for_the_same_table_and_suite(tmp_path):
-    index, labels = broken_tables()
+    _index, labels = broken_tables()
     counting = CountingValidation()
     kept = KeptReports(counting, tmp_path, "nih.train")
     first = kept.submit(labels, "labels", LABELS)()

@@ -41,6 +41,7 @@ from radharmony_pipeline.processing.execution.parallel import (
     Progress,
     default_chunk_size,
     map_in_chunks,
+    map_on_file_system,
     map_with_time_limit,
     split_into_chunks,
 )
@@ -504,7 +505,7 @@ def _input_keys(jobs: Sequence[ImageJob], packed: Any, executor: Executor) -> li
     masks_remote = not is_local(packed) and any(job.union_mask_file for job in jobs)
     sources_remote = any(is_remote(job.source_file) and not job.source_state for job in jobs)
     if not masks_remote and not sources_remote:
-        return [_input_key_or_none(job) for job in jobs]
+        return map_on_file_system(_input_key_or_none, jobs)
     # A union mask's key is read from its PNG header, a source object's state is a metadata
     # request: one request each on object storage, spread over the workers.
     return map_per_image(_input_key_or_none, jobs, executor)
@@ -524,8 +525,8 @@ def _current_rows(
         for job, key, previous in zip(jobs, keys, recorded, strict=True)
     ]
     if is_local(packed):
-        # Local headers cost microseconds; a pool would only add its start-up time.
-        return [current_row_of(pair) for pair in pairs]
+        # A local header costs microseconds when cached, a disk read when not: threads.
+        return map_on_file_system(current_row_of, pairs)
     # On object storage every header is a request: spread them over the workers.
     return map_per_image(current_row_of, pairs, executor)
 
