@@ -333,16 +333,41 @@ def test_file_system_map_keeps_order_uses_threads_and_raises_the_first_error() -
 
     items = list(range(3000))
     assert map_on_file_system(square, items) == [item * item for item in items]
-    assert 1 < len(threads) <= FILE_SYSTEM_THREADS
+    # The first chunk here, the rest on the threads once it waited.
+    assert threading.get_ident() in threads
+    assert 2 < len(threads) <= FILE_SYSTEM_THREADS + 1
     # A few items run here, in order, without threads.
     threads.clear()
     assert map_on_file_system(square, [3, 1, 2]) == [9, 1, 4]
     assert threads == {threading.get_ident()}
 
     def fails_at_2000(item: int) -> int:
+        time.sleep(0.0005)
         if item == 2000:
             raise OSError(f"item {item}")
         return item
 
     with pytest.raises(OSError, match="item 2000"):
         map_on_file_system(fails_at_2000, items)
+
+
+def test_file_system_map_stays_on_the_calling_thread_while_answers_are_cached() -> None:
+    threads: set[int] = set()
+
+    def cube(item: int) -> int:  # no wait, as a stat the page cache answers
+        threads.add(threading.get_ident())
+        return item**3
+
+    items = list(range(5000))
+    assert map_on_file_system(cube, items) == [item**3 for item in items]
+    assert threads == {threading.get_ident()}
+
+    def slow_from_1000(item: int) -> int:  # the tree turns cold part-way through
+        threads.add(threading.get_ident())
+        if item >= 1000:
+            time.sleep(0.0005)
+        return -item
+
+    threads.clear()
+    assert map_on_file_system(slow_from_1000, items) == [-item for item in items]
+    assert len(threads) > 2

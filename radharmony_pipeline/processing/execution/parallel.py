@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import TypeVar
@@ -83,22 +84,32 @@ def map_in_chunks(
 
 
 # Requests to the file system in flight at once when a partition's files are only looked at
-# (a stat, a PNG header): on a tree the page cache does not hold (a first run on a download,
-# or after a build wrote more than memory), each is a disk read, and the disk serves many
-# at a time; on a warm tree the threads cost about what they save.
+# (a stat, a PNG header) and the tree is not in the page cache (a first run on a download, or
+# after a build wrote more than memory): each is then a disk read, and the disk serves many
+# at a time. On a cached tree threads cost more than they save (the GIL changes hands at
+# every call), so chunks run in sequence until one averages a disk read per item.
 FILE_SYSTEM_THREADS = 16
-_THREAD_CHUNK = 256  # items per task: a future per item would cost more than a warm stat
+_THREAD_CHUNK = 256  # items per task: a future per item would cost more than a cached stat
+_UNCACHED_SECONDS_PER_ITEM = 2e-4  # above a cached stat or header read, below a disk read
 
 
 def map_on_file_system(function: Callable[[T], R], items: Sequence[T]) -> list[R]:
-    """[function(item) for item in items], in order, on FILE_SYSTEM_THREADS threads: for
-    functions that mostly wait on the file system (which releases the GIL)."""
-    if len(items) <= _THREAD_CHUNK:
-        return [function(item) for item in items]
+    """[function(item) for item in items], in order, for functions that mostly wait on the
+    file system (which releases the GIL): in sequence while it answers from memory, on
+    FILE_SYSTEM_THREADS threads from the first chunk that waited on the disk."""
     chunks = split_into_chunks(items, _THREAD_CHUNK)
-    with ThreadPoolExecutor(FILE_SYSTEM_THREADS) as pool:
-        done = pool.map(lambda chunk: [function(item) for item in chunk], chunks)
-        return [result for results in done for result in results]
+    results: list[R] = []
+    for position, chunk in enumerate(chunks):
+        started = time.perf_counter()
+        results.extend(function(item) for item in chunk)
+        if (time.perf_counter() - started) / len(chunk) > _UNCACHED_SECONDS_PER_ITEM:
+            with ThreadPoolExecutor(FILE_SYSTEM_THREADS) as pool:
+                done = pool.map(
+                    lambda rest: [function(item) for item in rest], chunks[position + 1 :]
+                )
+                results.extend(result for rest in done for result in rest)
+            break
+    return results
 
 
 def map_with_time_limit(
