@@ -293,11 +293,14 @@ def slot_holders(services: Services) -> list[str]:
 
 
 def stage_outputs(output: Path) -> dict[str, object]:
-    """Every file the five stages wrote for the partition, tables as frames."""
+    """Every file the five stages wrote for the partition, tables as frames (previews and
+    observations, such as the checks' kept suite reports, are not the stages' outputs)."""
     found = {}
     for path in sorted(output.rglob("*")):
         name = path.relative_to(output).as_posix()
-        if not path.is_file() or PARTITION not in name or layout.PREVIEWS in name:
+        if not path.is_file() or PARTITION not in name:
+            continue
+        if name.startswith((f"{layout.PREVIEWS}/", f"{layout.OBSERVATIONS}/")):
             continue
         if path.suffix == ".parquet" and name.split("/")[1] in STAGES.split(","):
             found[name] = pd.read_parquet(path)
