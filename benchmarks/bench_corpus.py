@@ -93,20 +93,20 @@ class Step:
 # --- the corpus ------------------------------------------------------------------------------
 
 
-def write_corpus(data: Path, work: Path, fraction: float, side: int, seed: int, workers: int):
+def write_corpus(
+    data: Path, work: Path, fraction: float, largest: float, side: int, seed: int, workers: int
+):
     """The four datasets and the NIH parent under `data`; return their image counts.
 
-    Each size is a share of one full-count corpus rendered once under `work`: the datasets
-    written whole, hard-linked; ReXGradient's first studies of each split (its metadata
-    written for them) and the NIH parent's first films, their files hard-linked from the
-    full render (the pipeline only reads its data roots). Sizes differ in count only."""
+    Each size is a share of one corpus rendered once under `work` at the largest size asked:
+    the datasets written whole, hard-linked; ReXGradient's first studies of each split (its
+    metadata written for them) and the NIH parent's first films, their files hard-linked
+    from the render (the pipeline only reads its data roots). Sizes differ in count only."""
     link_whole_datasets(work / "whole_datasets", data, seed)
     films = work / "films"
     plan = rexgradient.plan_studies(seed, rexgradient.FULL_SCALE, (side, side + side // 4))
-    render_films(films, plan, data, side, seed, workers)
-    share = {
-        split: studies[: max(2, round(len(studies) * fraction))] for split, studies in plan.items()
-    }
+    render_films(films, first_studies(plan, largest), data, side, seed, workers, largest)
+    share = first_studies(plan, fraction)
     root = data / "rexgradient"
     rexgradient.write_planned_metadata(root, share)
     train = []
@@ -134,14 +134,25 @@ def link_whole_datasets(whole: Path, data: Path, seed: int) -> None:
         subprocess.run(["cp", "-al", str(entry), str(data / entry.name)], check=True)
 
 
-def render_films(films: Path, plan: dict, data: Path, side: int, seed: int, workers: int) -> None:
-    """Every ReXGradient film of the full plan and every NIH distractor (NIH's films beyond
-    ChestX-Det's originals), in parallel, once: `films`/complete marks a finished render."""
+def first_studies(plan: dict, fraction: float) -> dict:
+    """The first `fraction` of each split's studies (at least two): the same films at every
+    size, so a smaller size is a part of a larger one."""
+    return {
+        split: studies[: max(2, round(len(studies) * fraction))] for split, studies in plan.items()
+    }
+
+
+def render_films(
+    films: Path, plan: dict, data: Path, side: int, seed: int, workers: int, fraction: float
+) -> None:
+    """Every ReXGradient film of `plan` and the NIH distractors (NIH's films beyond
+    ChestX-Det's originals) of `fraction` of its count, in parallel, once: `films`/complete
+    holds the fraction of a finished render, which serves every size up to it."""
     done = films / "complete"
-    if done.exists():
+    if done.exists() and float(done.read_text() or 1) >= fraction:
         return
     shutil.rmtree(films, ignore_errors=True)
-    distractors = NIH_FILMS - len(chestx_det_films(data))
+    distractors = max(0, round(NIH_FILMS * fraction) - len(chestx_det_films(data)))
     with ProcessPoolExecutor(workers) as pool:
         jobs = []
         for split_index, split in enumerate(rexgradient.SPLIT_FILES):
@@ -165,7 +176,7 @@ def render_films(films: Path, plan: dict, data: Path, side: int, seed: int, work
         ]
         for job in jobs:
             job.result()
-    done.touch()
+    done.write_text(f"{fraction:g}")
 
 
 def chestx_det_films(data: Path) -> list[Path]:
@@ -278,8 +289,11 @@ def _tree_bytes(folder: Path) -> int:
     return int(done.stdout.split()[0]) if done.stdout else 0
 
 
-def rehearse(work: Path, fraction: float, side: int, seed: int, workers: int, reruns: bool) -> None:
-    """One size written (once) and every step run on it; its figures go to results_file."""
+def rehearse(
+    work: Path, fraction: float, largest: float, side: int, seed: int, workers: int
+) -> None:
+    """One size written (once) and every step run on it, the re-runs too at the `largest`
+    size of the run; its figures go to results_file."""
     size_dir = work / f"n{fraction:g}"
     data, output, home = size_dir / "data", size_dir / "output", size_dir / "dagster_home"
     home.mkdir(parents=True, exist_ok=True)
@@ -288,7 +302,7 @@ def rehearse(work: Path, fraction: float, side: int, seed: int, workers: int, re
     if not counts_file.exists():
         shutil.rmtree(data, ignore_errors=True)  # a corpus cut short is written again
         start = time.perf_counter()
-        counts = write_corpus(data, work, fraction, side, seed, workers)
+        counts = write_corpus(data, work, fraction, largest, side, seed, workers)
         print(f"  corpus written in {time.perf_counter() - start:.0f} s: {counts}", flush=True)
         counts_file.write_text(json.dumps(counts))
     counts = json.loads(counts_file.read_text())
@@ -323,7 +337,7 @@ def rehearse(work: Path, fraction: float, side: int, seed: int, workers: int, re
         for path, seconds in figures["ui"].items():
             print(f"  UI {path:<46} network idle after {seconds:5.2f} s", flush=True)
     keep()
-    if reruns:
+    if fraction == largest:
         for step in rerun_train(data, output, env, size_dir):
             keep(step)
 
@@ -549,8 +563,7 @@ def main() -> None:
     fractions = [] if args.report else [float(f) for f in args.fractions.split(",")]
     for fraction in fractions:
         print(f"size {fraction:g} of the documented counts (side {args.side}):", flush=True)
-        largest = fraction == max(fractions)
-        rehearse(args.work, fraction, args.side, args.seed, args.workers, largest)
+        rehearse(args.work, fraction, max(fractions), args.side, args.seed, args.workers)
         if not args.keep:
             shutil.rmtree(args.work / f"n{fraction:g}", ignore_errors=True)
     results, images = stored_results(args.work)
