@@ -577,6 +577,7 @@ def test_samples_built_a_slice_at_a_time_are_the_partitions_rows(tiny_corpus):
     one_by_one = [samples[n] for n in range(len(samples))]
     assert len(samples) == len(rows) > 3
     assert [s.record["image_id"] for s in one_by_one] == rows["image_id"].tolist()
+    assert list(samples) == one_by_one  # iteration goes a slice at a time
     # Any window gives the same samples as single rows; the last one is also index -1.
     assert samples[1:4] == one_by_one[1:4] and samples[-1] == one_by_one[-1]
     assert samples[len(samples) - 2 : len(samples) + 5] == one_by_one[-2:]

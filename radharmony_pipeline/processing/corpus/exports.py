@@ -257,7 +257,8 @@ class ExportSample:
 class ExportSamples(Sequence[ExportSample]):
     """A partition's samples held as columns (the records as Arrow, the files as relative
     paths): a sample's Python objects exist only while it is read, so memory does not grow
-    by kilobytes per row of a 239,000-row partition. Slices build their samples together."""
+    by kilobytes per row of a 239,000-row partition. Slices build their samples together, and
+    iteration goes a slice at a time."""
 
     def __init__(
         self, manifest: pd.DataFrame, images: pd.DataFrame, masks: pd.DataFrame, root: OutputPath
@@ -279,6 +280,10 @@ class ExportSamples(Sequence[ExportSample]):
 
     def __len__(self) -> int:
         return self._records.num_rows
+
+    def __iter__(self) -> Iterator[ExportSample]:
+        for start in range(0, len(self), _ITERATION_SLICE):
+            yield from self[start : start + _ITERATION_SLICE]
 
     def __getitem__(self, index):  # type: ignore[override]
         if isinstance(index, slice):
@@ -310,6 +315,10 @@ class ExportSamples(Sequence[ExportSample]):
         )
 
 
+# Samples built together while iterating: few enough to keep memory flat.
+_ITERATION_SLICE = 1024
+
+
 def export_samples(
     manifest: pd.DataFrame, images: pd.DataFrame, masks: pd.DataFrame, root: OutputPath
 ) -> ExportSamples:
@@ -337,22 +346,10 @@ def export_fingerprint(samples: Sequence[ExportSample], settings: Mapping[str, A
     shards already on storage are the ones this export would write."""
     digest = hashlib.sha256()
     digest.update(json.dumps({"code": EXPORT_CODE_VERSION, **settings}, sort_keys=True).encode())
-    for window in _windows(samples, FINGERPRINT_WINDOW):
-        for sample in window:
-            digest.update(json.dumps(json_record(sample.record), sort_keys=True).encode())
-            digest.update("\0".join(sample.provenance).encode())
+    for sample in samples:
+        digest.update(json.dumps(json_record(sample.record), sort_keys=True).encode())
+        digest.update("\0".join(sample.provenance).encode())
     return digest.hexdigest()
-
-
-# Samples built at once while the fingerprint is taken: few enough to keep memory flat.
-FINGERPRINT_WINDOW = 1024
-
-
-def _windows(samples: Sequence[ExportSample], size: int) -> Iterator[Sequence[ExportSample]]:
-    """Consecutive slices of `samples`, each built together (ExportSamples builds a slice's
-    samples from its columns in one go)."""
-    for start in range(0, len(samples), size):
-        yield samples[start : start + size]
 
 
 def json_record(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -411,12 +408,11 @@ def _loaded(
     """The samples' payloads in order, read and encoded on `workers` threads (file reads and
     PNG codecs release the GIL)."""
     if workers <= 1:
-        for window in _windows(samples, LOAD_WINDOW):
-            yield from map(load, window)
+        yield from map(load, samples)
         return
     with ThreadPoolExecutor(workers) as pool:
-        for window in _windows(samples, LOAD_WINDOW):
-            yield from pool.map(load, window)
+        for start in range(0, len(samples), LOAD_WINDOW):
+            yield from pool.map(load, samples[start : start + LOAD_WINDOW])
 
 
 ShardWriter = Callable[[Sequence[Payload], BinaryIO], None]
