@@ -148,6 +148,11 @@ def launch_and_kill_halfway(env: dict[str, str], output: Path, images: int) -> f
     pattern = layout.resized_png_glob(PARTITION)
     while process.poll() is None and len(list(output.glob(pattern))) < images // 2:
         time.sleep(0.2)
+    if process.returncode is not None:  # e.g. the disk filled up: there is nothing to kill
+        raise SystemExit(
+            f"the first build exited with {process.returncode} before half of its {images} "
+            f"PNGs were written under {output}; launch it by hand to see why"
+        )
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     return time.perf_counter() - start
