@@ -137,27 +137,120 @@ def built(tmp_path: Path) -> tuple[list[Path], Path]:
     return sources, root
 
 
+class HeaderReads:
+    """The output PNGs read in this process: whole, and their first few KB (the tags)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.whole: list[object] = []
+        self.heads: list[tuple[str, int]] = []
+        read_head = tagged_png.read_head
+        monkeypatch.setattr(tagged_png, "read_bytes", self.whole.append)
+        monkeypatch.setattr(image_jobs_module, "read_bytes", self.whole.append)
+
+        def counted_head(path, size):
+            self.heads.append((Path(path).name, size))
+            return read_head(path, size)
+
+        monkeypatch.setattr(tagged_png, "read_head", counted_head)
+
+
+def table_rows(update) -> list[dict]:
+    return [{**vars(row), "decoded": None} for row in update.rows]
+
+
 @pytest.mark.build
-def test_an_unchanged_rerun_decodes_hashes_and_rewrites_nothing(built, monkeypatch):
+def test_an_unchanged_rerun_decodes_hashes_and_rewrites_nothing(built, tmp_path, monkeypatch):
     sources, root = built
+    first = build(sources, root)  # the same rows as the first build's, from its record
     before = file_states(root)
     calls = Calls(monkeypatch)
-    whole_reads, head_reads = [], []
-    read_head = tagged_png.read_head
-    monkeypatch.setattr(tagged_png, "read_bytes", whole_reads.append)
-    monkeypatch.setattr(image_jobs_module, "read_bytes", whole_reads.append)
-    monkeypatch.setattr(
-        tagged_png, "read_head", lambda path, size: head_reads.append(size) or read_head(path, size)
-    )
+    reads = HeaderReads(monkeypatch)
 
     again = build(sources, root)
 
     assert (calls.decoded, calls.read, calls.written, calls.patched) == ([], [], [], [])
-    # Each output PNG is only opened for the first few KB that hold its tags.
-    assert whole_reads == [] and len(head_reads) == SOURCES and max(head_reads) <= 4096
+    # The outputs are in the state the header record holds: a stat each, not even a header.
+    assert reads.whole == [] and reads.heads == []
     assert again.rows_written == 0 and again.rows_replayed == 0
     assert not any(row.decoded for row in again.rows)
-    assert file_states(root) == before
+    assert table_rows(again) == table_rows(first)
+    assert file_states(root) == before  # the record itself is not written again
+
+
+@pytest.mark.build
+def test_without_a_header_record_each_header_is_read_once_and_recorded(built, monkeypatch):
+    sources, root = built
+    packed = root / layout.packed_images(PARTITION)
+    first = build(sources, root)
+    layout.packed_headers(packed).unlink()
+    calls = Calls(monkeypatch)
+    reads = HeaderReads(monkeypatch)
+
+    recorded = build(sources, root)
+    heads_then = list(reads.heads)
+    again = build(sources, root)
+
+    assert (calls.decoded, calls.written, calls.patched) == ([], [], [])
+    # Each output PNG is only opened for the first few KB that hold its tags, once.
+    assert reads.whole == [] and len(heads_then) == SOURCES
+    assert max(size for _name, size in heads_then) <= 4096
+    assert reads.heads == heads_then  # the second re-run read none: the record is back
+    assert table_rows(recorded) == table_rows(again) == table_rows(first)
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("damage", ["unreadable", "other_rows", "empty"])
+def test_a_damaged_or_foreign_header_record_falls_back_to_the_headers(
+    built, damage, tmp_path, monkeypatch
+):
+    sources, root = built
+    record = layout.packed_headers(root / layout.packed_images(PARTITION))
+    first = build(sources, root)
+    if damage == "unreadable":
+        record.write_bytes(b"PAR1 not a parquet file")
+    elif damage == "other_rows":  # another partition's record, of fewer rows
+        other = tmp_path / "other"
+        update_packed_images(jobs_for(sources[:5], other), other / "x.npy", SIZE, LocalPool(1))
+        record.write_bytes(layout.packed_headers(other / "x.npy").read_bytes())
+    else:
+        record.write_bytes(b"")
+    calls = Calls(monkeypatch)
+    reads = HeaderReads(monkeypatch)
+
+    again = build(sources, root)
+
+    assert (calls.decoded, calls.written) == ([], [])
+    assert len(reads.heads) == SOURCES
+    assert table_rows(again) == table_rows(first)
+
+
+@pytest.mark.build
+def test_an_output_not_in_its_recorded_state_is_read_from_its_header(built, monkeypatch):
+    """A PNG written over (here: its tags say another source height, with the current key)
+    or only touched is looked at again; the record is never trusted over the file."""
+    sources, root = built
+    first = build(sources, root)
+    edited, touched = (root / first.rows[position].image_path for position in (7, 8))
+    tags = tagged_png.read_png_tags(edited)
+    key = tags.pop(tagged_png.INPUT_KEY_TAG)
+    pixels = cv2.imread(str(edited), cv2.IMREAD_UNCHANGED)
+    edited_tags = {tagged_png.INPUT_KEY_TAG: key, **tags, "orig_height": "999"}
+    edited.write_bytes(tagged_png.with_text_tags(tagged_png.radiograph_png(pixels), edited_tags))
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
+    calls = Calls(monkeypatch)
+    reads = HeaderReads(monkeypatch)
+
+    again = build(sources, root)
+
+    assert (calls.decoded, calls.written) == ([], [])
+    assert sorted(name for name, _size in reads.heads) == sorted([edited.name, touched.name])
+    assert again.rows[7].orig_height == 999
+    expected = table_rows(first)
+    expected[7]["orig_height"] = 999
+    assert table_rows(again) == expected
+    reads.heads.clear()
+    build(sources, root)
+    assert reads.heads == []  # both recorded in their new states
 
 
 @pytest.mark.build

@@ -67,7 +67,8 @@ class ImagesConfig(dg.Config):
         "inverted), resized to S×S (letterbox by default), written as PNG with its union mask "
         "resized by nearest neighbour through the same geometry, and packed into "
         "`images/<partition>.npy` (N×S×S uint8, row = tensor_index). Unchanged images are "
-        "re-used after a cheap check (a stat and a PNG header); changed ones are decoded and "
+        "re-used after a cheap check (a stat of the source and of its PNGs, whose headers are "
+        "read only when they changed since last seen); changed ones are decoded and "
         "their rows patched into the array in place under a journal that the next run "
         "replays after a crash; undecodable ones are rows with status `error`."
     ),

@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -67,6 +67,12 @@ from radharmony_pipeline.processing.storage.atomic import (
     remove_orphaned_siblings,
     temporary_sibling,
 )
+from radharmony_pipeline.processing.storage.header_cache import (
+    HeaderRecord,
+    output_state,
+    read_header_records,
+    write_header_records,
+)
 from radharmony_pipeline.processing.storage.output_layout import packed_keys
 from radharmony_pipeline.processing.storage.packed_journal import (
     RowPatch,
@@ -116,6 +122,23 @@ MAX_IMAGES_PER_CHUNK = 256
 
 # `decoded`: whether the source was decoded (else re-used), for the step's metadata.
 ImageRow = row_type(IMAGES, "ImageRow", __name__, (WorkingField("decoded", bool, False),))
+# The row's values that its image PNG's header holds (the rest come from the job), each with
+# how it is read from its text tag; the fingerprints are missing from the first versions' PNGs.
+HEADER_VALUES: dict[str, Callable[[str], Any]] = {
+    "orig_height": int,
+    "orig_width": int,
+    "scale": float,
+    "pad_top": int,
+    "pad_left": int,
+    "source_sha256": str,
+}
+OPTIONAL_HEADER_VALUES = ("perceptual_hash", "pixels_sha256")
+
+
+def header_values(tags: Mapping[str, str]) -> dict[str, Any]:
+    """The row's values from its image PNG's tags (KeyError, ValueError: one is unusable)."""
+    values = {name: read(tags[name]) for name, read in HEADER_VALUES.items()}
+    return values | {name: tags.get(name) for name in OPTIONAL_HEADER_VALUES}
 
 
 @dataclass(frozen=True)
@@ -174,16 +197,46 @@ class ImageJob:
         except (DecodeError, OSError, ValueError) as exc:  # ValueError: a NUL byte in a path
             return self._error_row(str(exc)), None
 
-    def current_row(self, key: str) -> ImageRow | None:
-        """The row from the outputs' headers when they carry `key` (the first KB of each
-        file read; pixels untouched)."""
+    def current_row(
+        self, key: str, record: HeaderRecord | None = None
+    ) -> tuple[ImageRow, HeaderRecord | None] | None:
+        """The row, and what it took from the outputs' headers, when they carry `key`: from
+        `record` while the local files are in the state it recorded (a stat each), else from
+        the headers (the first KB of each file read; pixels untouched). None: not current.
+        On object storage nothing is recorded (a stat is a request there as a head is)."""
+        try:
+            states = self.output_states() if is_local(self.output_root) else None
+        except OSError:  # an output is missing: the image is redone
+            return None
+        if (
+            record is not None
+            and states is not None
+            and record.holds(self.image_relative, key, states)
+        ):
+            return self._row(record.values, decoded=False), record
         tags = read_leading_tags(self.output_root / self.image_relative)
         if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
             return None
         try:
-            return self._row(tags, decoded=False)
+            values = header_values(tags)
         except (KeyError, ValueError):  # a tag missing or unreadable: the image is redone
             return None
+        found = None if states is None else self.header_record(key, states, values)
+        return self._row(values, decoded=False), found
+
+    def output_states(self) -> tuple[str, str | None]:
+        """The states of the local image PNG and of its mask PNG (None: it has none)."""
+        mask = self.mask_relative
+        return (
+            output_state(self.output_root / self.image_relative),
+            None if mask is None else output_state(self.output_root / mask),
+        )
+
+    def header_record(
+        self, key: str, states: tuple[str, str | None], values: Mapping[str, Any]
+    ) -> HeaderRecord:
+        """What the row takes from its outputs written with `key`, with their states."""
+        return HeaderRecord(self.image_relative, key, states[0], states[1], values)
 
     def _mask_is_current(self, key: str) -> bool:
         return self.mask_relative is None or (
@@ -211,7 +264,7 @@ class ImageJob:
             **content_fingerprints(pixels, geometry),
         }
         write_tagged_png(self.output_root / self.image_relative, lambda: pixels, key, tags)
-        return self._row(tags, decoded=True), pixels
+        return self._row(header_values(tags), decoded=True), pixels
 
     def _reuse(self, key: str) -> tuple[ImageRow, np.ndarray] | None:
         """The row and pixels from the existing outputs when they carry `key`, else None."""
@@ -226,27 +279,20 @@ class ImageJob:
                 pixels = np.asarray(image)
             if tags.get("pixels_sha256", pixels_sha256(pixels)) != pixels_sha256(pixels):
                 return None
-            return self._row(tags, decoded=False), pixels
-        except (OSError, SyntaxError, ValueError):  # unreadable: decoded and written again
+            return self._row(header_values(tags), decoded=False), pixels
+        except (KeyError, OSError, SyntaxError, ValueError):  # decoded and written again
             return None
 
-    def _row(self, tags: dict[str, str], decoded: bool) -> ImageRow:
+    def _row(self, values: Mapping[str, Any], decoded: bool) -> ImageRow:
         return ImageRow(
             image_id=self.image_id,
             image_path=self.image_relative,
             mask_path=self.mask_relative,
             size=self.size,
-            orig_height=int(tags["orig_height"]),
-            orig_width=int(tags["orig_width"]),
-            scale=float(tags["scale"]),
-            pad_top=int(tags["pad_top"]),
-            pad_left=int(tags["pad_left"]),
             tensor_index=self.row,
-            source_sha256=tags["source_sha256"],
             resize=self.resize,
-            perceptual_hash=tags.get("perceptual_hash"),
-            pixels_sha256=tags.get("pixels_sha256"),
             decoded=decoded,
+            **values,
         )
 
     def _error_row(self, message: str) -> ImageRow:
@@ -378,7 +424,8 @@ def update_packed_images(
     A patch that a killed run left half-done is finished first (its journal). When the array
     has the partition's N rows and its key record (`<name>.keys.json`), a row whose image's
     input key is the recorded one and whose PNG header carries it is re-used from that header
-    alone (nothing decoded or read beyond it); only the other rows are run, and on a local
+    alone (nothing decoded or read beyond it; locally not even the header while the PNGs are
+    in the state header_cache recorded); only the other rows are run, and on a local
     array written in place under a journal (packed_journal: never a half-patched array taken
     for a finished one). Otherwise (a first build, images added or removed, another size, an
     array on object storage) the array is assembled in a local scratch file (current PNGs
@@ -390,8 +437,10 @@ def update_packed_images(
     replayed = replay_interrupted_patch(packed) if is_local(packed) else 0
     keys = _input_keys(jobs, packed, executor)
     recorded = _recorded_keys(packed_keys(packed)) if _has_size(packed, len(jobs), size) else None
+    previous = read_header_records(packed, len(jobs)) if is_local(packed) else [None] * len(jobs)
     if recorded is not None and len(recorded) == len(jobs):
-        current = _current_rows(jobs, keys, recorded, packed, executor)
+        found = _current_rows(jobs, keys, recorded, previous, packed, executor)
+        current = [None if row is None else row[0] for row in found]
         stale = [position for position, row in enumerate(current) if row is None]
         written = 0
         if stale and is_local(packed):
@@ -408,12 +457,16 @@ def update_packed_images(
                 time_limit,
             )
         if not stale or is_local(packed):
-            return PackedUpdate(cast(list[ImageRow], current), written, replayed)
+            rows = cast(list[ImageRow], current)
+            known = [None if row is None else row[1] for row in found]
+            _record_headers(jobs, rows, keys, known, previous, packed)
+            return PackedUpdate(rows, written, replayed)
     with local_scratch_file(packed, suffix=".npy") as scratch:
         allocate_array(scratch, packed, (len(jobs), size, size))
         rows = _run(jobs, scratch, packed, size, executor, on_progress, time_limit)
         publish_file(packed, scratch)
     write_keys(packed, keys)
+    _record_headers(jobs, rows, keys, [None] * len(jobs), previous, packed)
     return PackedUpdate(rows, len(jobs), replayed)
 
 
@@ -479,10 +532,54 @@ def _run(
     return _run_on_dask(chunks, scratch, executor, on_progress)
 
 
-def current_row_of(job_and_key: tuple[ImageJob, str | None]) -> ImageRow | None:
+CurrentRow = tuple[ImageRow, HeaderRecord | None]
+
+
+def current_row_of(
+    job_key_record: tuple[ImageJob, str | None, HeaderRecord | None],
+) -> CurrentRow | None:
     """Top-level (picklable) form of ImageJob.current_row for workers."""
-    job, key = job_and_key
-    return job.current_row(key) if key is not None else None
+    job, key, record = job_key_record
+    return job.current_row(key, record) if key is not None else None
+
+
+def _record_headers(
+    jobs: Sequence[ImageJob],
+    rows: Sequence[ImageRow],
+    keys: Sequence[str | None],
+    known: Sequence[HeaderRecord | None],
+    previous: Sequence[HeaderRecord | None],
+    packed: Any,
+) -> None:
+    """Record what each good row took from its outputs' headers, for the next run's stats:
+    `known` where the current rows were found, the files run now stat-ed. The record is
+    written again only when a row's differs from `previous` (an unchanged run writes none)."""
+    if not is_local(packed):
+        return
+    records = list(known)
+    run_now = [
+        position
+        for position, (row, record) in enumerate(zip(rows, known, strict=True))
+        if record is None and row.status == STATUS_OK and keys[position] is not None
+    ]
+    stated = map_on_file_system(
+        _written_record, [(jobs[position], keys[position], rows[position]) for position in run_now]
+    )
+    for position, record in zip(run_now, stated, strict=True):
+        records[position] = record
+    if any(record is not before for record, before in zip(records, previous, strict=True)):
+        write_header_records(packed, records, (*HEADER_VALUES, *OPTIONAL_HEADER_VALUES))
+
+
+def _written_record(job_key_row: tuple[ImageJob, str, ImageRow]) -> HeaderRecord | None:
+    """The record of a row whose outputs were just written or re-used with `key`."""
+    job, key, row = job_key_row
+    try:
+        states = job.output_states()
+    except OSError:  # removed since: nothing to record, the next run looks at it again
+        return None
+    values = {name: getattr(row, name) for name in (*HEADER_VALUES, *OPTIONAL_HEADER_VALUES)}
+    return job.header_record(key, states, values)
 
 
 def _run_locally(
@@ -515,20 +612,21 @@ def _current_rows(
     jobs: Sequence[ImageJob],
     keys: Sequence[str | None],
     recorded: Sequence[str | None],
+    records: Sequence[HeaderRecord | None],
     packed: Any,
     executor: Executor,
-) -> list[ImageRow | None]:
-    """Per job, its row from its PNG's header when its key is the one recorded for its
-    packed row and the PNG carries it, else None (a changed image: no header is read)."""
-    pairs = [
-        (job, key if key == previous else None)
-        for job, key, previous in zip(jobs, keys, recorded, strict=True)
+) -> list[CurrentRow | None]:
+    """Per job, its current row (ImageJob.current_row) when its key is the one recorded for
+    its packed row, else None (a changed image: its outputs are not looked at)."""
+    triples = [
+        (job, key if key == previous else None, record)
+        for job, key, previous, record in zip(jobs, keys, recorded, records, strict=True)
     ]
     if is_local(packed):
-        # A local header costs microseconds when cached, a disk read when not: threads.
-        return map_on_file_system(current_row_of, pairs)
+        # A local stat or header costs microseconds when cached, a disk read when not.
+        return map_on_file_system(current_row_of, triples)
     # On object storage every header is a request: spread them over the workers.
-    return map_per_image(current_row_of, pairs, executor)
+    return map_per_image(current_row_of, triples, executor)
 
 
 def _run_on_dask(

@@ -102,6 +102,11 @@ def packed_keys(packed: Any) -> Any:
     return packed.with_name(packed.name + ".keys.json")
 
 
+def packed_headers(packed: Any) -> Any:
+    """What each row of a packed array took from its PNGs' headers, with the files' states."""
+    return packed.with_name(packed.name + ".headers.parquet")
+
+
 def mask_folder(partition: str) -> str:
     """The partition's native-resolution masks, one folder per image in shard folders."""
     return f"{MASKS}/{partition}"
