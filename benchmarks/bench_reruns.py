@@ -10,13 +10,16 @@ the cost), then, on a persistent instance and output root of its own:
 3. a first build on a new output root killed with SIGKILL once half of the resized PNGs are
    written, then the same job launched again (the resume).
 
+With `--cold` (as root) the page cache is dropped before each unchanged re-run, as a build
+that wrote more than memory leaves it.
+
 Each line gives the wall time of the whole `dg launch` (start-up included), the steps'
 durations, and the counts the stages report: images decoded, packed rows written (all N on
 an assembly, the changed ones when patched in place), and which annotation stages re-used
 their tables. Ratios are to the first build measured in the same run.
 
     .venv/bin/python benchmarks/bench_reruns.py [--images 3000] [--changed 0.01] [--repeats 2]
-        [--keep DIR]
+        [--keep DIR] [--cold]
 """
 
 from __future__ import annotations
@@ -158,6 +161,12 @@ def launch_and_kill_halfway(env: dict[str, str], output: Path, images: int) -> f
     return time.perf_counter() - start
 
 
+def drop_page_cache() -> None:
+    """Written data to disk, then every clean page, dentry and inode dropped (root only)."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
 def summary(env: dict[str, str]) -> dict:
     completed = subprocess.run(
         [sys.executable, "-c", SUMMARY], env=env, capture_output=True, text=True, check=True
@@ -187,6 +196,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--changed", type=float, default=0.01, help="share changed per round")
     parser.add_argument("--repeats", type=int, default=2, help="unchanged/changed pairs")
     parser.add_argument("--keep", type=Path, help="work folder kept after the run")
+    parser.add_argument(
+        "--cold", action="store_true", help="drop the page cache before unchanged re-runs (root)"
+    )
     return parser.parse_args(argv)
 
 
@@ -213,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         first = launch(env)
         describe("first build", first, None, env)
         for round_number in range(args.repeats):
+            if args.cold:
+                drop_page_cache()
             describe("unchanged re-run", launch(env), first, env)
             changed = change_sources(sources, args.changed, round_number)
             describe(f"{changed} sources changed", launch(env), first, env)
