@@ -133,6 +133,7 @@ HEADER_VALUES: dict[str, Callable[[str], Any]] = {
     "source_sha256": str,
 }
 OPTIONAL_HEADER_VALUES = ("perceptual_hash", "pixels_sha256")
+HEADER_VALUE_NAMES = (*HEADER_VALUES, *OPTIONAL_HEADER_VALUES)
 
 
 def header_values(tags: Mapping[str, str]) -> dict[str, Any]:
@@ -568,7 +569,7 @@ def _record_headers(
     for position, record in zip(run_now, stated, strict=True):
         records[position] = record
     if any(record is not before for record, before in zip(records, previous, strict=True)):
-        write_header_records(packed, records, (*HEADER_VALUES, *OPTIONAL_HEADER_VALUES))
+        write_header_records(packed, records, HEADER_VALUE_NAMES)
 
 
 def _written_record(job_key_row: tuple[ImageJob, str, ImageRow]) -> HeaderRecord | None:
@@ -578,7 +579,7 @@ def _written_record(job_key_row: tuple[ImageJob, str, ImageRow]) -> HeaderRecord
         states = job.output_states()
     except OSError:  # removed since: nothing to record, the next run looks at it again
         return None
-    values = {name: getattr(row, name) for name in (*HEADER_VALUES, *OPTIONAL_HEADER_VALUES)}
+    values = {name: getattr(row, name) for name in HEADER_VALUE_NAMES}
     return job.header_record(key, states, values)
 
 
