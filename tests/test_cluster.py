@@ -182,10 +182,11 @@ def bucket_files(services: Services, prefix: str) -> dict[str, bytes]:
 
 
 def local_files(root: Path) -> dict[str, bytes]:
+    # Not the header records: a local root keeps them (PNGs' mtimes and inodes), a store not.
     return {
         path.relative_to(root).as_posix(): path.read_bytes()
         for path in root.rglob("*")
-        if path.is_file()
+        if path.is_file() and not path.name.endswith(layout.PACKED_HEADERS_SUFFIX)
     }
 
 

@@ -45,10 +45,13 @@ def materialize(data_root: Path, output: Path, script: Path) -> subprocess.Popen
 
 
 def outputs_of(output: Path) -> dict[str, bytes]:
-    """Every image, mask and packed-array file of the partition, by relative path."""
+    """Every image, mask and packed-array file of the partition, by relative path (not the
+    header record: it holds the PNGs' mtimes and inodes, so differs by design)."""
     folder = output / layout.IMAGES
     return {
-        str(p.relative_to(output)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+        str(p.relative_to(output)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not p.name.endswith(layout.PACKED_HEADERS_SUFFIX)
     }
 
 

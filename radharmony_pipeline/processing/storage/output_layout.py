@@ -102,9 +102,13 @@ def packed_keys(packed: Any) -> Any:
     return packed.with_name(packed.name + ".keys.json")
 
 
+# After a packed array's name: what each of its rows took from its PNGs' headers.
+PACKED_HEADERS_SUFFIX = ".headers.parquet"
+
+
 def packed_headers(packed: Any) -> Any:
     """What each row of a packed array took from its PNGs' headers, with the files' states."""
-    return packed.with_name(packed.name + ".headers.parquet")
+    return packed.with_name(packed.name + PACKED_HEADERS_SUFFIX)
 
 
 def mask_folder(partition: str) -> str:
