@@ -159,7 +159,7 @@ def table_rows(update) -> list[dict]:
 
 
 @pytest.mark.build
-def test_an_unchanged_rerun_decodes_hashes_and_rewrites_nothing(built, tmp_path, monkeypatch):
+def test_an_unchanged_rerun_decodes_hashes_and_rewrites_nothing(built, monkeypatch):
     sources, root = built
     first = build(sources, root)  # the same rows as the first build's, from its record
     before = file_states(root)

@@ -47,8 +47,14 @@ class HeaderRecord:
     def holds(self, image_path: str, input_key: str, states: tuple[str, str | None]) -> bool:
         """Whether the record still describes these outputs: the same image and key, and
         files in the same states (image, mask)."""
+        # Spelled out, not _own_values: this runs once per image of every re-run.
         own = (self.image_path, self.input_key, self.image_state, self.mask_state)
         return own == (image_path, input_key, *states)
+
+
+def _own_values(record: HeaderRecord | None) -> tuple[Any, ...]:
+    """The record's own columns, in _OWN_COLUMNS order (all None for no record)."""
+    return tuple(None if record is None else getattr(record, name) for name in _OWN_COLUMNS)
 
 
 def read_header_records(packed: Path, rows: int) -> list[HeaderRecord | None]:
@@ -67,10 +73,7 @@ def read_header_records(packed: Path, rows: int) -> list[HeaderRecord | None]:
         None
         if columns["image_path"][row] is None
         else HeaderRecord(
-            image_path=columns["image_path"][row],
-            input_key=columns["input_key"][row],
-            image_state=columns["image_state"][row],
-            mask_state=columns["mask_state"][row],
+            **{name: columns[name][row] for name in _OWN_COLUMNS},
             values={name: columns[name][row] for name in values},
         )
         for row in range(rows)
@@ -83,12 +86,7 @@ def write_header_records(
     """Publish the records of every row of `packed` (None: a row with nothing to record)."""
     columns: dict[str, list[Any]] = {name: [] for name in (*_OWN_COLUMNS, *value_names)}
     for record in records:
-        own = (
-            (None,) * len(_OWN_COLUMNS)
-            if record is None
-            else (record.image_path, record.input_key, record.image_state, record.mask_state)
-        )
-        for name, value in zip(_OWN_COLUMNS, own, strict=True):
+        for name, value in zip(_OWN_COLUMNS, _own_values(record), strict=True):
             columns[name].append(value)
         for name in value_names:
             columns[name].append(None if record is None else record.values[name])
