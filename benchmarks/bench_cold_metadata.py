@@ -20,10 +20,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench_reruns import DROP_CACHES, drop_page_cache
+
 from radharmony_pipeline.synthetic import rexgradient
 
 TRAIN_IMAGES = 238_968
-DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
 
 def write_tree(root: Path, files: int) -> list[Path]:
@@ -54,8 +55,7 @@ def stat_and_header(path: Path) -> bytes:
 def timed(look: Callable[[Path], object], paths: list[Path], threads: int, cold: bool) -> float:
     """Milliseconds per file of `look` over `paths` on `threads` (1: in sequence)."""
     if cold:
-        os.sync()
-        DROP_CACHES.write_text("3\n")
+        drop_page_cache()
     start = time.perf_counter()
     if threads == 1:
         for path in paths:

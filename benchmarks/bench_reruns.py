@@ -161,10 +161,13 @@ def launch_and_kill_halfway(env: dict[str, str], output: Path, images: int) -> f
     return time.perf_counter() - start
 
 
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
 def drop_page_cache() -> None:
     """Written data to disk, then every clean page, dentry and inode dropped (root only)."""
     os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    DROP_CACHES.write_text("3\n")
 
 
 def summary(env: dict[str, str]) -> dict:
