@@ -573,6 +573,11 @@ def work_alone_cpu(sources: Sequence[Path], folder: Path, repeats: int) -> float
     SHA-256, decode, resize, fingerprints, PNG, write and rename. No job, pool, reuse check
     or tags: the stage above this is its bookkeeping, this above the floor the work the
     table needs besides decoding."""
+    return cpu_per_image(work_alone(folder), sources, repeats)
+
+
+def work_alone(folder: Path) -> Callable[[Path], None]:
+    """The per-image calls of work_alone_cpu, its PNGs written into `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
 
     def work(source: Path) -> None:
@@ -585,7 +590,7 @@ def work_alone_cpu(sources: Sequence[Path], folder: Path, repeats: int) -> float
         png = radiograph_png(pixels)
         write_atomically(folder / f"{source.stem}.png", lambda temp: temp.write_bytes(png))
 
-    return cpu_per_image(work, sources, repeats)
+    return work
 
 
 def naive_cpu(source_format: Format, sources: Sequence[Path], folder: Path) -> float:

@@ -143,19 +143,25 @@ def describe_sources(paths: Sequence[Path]) -> str:
 
 
 def pool_cpu_seconds() -> float:
-    """CPU seconds of this process and of every worker process so far.
+    """CPU seconds of this process and of every worker process so far (pool_cpu_times)."""
+    return sum(pool_cpu_times())
+
+
+def pool_cpu_times() -> tuple[float, float]:
+    """(user, system) CPU seconds of this process and of every worker process so far.
 
     Workers are forked by multiprocessing's fork server, not by us: their CPU time shows in
     the server's children times once it has reaped them (it has, when the pool has joined
     them). The server's pid is a private attribute of multiprocessing; 0 without a server.
     """
     own = psutil.Process().cpu_times()
-    total = own.user + own.system
+    user, system = own.user, own.system
     server = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
     if server:
         times = psutil.Process(server).cpu_times()
-        total += times.user + times.system + times.children_user + times.children_system
-    return total
+        user += times.user + times.children_user
+        system += times.system + times.children_system
+    return user, system
 
 
 @dataclass

@@ -462,6 +462,42 @@ def test_an_interrupted_first_build_decodes_only_the_images_not_yet_written(tmp_
     np.testing.assert_array_equal(packed_of(root), packed_of(tmp_path / "fresh"))
 
 
+@pytest.mark.build
+def test_a_first_build_keys_each_source_once_and_records_the_keys_its_pngs_carry(
+    tmp_path, monkeypatch
+):
+    sources = write_sources(tmp_path / "sources", 30)
+    sources[7].write_bytes(b"not an image")  # an error row keeps the key it was run with
+    stated = Counter()
+    state = image_jobs_module.file_state
+
+    def counted_state(path):
+        stated[Path(path).name] += 1
+        return state(path)
+
+    monkeypatch.setattr(image_jobs_module, "file_state", counted_state)
+    root = tmp_path / "output"
+    first = build(sources, root)
+
+    # Each job's own stat, before it reads its source: nothing beforehand in the step.
+    assert stated == Counter(source.name for source in sources)
+    packed = root / layout.packed_images(PARTITION)
+    recorded = json.loads(layout.packed_keys(packed).read_text())
+    good = [(row, key) for row, key in zip(first.rows, recorded, strict=True) if row.image_path]
+    assert [key for _row, key in good] == [
+        tagged_png.stored_input_key(root / row.image_path) for row, _key in good
+    ]
+    assert len(good) == len(sources) - 1 and first.rows[7].status == "error"
+    assert recorded[7] == first.rows[7].input_key is not None
+
+    stated.clear()
+    calls = Calls(monkeypatch)
+    again = build(sources, root)
+    assert calls.written == [] and calls.decoded == [sources[7].name]  # only the error row
+    assert stated == Counter(source.name for source in sources) + Counter([sources[7].name])
+    assert [row.input_key for row in again.rows] == recorded
+
+
 # --- the stages through Dagster ------------------------------------------------------------
 
 

@@ -35,7 +35,8 @@ def _own_columns(schema) -> list[str]:
 
 
 def test_job_rows_hold_the_declared_columns_then_their_working_fields():
-    assert [f.name for f in dataclasses.fields(ImageRow)] == [*_own_columns(IMAGES), "decoded"]
+    working = ["decoded", "input_key"]
+    assert [f.name for f in dataclasses.fields(ImageRow)] == [*_own_columns(IMAGES), *working]
     assert [f.name for f in dataclasses.fields(MaskRow)] == [*_own_columns(MASKS), "written"]
 
 
@@ -46,7 +47,8 @@ def test_an_error_row_is_null_where_it_knows_nothing_and_is_written_as_declared(
     assert pickle.loads(pickle.dumps(row)) == row
     frame = image_table([row])
     assert frame.loc[0, "orig_height"] is pd.NA and not frame.loc[0, "decoded"]
-    table = conform(frame.drop(columns="decoded"), IMAGES, {"dataset": "d", "split": "train"})
+    frame = frame.drop(columns=["decoded", "input_key"])
+    table = conform(frame, IMAGES, {"dataset": "d", "split": "train"})
     assert table.schema.names == IMAGES.names
     assert table.column("tensor_index").to_pylist() == [3]
     assert table.column("error").to_pylist() == ["bad"]

@@ -11,6 +11,7 @@ from pydantic import Field
 from ...processing.execution.progress import ProgressLog
 from ...processing.jobs.image_jobs import (
     IMAGE_CODE_VERSION,
+    IMAGE_WORKING_FIELDS,
     ImageJob,
     image_job_stopped,
     image_table,
@@ -100,16 +101,15 @@ def images(
     relatives = raw_index["image_path"].fillna("")
     # On an object store one listing of the image folder replaces a request per image.
     listed = named_states(base, relatives) if is_remote(base) else {}
+    partition = context.partition_key
     jobs = [
         ImageJob(
             image_id=image_id,
             source_file=base / relative,
             union_mask_file=unions.get(image_id),
             output_root=root,
-            image_relative=resized_image(context.partition_key, image_key),
-            mask_relative=(
-                resized_union_mask(context.partition_key, image_key) if image_id in unions else None
-            ),
+            image_relative=resized_image(partition, image_key),
+            mask_relative=resized_union_mask(partition, image_key) if image_id in unions else None,
             size=config.size,
             resize=config.resize,
             row=row,
@@ -144,7 +144,7 @@ def images(
         f"({UNREADABLE_LIMIT_VARIABLE} sets the share of unreadable images that is tolerated).",
     )
     output = dg.Output(
-        table.drop(columns="decoded"),
+        table.drop(columns=[field.name for field in IMAGE_WORKING_FIELDS]),
         output_name="images",
         metadata={
             "images": len(table),

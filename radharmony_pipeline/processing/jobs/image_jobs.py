@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -80,6 +81,7 @@ from radharmony_pipeline.processing.storage.packed_journal import (
     replay_interrupted_patch,
     write_keys,
 )
+from radharmony_pipeline.processing.storage.packed_rows import PackedLayout, read_layout
 from radharmony_pipeline.processing.storage.source_store import (
     FileState,
     NotARegularFile,
@@ -120,8 +122,15 @@ IMAGE_CODE_VERSION = "4"
 MAX_IMAGES_PER_CHUNK = 256
 
 
-# `decoded`: whether the source was decoded (else re-used), for the step's metadata.
-ImageRow = row_type(IMAGES, "ImageRow", __name__, (WorkingField("decoded", bool, False),))
+# Reported beside each row and dropped before the table is written. `decoded`: whether the
+# source was decoded (else re-used), for the step's metadata; `input_key`: the key its
+# outputs carry (None when it could not be computed), recorded for the next run's check, so
+# that a first build takes the keys from its workers instead of computing them beforehand.
+IMAGE_WORKING_FIELDS = (
+    WorkingField("decoded", bool, False),
+    WorkingField("input_key", object, None),
+)
+ImageRow = row_type(IMAGES, "ImageRow", __name__, IMAGE_WORKING_FIELDS)
 # The row's values that its image PNG's header holds (the rest come from the job), each with
 # how it is read from its text tag; the fingerprints are missing from the first versions' PNGs.
 HEADER_VALUES: dict[str, Callable[[str], Any]] = {
@@ -192,11 +201,12 @@ class ImageJob:
         become rows (without pixels)."""
         if self.index_error is not None:
             return self._error_row(self.index_error), None
+        key = None
         try:
             key = self.input_key()
             return self._reuse(key) or self._process(key)
         except (DecodeError, OSError, ValueError) as exc:  # ValueError: a NUL byte in a path
-            return self._error_row(str(exc)), None
+            return self._error_row(str(exc), key), None
 
     def current_row(
         self, key: str, record: HeaderRecord | None = None
@@ -214,7 +224,7 @@ class ImageJob:
             and states is not None
             and record.holds(self.image_relative, key, states)
         ):
-            return self._row(record.values, decoded=False), record
+            return self._row(record.values, key, decoded=False), record
         tags = read_leading_tags(self.output_root / self.image_relative)
         if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
             return None
@@ -223,7 +233,7 @@ class ImageJob:
         except (KeyError, ValueError):  # a tag missing or unreadable: the image is redone
             return None
         found = None if states is None else self.header_record(key, states, values)
-        return self._row(values, decoded=False), found
+        return self._row(values, key, decoded=False), found
 
     def output_states(self) -> tuple[str, str | None]:
         """The states of the local image PNG and of its mask PNG (None: it has none)."""
@@ -265,7 +275,7 @@ class ImageJob:
             **content_fingerprints(pixels, geometry),
         }
         write_tagged_png(self.output_root / self.image_relative, lambda: pixels, key, tags)
-        return self._row(header_values(tags), decoded=True), pixels
+        return self._row(header_values(tags), key, decoded=True), pixels
 
     def _reuse(self, key: str) -> tuple[ImageRow, np.ndarray] | None:
         """The row and pixels from the existing outputs when they carry `key`, else None."""
@@ -280,11 +290,11 @@ class ImageJob:
                 pixels = np.asarray(image)
             if tags.get("pixels_sha256", pixels_sha256(pixels)) != pixels_sha256(pixels):
                 return None
-            return self._row(header_values(tags), decoded=False), pixels
+            return self._row(header_values(tags), key, decoded=False), pixels
         except (KeyError, OSError, SyntaxError, ValueError):  # decoded and written again
             return None
 
-    def _row(self, values: Mapping[str, Any], decoded: bool) -> ImageRow:
+    def _row(self, values: Mapping[str, Any], key: str, decoded: bool) -> ImageRow:
         return ImageRow(
             image_id=self.image_id,
             image_path=self.image_relative,
@@ -293,10 +303,11 @@ class ImageJob:
             tensor_index=self.row,
             resize=self.resize,
             decoded=decoded,
+            input_key=key,
             **values,
         )
 
-    def _error_row(self, message: str) -> ImageRow:
+    def _error_row(self, message: str, key: str | None = None) -> ImageRow:
         return ImageRow(
             image_id=self.image_id,
             size=self.size,
@@ -304,6 +315,7 @@ class ImageJob:
             resize=self.resize,
             status=STATUS_ERROR,
             error=message,
+            input_key=key,
         )
 
 
@@ -351,24 +363,41 @@ class PackedRows:
     of the local scratch array, and it returns what run_image_job does, the pixels already
     packed (None), so that image_job_stopped bounds it as it bounds run_image_job.
 
-    The scratch file is on this machine, so every worker process maps it once (the mapping
-    is not pickled) and writes through it without msync (the page cache is shared); an image
+    The scratch file is on this machine, so every worker process opens it once (the handle
+    is not pickled) and writes each row with one positioned write into the shared page
+    cache. Not through a memory map: a write fault per page of a preallocated file costs
+    the file system far more than one write call per row (benchmarks/README.md). An image
     stopped by the time limit leaves its row zero."""
 
     def __init__(self, scratch: Path) -> None:
         self.scratch = scratch
-        self._array: np.ndarray | None = None
+        self._layout: PackedLayout | None = None
+        self._descriptor: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"scratch": self.scratch, "_array": None}
+        return {"scratch": self.scratch, "_layout": None, "_descriptor": None}
 
     def __call__(self, job: ImageJob) -> tuple[ImageRow, None]:
         row, pixels = job.run()
         if pixels is not None:
-            if self._array is None:
-                self._array = np.load(self.scratch, mmap_mode="r+")
-            self._array[job.array_row] = pixels
+            self._write_row(job.array_row, pixels)
         return row, None
+
+    def _write_row(self, position: int, pixels: np.ndarray) -> None:
+        if self._descriptor is None:
+            self._layout = read_layout(self.scratch)
+            self._descriptor = os.open(self.scratch, os.O_WRONLY)
+        layout = cast(PackedLayout, self._layout)
+        if pixels.shape != layout.row_shape or pixels.dtype != layout.dtype:
+            raise ValueError(
+                f"{self.scratch}: a row of {pixels.shape} {pixels.dtype} does not fit rows of "
+                f"{layout.row_shape} {layout.dtype}"
+            )
+        content = memoryview(np.ascontiguousarray(pixels)).cast("B")
+        offset = layout.data_offset + position * layout.row_bytes
+        while content:
+            written = os.pwrite(self._descriptor, content, offset)
+            content, offset = content[written:], offset + written
 
 
 @dataclass(frozen=True)
@@ -436,10 +465,10 @@ def update_packed_images(
     each image in both places.
     """
     replayed = replay_interrupted_patch(packed) if is_local(packed) else 0
-    keys = _input_keys(jobs, packed, executor)
     recorded = _recorded_keys(packed_keys(packed)) if _has_size(packed, len(jobs), size) else None
     previous = read_header_records(packed, len(jobs)) if is_local(packed) else [None] * len(jobs)
     if recorded is not None and len(recorded) == len(jobs):
+        keys = _input_keys(jobs, packed, executor)
         found = _current_rows(jobs, keys, recorded, previous, packed, executor)
         current = [None if row is None else row[0] for row in found]
         stale = [position for position, row in enumerate(current) if row is None]
@@ -466,6 +495,8 @@ def update_packed_images(
         allocate_array(scratch, packed, (len(jobs), size, size))
         rows = _run(jobs, scratch, packed, size, executor, on_progress, time_limit)
         publish_file(packed, scratch)
+    # The keys the outputs were written with, as each job computed it before reading.
+    keys = [row.input_key for row in rows]
     write_keys(packed, keys)
     _record_headers(jobs, rows, keys, [None] * len(jobs), previous, packed)
     return PackedUpdate(rows, len(jobs), replayed)
