@@ -576,11 +576,12 @@ def work_alone_cpu(sources: Sequence[Path], folder: Path, repeats: int) -> float
     return cpu_per_image(work_alone(folder), sources, repeats)
 
 
-def work_alone(folder: Path) -> Callable[[Path], None]:
-    """The per-image calls of work_alone_cpu, its PNGs written into `folder`."""
+def work_alone(folder: Path) -> Callable[[Path], np.ndarray]:
+    """The per-image calls of work_alone_cpu, its PNGs written into `folder`; each call
+    returns the resized pixels."""
     folder.mkdir(parents=True, exist_ok=True)
 
-    def work(source: Path) -> None:
+    def work(source: Path) -> np.ndarray:
         content = source.read_bytes()
         sha256_of(content)
         decoded = decode_grayscale(source, target_size=SIZE, content=content)
@@ -589,6 +590,7 @@ def work_alone(folder: Path) -> Callable[[Path], None]:
         content_fingerprints(pixels, geometry)
         png = radiograph_png(pixels)
         write_atomically(folder / f"{source.stem}.png", lambda temp: temp.write_bytes(png))
+        return pixels
 
     return work
 

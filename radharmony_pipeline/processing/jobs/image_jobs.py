@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import io
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -81,7 +80,6 @@ from radharmony_pipeline.processing.storage.packed_journal import (
     replay_interrupted_patch,
     write_keys,
 )
-from radharmony_pipeline.processing.storage.packed_rows import PackedLayout, read_layout
 from radharmony_pipeline.processing.storage.source_store import (
     FileState,
     NotARegularFile,
@@ -363,41 +361,24 @@ class PackedRows:
     of the local scratch array, and it returns what run_image_job does, the pixels already
     packed (None), so that image_job_stopped bounds it as it bounds run_image_job.
 
-    The scratch file is on this machine, so every worker process opens it once (the handle
-    is not pickled) and writes each row with one positioned write into the shared page
-    cache. Not through a memory map: a write fault per page of a preallocated file costs
-    the file system far more than one write call per row (benchmarks/README.md). An image
+    The scratch file is on this machine, so every worker process maps it once (the mapping
+    is not pickled) and writes through it without msync (the page cache is shared); an image
     stopped by the time limit leaves its row zero."""
 
     def __init__(self, scratch: Path) -> None:
         self.scratch = scratch
-        self._layout: PackedLayout | None = None
-        self._descriptor: int | None = None
+        self._array: np.ndarray | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"scratch": self.scratch, "_layout": None, "_descriptor": None}
+        return {"scratch": self.scratch, "_array": None}
 
     def __call__(self, job: ImageJob) -> tuple[ImageRow, None]:
         row, pixels = job.run()
         if pixels is not None:
-            self._write_row(job.array_row, pixels)
+            if self._array is None:
+                self._array = np.load(self.scratch, mmap_mode="r+")
+            self._array[job.array_row] = pixels
         return row, None
-
-    def _write_row(self, position: int, pixels: np.ndarray) -> None:
-        if self._descriptor is None:
-            self._layout = read_layout(self.scratch)
-            self._descriptor = os.open(self.scratch, os.O_WRONLY)
-        layout = cast(PackedLayout, self._layout)
-        if pixels.shape != layout.row_shape or pixels.dtype != layout.dtype:
-            raise ValueError(
-                f"{self.scratch}: a row of {pixels.shape} {pixels.dtype} does not fit rows of "
-                f"{layout.row_shape} {layout.dtype}"
-            )
-        content = memoryview(np.ascontiguousarray(pixels)).cast("B")
-        offset = layout.data_offset + position * layout.row_bytes
-        while content:
-            written = os.pwrite(self._descriptor, content, offset)
-            content, offset = content[written:], offset + written
 
 
 @dataclass(frozen=True)
