@@ -118,7 +118,7 @@ def marginal(few: Cpu, all_: Cpu, added: int) -> Cpu:
 
 
 def measure(work: Path, sides: tuple[int, int], images: int, repeats: int) -> list[dict[str, Cpu]]:
-    """Per repeat, per image (user, system) CPU of step, pool and work alone."""
+    """Per repeat, per image (user, system) CPU of step, pool, work alone and with rows."""
     counts = {"few": max(2, images // 16), "all": images}
     added = counts["all"] - counts["few"]
     sources = {}
