@@ -470,7 +470,7 @@ def update_packed_images(
         if not stale or is_local(packed):
             rows = cast(list[ImageRow], current)
             known = [None if row is None else row[1] for row in found]
-            _record_headers(jobs, rows, keys, known, previous, packed)
+            _record_headers(jobs, rows, known, previous, packed)
             return PackedUpdate(rows, written, replayed)
     with local_scratch_file(packed, suffix=".npy") as scratch:
         allocate_array(scratch, packed, (len(jobs), size, size))
@@ -479,7 +479,7 @@ def update_packed_images(
     # The keys the outputs were written with, as each job computed it before reading.
     keys = [row.input_key for row in rows]
     write_keys(packed, keys)
-    _record_headers(jobs, rows, keys, [None] * len(jobs), previous, packed)
+    _record_headers(jobs, rows, [None] * len(jobs), previous, packed)
     return PackedUpdate(rows, len(jobs), replayed)
 
 
@@ -559,40 +559,38 @@ def current_row_of(
 def _record_headers(
     jobs: Sequence[ImageJob],
     rows: Sequence[ImageRow],
-    keys: Sequence[str | None],
     known: Sequence[HeaderRecord | None],
     previous: Sequence[HeaderRecord | None],
     packed: Any,
 ) -> None:
     """Record what each good row took from its outputs' headers, for the next run's stats:
-    `known` where the current rows were found, the files run now stat-ed. The record is
-    written again only when a row's differs from `previous` (an unchanged run writes none)."""
+    `known` where the current rows were found, the files run now stat-ed (with the key their
+    outputs were written with). The record is written again only when a row's differs from
+    `previous` (an unchanged run writes none)."""
     if not is_local(packed):
         return
     records = list(known)
     run_now = [
         position
         for position, (row, record) in enumerate(zip(rows, known, strict=True))
-        if record is None and row.status == STATUS_OK and keys[position] is not None
+        if record is None and row.status == STATUS_OK and row.input_key is not None
     ]
-    stated = map_on_file_system(
-        _written_record, [(jobs[position], keys[position], rows[position]) for position in run_now]
-    )
+    stated = map_on_file_system(_written_record, [(jobs[p], rows[p]) for p in run_now])
     for position, record in zip(run_now, stated, strict=True):
         records[position] = record
     if any(record is not before for record, before in zip(records, previous, strict=True)):
         write_header_records(packed, records, HEADER_VALUE_NAMES)
 
 
-def _written_record(job_key_row: tuple[ImageJob, str, ImageRow]) -> HeaderRecord | None:
-    """The record of a row whose outputs were just written or re-used with `key`."""
-    job, key, row = job_key_row
+def _written_record(job_row: tuple[ImageJob, ImageRow]) -> HeaderRecord | None:
+    """The record of a row whose outputs were just written or re-used (with its input key)."""
+    job, row = job_row
     try:
         states = job.output_states()
     except OSError:  # removed since: nothing to record, the next run looks at it again
         return None
     values = {name: getattr(row, name) for name in HEADER_VALUE_NAMES}
-    return job.header_record(key, states, values)
+    return job.header_record(row.input_key, states, values)
 
 
 def _run_locally(
