@@ -105,6 +105,17 @@ def assert_error_row(frame: pd.DataFrame, image_id: str, *parts: str) -> str:
     return message
 
 
+def output_files(root: Path, folder: Path | None = None) -> dict[str, bytes]:
+    """Every file under `folder` (by default the whole root) by its path relative to `root`,
+    but the header records: they hold the PNGs' mtimes and inodes, so two roots differ there
+    by design (test_incremental_reruns checks what they record)."""
+    return {
+        path.relative_to(root).as_posix(): path.read_bytes()
+        for path in (folder or root).rglob("*")
+        if path.is_file() and not path.name.endswith(layout.PACKED_HEADERS_SUFFIX)
+    }
+
+
 def assert_outputs_load(output: Path) -> None:
     """No temporary file is left, and every Parquet, PNG and .npy written loads."""
     leftovers = [p for p in output.rglob("*") if TEMP_MARKER in p.name]

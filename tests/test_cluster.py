@@ -31,6 +31,7 @@ from cluster_services import (
     start_moto,
     start_postgres,
 )
+from fault_support import output_files
 
 from radharmony_pipeline.defs.assets.bboxes import bboxes
 from radharmony_pipeline.defs.assets.images import images
@@ -181,15 +182,6 @@ def bucket_files(services: Services, prefix: str) -> dict[str, bytes]:
     return {key[len(base) + 1 :]: fs.cat_file(key) for key in fs.find(base)}
 
 
-def local_files(root: Path) -> dict[str, bytes]:
-    # Not the header records: a local root keeps them (PNGs' mtimes and inodes), a store not.
-    return {
-        path.relative_to(root).as_posix(): path.read_bytes()
-        for path in root.rglob("*")
-        if path.is_file() and not path.name.endswith(layout.PACKED_HEADERS_SUFFIX)
-    }
-
-
 def assert_same_outputs(remote: dict[str, bytes], local: dict[str, bytes]) -> None:
     assert sorted(remote) == sorted(local)
     for name, data in local.items():
@@ -272,7 +264,7 @@ def test_partitions_and_manifest_on_postgres_s3_and_dask(cluster, tiny_root, tmp
     assert not [name for name in remote if TEMP_MARKER in name]
     local_root = tmp_path / "local"
     materialize_locally(tiny_root, local_root, PARTITIONS, manifest=True)
-    assert_same_outputs(remote, local_files(local_root))
+    assert_same_outputs(remote, output_files(local_root))
     for partition in PARTITIONS:
         assert layout.packed_images(partition) in remote
         assert any(name.startswith(f"{layout.mask_folder(partition)}/") for name in remote)
@@ -336,7 +328,7 @@ def test_four_partitions_at_once_on_postgres(cluster, tiny_root, tmp_path):
     materialize_locally(tiny_root, local_root, CONCURRENT, manifest=False)
     remote = bucket_files(cluster, "concurrent")
     assert not [name for name in remote if TEMP_MARKER in name]
-    assert_same_outputs(remote, local_files(local_root))
+    assert_same_outputs(remote, output_files(local_root))
 
 
 def test_webdataset_export_on_the_s3_output_root(cluster, tiny_root, tmp_path):
@@ -370,7 +362,7 @@ def test_webdataset_export_on_the_s3_output_root(cluster, tiny_root, tmp_path):
     shards = f"{WEBDATASET_FOLDER}/{partition}"
     remote = bucket_files(cluster, f"exported/{shards}")
     assert len(remote) > 2  # several shards and the index
-    assert remote == local_files(local_root / shards)
+    assert remote == output_files(local_root / shards)
 
     urls = webdataset_urls(output_path(root_url), partition)
     assert all(url.startswith("s3://") for url in urls)

@@ -24,6 +24,7 @@ import psutil
 import pytest
 from dagster_graphql import DagsterGraphQLClient
 from e2e_support import INSTANCE_YAML, REPOSITORY_NAME, DagsterDev, free_port
+from fault_support import output_files
 
 from radharmony_pipeline.defs.jobs import ALL_STAGES_JOB
 from radharmony_pipeline.operations.recovery import WORKER_TAG, RunWorker
@@ -148,15 +149,11 @@ NOT_COMPARED = (layout.PREVIEWS, layout.OBSERVATIONS)
 
 
 def outputs_of(output: Path) -> dict[str, bytes]:
-    """Every output's bytes, but the header records: they hold the PNGs' mtimes and inodes,
-    which differ between two roots as the observations' do (test_incremental_reruns checks
-    what they record)."""
+    """Every compared output's bytes (fault_support.output_files)."""
     return {
-        str(p.relative_to(output)): p.read_bytes()
-        for p in sorted(output.rglob("*"))
-        if p.is_file()
-        and not set(NOT_COMPARED) & set(p.parts)
-        and not p.name.endswith(layout.PACKED_HEADERS_SUFFIX)
+        name: content
+        for name, content in output_files(output).items()
+        if not set(NOT_COMPARED) & set(Path(name).parts)
     }
 
 

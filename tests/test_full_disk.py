@@ -15,7 +15,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from fault_support import _ASSETS, STAGES, failure_message
+from fault_support import _ASSETS, STAGES, failure_message, output_files
 
 from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.processing.storage import output_layout as layout
@@ -55,15 +55,6 @@ def unmount(where: Path) -> None:
     subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-def files(root: Path) -> dict[str, bytes]:
-    # Not the header records: they hold the PNGs' mtimes and inodes, so differ by design.
-    return {
-        p.relative_to(root).as_posix(): p.read_bytes()
-        for p in root.rglob("*")
-        if p.is_file() and not p.name.endswith(layout.PACKED_HEADERS_SUFFIX)
-    }
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     base = tmp_path_factory.mktemp("disk")
@@ -71,7 +62,7 @@ def reference(tmp_path_factory):
     generate_datasets(data, scale="tiny", seed=7, mimic_format="mixed")
     result = build(data, base / "reference", PARTITION)
     assert result.success
-    return data, files(base / "reference")
+    return data, output_files(base / "reference")
 
 
 @pytest.mark.timeout(600)
@@ -91,14 +82,14 @@ def test_a_full_volume_fails_with_one_message_and_resumes_to_the_same_bytes(refe
         assert "bytes needed" in message and "bytes free" in message
         assert "run the same command again" in message
         # Nothing partial: no temporary file, and every file there is complete.
-        left = files(root)
+        left = output_files(root)
         assert not [name for name in left if TEMP_MARKER in name]
         assert all(expected[name] == content for name, content in left.items())
 
         remount(volume, "size=64m")
         resumed = build(data, root, PARTITION)
         assert resumed.success
-        assert files(root) == expected
+        assert output_files(root) == expected
     finally:
         unmount(volume)
 
@@ -129,7 +120,7 @@ def test_a_volume_turned_read_only_mid_run_fails_clearly_and_resumes(reference, 
         assert f"under the output root {root}:" in message
         assert f"mounted at {volume}) is read-only" in message
         assert "run the same command again" in message
-        left = files(root)
+        left = output_files(root)
         assert all(
             expected[name] == content for name, content in left.items() if TEMP_MARKER not in name
         )
@@ -137,7 +128,7 @@ def test_a_volume_turned_read_only_mid_run_fails_clearly_and_resumes(reference, 
         remount(volume, "rw")
         resumed = build(data, root, PARTITION)
         assert resumed.success
-        assert files(root) == expected
+        assert output_files(root) == expected
     finally:
         stop.set()
         watcher.join()

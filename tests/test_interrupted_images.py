@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from fault_support import output_files
 from PIL import Image
 
 from radharmony_pipeline.processing.storage import output_layout as layout
@@ -45,14 +46,8 @@ def materialize(data_root: Path, output: Path, script: Path) -> subprocess.Popen
 
 
 def outputs_of(output: Path) -> dict[str, bytes]:
-    """Every image, mask and packed-array file of the partition, by relative path (not the
-    header record: it holds the PNGs' mtimes and inodes, so differs by design)."""
-    folder = output / layout.IMAGES
-    return {
-        str(p.relative_to(output)): p.read_bytes()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and not p.name.endswith(layout.PACKED_HEADERS_SUFFIX)
-    }
+    """Every image, mask and packed-array file of the partition, by relative path."""
+    return output_files(output, output / layout.IMAGES)
 
 
 def test_killed_run_resumes_byte_identical_without_temporary_files(tiny_copy, tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from fault_support import _ASSETS, STAGES
+from fault_support import _ASSETS, STAGES, output_files
 
 from radharmony_pipeline import cli
 from radharmony_pipeline.defs.resources import pipeline_resources
@@ -22,15 +22,6 @@ from radharmony_pipeline.synthetic import generate_datasets
 pytestmark = pytest.mark.build
 
 PARTITION = "chestx_det.test"
-
-
-def files(root: Path) -> dict[str, bytes]:
-    # Not the header records: they hold the PNGs' mtimes and inodes, so differ by design.
-    return {
-        p.relative_to(root).as_posix(): p.read_bytes()
-        for p in root.rglob("*")
-        if p.is_file() and not p.name.endswith(layout.PACKED_HEADERS_SUFFIX)
-    }
 
 
 def damage(path: Path, how: str) -> None:
@@ -72,7 +63,7 @@ def test_verify_finds_damaged_outputs_and_a_materialize_repairs_exactly_them(
 ):
     output, instance, materialize = built
     assert verify_outputs(output, [PARTITION], instance) == []
-    clean = files(output)
+    clean = output_files(output)
     resized = sorted(output.glob(layout.resized_png_glob(PARTITION)))
     pngs = [p for p in resized if not p.name.endswith(".mask.png")]
     masks = sorted(output.glob(layout.mask_png_glob(PARTITION)))
@@ -106,6 +97,6 @@ def test_verify_finds_damaged_outputs_and_a_materialize_repairs_exactly_them(
     assert repaired.success
     (images,) = repaired.asset_materializations_for_node("images")
     assert images.metadata["decoded"].value == 1  # only the damaged PNG is decoded again
-    assert files(output) == clean
+    assert output_files(output) == clean
     assert {p: p.stat().st_mtime_ns for p in pngs[1:]} == untouched_mtimes
     assert verify_outputs(output, [PARTITION], instance) == []
