@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -186,9 +188,19 @@ def _report_length(ax: Axes, labels: pd.DataFrame) -> None:
     reports = labels["report"].dropna() if "report" in labels else pd.Series(dtype=str)
     if reports.empty:
         return _empty(ax, "no reports")
-    ax.hist(reports.str.split().map(len), bins=30, color="#1f77b4")
+    ax.hist(words_per_report(reports), bins=30, color="#1f77b4")
     ax.set_xlabel("words per report", fontsize=8)
     ax.set_ylabel("images", fontsize=8)
+
+
+def words_per_report(reports: pd.Series) -> np.ndarray:
+    """How many words each report has, as str.split() counts them (runs of Unicode
+    whitespace between words), computed in Arrow: str.split per report took seconds at
+    ReXGradient's 273,004 images."""
+    trimmed = pc.utf8_trim_whitespace(pa.array(reports, type=pa.string()))
+    pieces = pc.list_value_length(pc.utf8_split_whitespace(trimmed))
+    # An empty report splits into one empty piece: no word.
+    return pc.if_else(pc.equal(pc.utf8_length(trimmed), 0), 0, pieces).to_numpy()
 
 
 def _mask_area(ax: Axes, masks: pd.DataFrame) -> None:

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -235,10 +236,12 @@ class ImageJob:
 
     def output_states(self) -> tuple[str, str | None]:
         """The states of the local image PNG and of its mask PNG (None: it has none)."""
-        mask = self.mask_relative
+        # Joined as text: this runs for every image of every re-run, and a Path costs more
+        # to build than the stat it is for.
+        root, mask = os.fspath(self.output_root), self.mask_relative
         return (
-            output_state(self.output_root / self.image_relative),
-            None if mask is None else output_state(self.output_root / mask),
+            output_state(os.path.join(root, self.image_relative)),
+            None if mask is None else output_state(os.path.join(root, mask)),
         )
 
     def header_record(
@@ -447,10 +450,15 @@ def update_packed_images(
     """
     replayed = replay_interrupted_patch(packed) if is_local(packed) else 0
     recorded = _recorded_keys(packed_keys(packed)) if _has_size(packed, len(jobs), size) else None
-    previous = read_header_records(packed, len(jobs)) if is_local(packed) else [None] * len(jobs)
+    previous = (
+        read_header_records(packed, len(jobs), HEADER_VALUE_NAMES)
+        if is_local(packed)
+        else [None] * len(jobs)
+    )
     if recorded is not None and len(recorded) == len(jobs):
-        keys = _input_keys(jobs, packed, executor)
-        found = _current_rows(jobs, keys, recorded, previous, packed, executor)
+        looked = _look_at_outputs(jobs, recorded, previous, packed, executor)
+        keys = [key for key, _found in looked]
+        found = [found for _key, found in looked]
         current = [None if row is None else row[0] for row in found]
         stale = [position for position, row in enumerate(current) if row is None]
         written = 0
@@ -549,11 +557,16 @@ CurrentRow = tuple[ImageRow, HeaderRecord | None]
 
 
 def current_row_of(
-    job_key_record: tuple[ImageJob, str | None, HeaderRecord | None],
-) -> CurrentRow | None:
-    """Top-level (picklable) form of ImageJob.current_row for workers."""
-    job, key, record = job_key_record
-    return job.current_row(key, record) if key is not None else None
+    job_recorded: tuple[ImageJob, str | None, HeaderRecord | None],
+) -> tuple[str | None, CurrentRow | None]:
+    """The job's input key (None: it cannot be computed), and its current row
+    (ImageJob.current_row) when that key is the one recorded for its packed row; None for a
+    changed image, whose outputs are not looked at. Top-level (picklable) for workers."""
+    job, recorded, record = job_recorded
+    key = _input_key_or_none(job)
+    if key is None or key != recorded:
+        return key, None
+    return key, job.current_row(key, record)
 
 
 def _record_headers(
@@ -609,35 +622,22 @@ def _run_locally(
     return [row for row, _packed in results]
 
 
-def _input_keys(jobs: Sequence[ImageJob], packed: Any, executor: Executor) -> list[str | None]:
-    masks_remote = not is_local(packed) and any(job.union_mask_file for job in jobs)
-    sources_remote = any(is_remote(job.source_file) and not job.source_state for job in jobs)
-    if not masks_remote and not sources_remote:
-        return map_on_file_system(_input_key_or_none, jobs)
-    # A union mask's key is read from its PNG header, a source object's state is a metadata
-    # request: one request each on object storage, spread over the workers.
-    return map_per_image(_input_key_or_none, jobs, executor)
-
-
-def _current_rows(
+def _look_at_outputs(
     jobs: Sequence[ImageJob],
-    keys: Sequence[str | None],
     recorded: Sequence[str | None],
     records: Sequence[HeaderRecord | None],
     packed: Any,
     executor: Executor,
-) -> list[CurrentRow | None]:
-    """Per job, its current row (ImageJob.current_row) when its key is the one recorded for
-    its packed row, else None (a changed image: its outputs are not looked at)."""
-    triples = [
-        (job, key if key == previous else None, record)
-        for job, key, previous, record in zip(jobs, keys, recorded, records, strict=True)
-    ]
-    if is_local(packed):
+) -> list[tuple[str | None, CurrentRow | None]]:
+    """current_row_of for every job, in one pass over the sources and outputs."""
+    items = list(zip(jobs, recorded, records, strict=True))
+    sources_remote = any(is_remote(job.source_file) and not job.source_state for job in jobs)
+    if is_local(packed) and not sources_remote:
         # A local stat or header costs microseconds when cached, a disk read when not.
-        return map_on_file_system(current_row_of, triples)
-    # On object storage every header is a request: spread them over the workers.
-    return map_per_image(current_row_of, triples, executor)
+        return map_on_file_system(current_row_of, items)
+    # On object storage every source state, union mask key (on the output root) and header
+    # is a request: spread them over the workers.
+    return map_per_image(current_row_of, items, executor)
 
 
 def _run_on_dask(

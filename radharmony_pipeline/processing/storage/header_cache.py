@@ -25,7 +25,7 @@ from radharmony_pipeline.processing.storage.store import open_for_reading, publi
 _OWN_COLUMNS = ("image_path", "input_key", "image_state", "mask_state")
 
 
-def output_state(path: Path) -> str:
+def output_state(path: str | Path) -> str:
     """A local file's size, modification time (ns) and inode: a file published anew (a
     rename) or written over gets another state."""
     found = os.stat(path)
@@ -57,26 +57,27 @@ def _own_values(record: HeaderRecord | None) -> tuple[Any, ...]:
     return tuple(None if record is None else getattr(record, name) for name in _OWN_COLUMNS)
 
 
-def read_header_records(packed: Path, rows: int) -> list[HeaderRecord | None]:
-    """The records of the `rows` rows of `packed`, or none at all (each None) when the
-    record is missing, unreadable or of another row count."""
+def read_header_records(
+    packed: Path, rows: int, value_names: Sequence[str]
+) -> list[HeaderRecord | None]:
+    """The records of the `rows` rows of `packed` with their `value_names`, or none at all
+    (each None) when the record is missing, unreadable, of another row count or without one
+    of those values (written by another version)."""
     try:
         with open_for_reading(packed_headers(packed)) as handle:
             table = pq.read_table(handle)
         columns = table.to_pydict()
-        if table.num_rows != rows or not set(_OWN_COLUMNS) <= set(columns):
+        if table.num_rows != rows or not {*_OWN_COLUMNS, *value_names} <= set(columns):
             return [None] * rows
     except (OSError, ValueError, pa.ArrowException):
         return [None] * rows
-    values = [name for name in columns if name not in _OWN_COLUMNS]
+    own = zip(*(columns[name] for name in _OWN_COLUMNS), strict=True)
+    values = zip(*(columns[name] for name in value_names), strict=True)
     return [
         None
-        if columns["image_path"][row] is None
-        else HeaderRecord(
-            **{name: columns[name][row] for name in _OWN_COLUMNS},
-            values={name: columns[name][row] for name in values},
-        )
-        for row in range(rows)
+        if row_own[0] is None
+        else HeaderRecord(*row_own, values=dict(zip(value_names, row_values, strict=True)))
+        for row_own, row_values in zip(own, values, strict=True)
     ]
 
 
