@@ -469,13 +469,13 @@ def test_a_first_build_keys_each_source_once_and_records_the_keys_its_pngs_carry
     sources = write_sources(tmp_path / "sources", 30)
     sources[7].write_bytes(b"not an image")  # an error row keeps the key it was run with
     stated = Counter()
-    state = image_jobs_module.file_state
+    state = image_jobs_module.confined_state
 
-    def counted_state(path):
+    def counted_state(path, root):
         stated[Path(path).name] += 1
-        return state(path)
+        return state(path, root)
 
-    monkeypatch.setattr(image_jobs_module, "file_state", counted_state)
+    monkeypatch.setattr(image_jobs_module, "confined_state", counted_state)
     root = tmp_path / "output"
     first = build(sources, root)
 

@@ -371,3 +371,35 @@ def test_file_system_map_stays_on_the_calling_thread_while_answers_are_cached() 
     threads.clear()
     assert map_on_file_system(slow_from_1000, items) == [-item for item in items]
     assert len(threads) > 2
+
+
+def test_file_system_map_starts_threads_for_waits_not_for_work_and_leaves_them_when_cached():
+    here = threading.get_ident()
+    ran_on: dict[int, int] = {}
+
+    def busy_first(item: int) -> int:  # CPU time, as a garbage collection takes: no threads
+        ran_on[item] = threading.get_ident()
+        if item < 256:
+            until = time.thread_time() + 0.0003
+            while time.thread_time() < until:
+                pass
+        return item
+
+    items = list(range(2000))
+    assert map_on_file_system(busy_first, items) == items
+    assert set(ran_on.values()) == {here}
+
+    def cold_first(item: int) -> int:  # the first chunk waits on the disk, the rest is cached
+        ran_on[item] = threading.get_ident()
+        if item < 256:
+            time.sleep(0.0003)
+        return item
+
+    ran_on.clear()
+    items = list(range(60_000))
+    assert map_on_file_system(cold_first, items) == items
+    threaded = {item for item, thread in ran_on.items() if thread != here}
+    assert threaded, "a chunk that waited sends the next ones to the threads"
+    # The first chunk in sequence after the threaded ones answered from memory: the rest ran
+    # here again.
+    assert max(threaded) < 40_000 and all(ran_on[item] == here for item in range(40_000, 60_000))

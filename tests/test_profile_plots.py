@@ -25,3 +25,6 @@ def test_words_per_report_counts_as_str_split_on_unicode_text():
         )
     expected = [len(report.split()) for report in reports]
     assert words_per_report(pd.Series(reports)).tolist() == expected
+    # Images without a report are left out.
+    with_gaps = pd.Series([None, *reports, None], dtype="string")
+    assert words_per_report(with_gaps).tolist() == expected

@@ -20,6 +20,7 @@ from ...processing.reports.report_table import (
 )
 from ...processing.storage.output_layout import table_file
 from ...processing.storage.store import OutputPath, exists, open_for_reading
+from ...processing.tables.membership import is_in
 from ...processing.tables.table_schemas import REPORT_LABELS, REPORT_RULES
 from ...sources import DatasetSource, SourceError, parse_partition_key
 from ..checks.report_labels import CHECK_SPECS, check_results
@@ -158,7 +159,7 @@ def _file_labels(
         return empty_report_labels(), empty, {"note": note}
     table = file_labels(found.labels, source.report_label_source, found.path.name)
     # Studies the file does not label (its reports were not read): counted, not an error.
-    unlabelled = int((~raw_index["image_id"].isin(table["image_id"])).sum())
+    unlabelled = int((~is_in(raw_index["image_id"], table["image_id"])).sum())
     return (
         table,
         table["image_id"].astype("string"),

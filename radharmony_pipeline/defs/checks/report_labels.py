@@ -9,6 +9,7 @@ import dagster as dg
 import pandas as pd
 
 from ...processing.reports.report_table import UNMENTIONED_REPORTS_LIMIT, unmentioned_share
+from ...processing.tables.membership import is_in
 from ..partitions import blocking_partition_check, dataset_split_partitions
 from .in_step import StepCheck, specs_of, step_results
 
@@ -65,9 +66,9 @@ def check_results(
 
 def _coverage(table: pd.DataFrame, expected_ids: pd.Series) -> dg.AssetCheckResult:
     ids = table["image_id"].astype("string")
-    missing = expected_ids[~expected_ids.isin(ids)]
+    missing = expected_ids[~is_in(expected_ids, ids)]
     repeated = ids[ids.duplicated()]
-    unexpected = ids[~ids.isin(expected_ids)]
+    unexpected = ids[~is_in(ids, expected_ids)]
     problems = {
         "without a row": missing,
         "with several rows": repeated,

@@ -54,7 +54,7 @@ from radharmony_pipeline.processing.imaging.geometry import (
     resize_image,
     resize_mask,
 )
-from radharmony_pipeline.processing.imaging.image_files import confined
+from radharmony_pipeline.processing.imaging.image_files import confined, confined_state
 from radharmony_pipeline.processing.imaging.perceptual_hash import perceptual_hash, pixels_sha256
 from radharmony_pipeline.processing.imaging.tagged_png import (
     INPUT_KEY_TAG,
@@ -85,7 +85,6 @@ from radharmony_pipeline.processing.storage.source_store import (
     FileState,
     NotARegularFile,
     SourcePath,
-    file_state,
     is_remote,
     read_source_bytes,
 )
@@ -181,8 +180,11 @@ class ImageJob:
         """Source fingerprint (size + mtime, or + ETag on a store), union-mask key and
         parameters."""
         # Confined first: not even a metadata request for a key outside the image folder.
-        source = confined(self.source_file, self.source_root)
-        size, version = self.source_state or file_state(source)
+        if self.source_state is None:
+            size, version = confined_state(self.source_file, self.source_root)
+        else:
+            size, version = self.source_state
+            confined(self.source_file, self.source_root)
         mask_key = stored_input_key(self.union_mask_file) if self.union_mask_file else ""
         return mask_input_key(
             IMAGE_CODE_VERSION,
