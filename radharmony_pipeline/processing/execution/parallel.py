@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import resource
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -88,12 +89,14 @@ def map_in_chunks(
 # after a build wrote more than memory): each is then a disk read, and the disk serves many
 # at a time. On a cached tree threads cost more than they save (the GIL changes hands at
 # every call: an unchanged re-run's look at 238,968 images took three times as long on 16
-# threads as in sequence), so chunks run in sequence, and only a chunk that waited (wall time
-# beyond its own CPU time: a disk read, not a garbage collection) sends the next ones to the
-# threads, until a chunk run in sequence again shows the tree answering from memory.
+# threads as in sequence), so chunks run in sequence, and only a chunk that spent its time
+# outside Python (waiting on the disk, or in the kernel filling its caches, which on this
+# project's virtual machine is mostly system CPU time; not a garbage collection, which is
+# user time) sends the next ones to the threads, until a chunk run in sequence again shows
+# the tree answering from memory.
 FILE_SYSTEM_THREADS = 16
 _THREAD_CHUNK = 256  # items per task: a future per item would cost more than a cached stat
-_WAITED_SECONDS_PER_ITEM = 5e-5  # a cold stat here waits 170-350 µs, a cached one nothing
+_OUTSIDE_SECONDS_PER_ITEM = 5e-5  # a cold stat here: 350-650 µs; a cached one: 5-10 µs
 _CHUNKS_BETWEEN_PROBES = 128  # threaded between two chunks in sequence: ~3 % of a cold pass
 
 
@@ -109,15 +112,23 @@ def map_on_file_system(function: Callable[[T], R], items: Sequence[T]) -> list[R
         while position < len(chunks):
             chunk = chunks[position]
             position += 1
-            wall, cpu = time.perf_counter(), time.thread_time()
+            wall, user = time.perf_counter(), _user_time()
             results.extend(function(item) for item in chunk)
-            waited = (time.perf_counter() - wall) - (time.thread_time() - cpu)
-            if waited / len(chunk) > _WAITED_SECONDS_PER_ITEM:
+            outside = (time.perf_counter() - wall) - (_user_time() - user)
+            if outside / len(chunk) > _OUTSIDE_SECONDS_PER_ITEM:
                 batch = chunks[position : position + _CHUNKS_BETWEEN_PROBES]
                 position += len(batch)
                 done = pool.map(lambda rest: [function(item) for item in rest], batch)
                 results.extend(result for rest in done for result in rest)
     return results
+
+
+def _user_time() -> float:
+    """This thread's user CPU seconds (Linux), else its whole CPU time: what Python itself
+    spent, a garbage collection included."""
+    if hasattr(resource, "RUSAGE_THREAD"):
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_utime
+    return time.thread_time()
 
 
 def map_with_time_limit(
