@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
-from radharmony_pipeline.processing.execution import supervised
+from radharmony_pipeline.processing.execution import parallel, supervised
 from radharmony_pipeline.processing.execution.parallel import (
     FILE_SYSTEM_THREADS,
     default_chunk_size,
@@ -373,33 +373,39 @@ def test_file_system_map_stays_on_the_calling_thread_while_answers_are_cached() 
     assert len(threads) > 2
 
 
-def test_file_system_map_starts_threads_for_waits_not_for_work_and_leaves_them_when_cached():
+def test_file_system_map_starts_threads_for_time_outside_python_and_leaves_them_when_cached(
+    monkeypatch,
+):
     here = threading.get_ident()
     ran_on: dict[int, int] = {}
 
-    def busy_first(item: int) -> int:  # CPU time, as a garbage collection takes: no threads
-        ran_on[item] = threading.get_ident()
-        if item < 256:
-            until = time.thread_time() + 0.0003
-            while time.thread_time() < until:
-                pass
-        return item
-
-    items = list(range(2000))
-    assert map_on_file_system(busy_first, items) == items
-    assert set(ran_on.values()) == {here}
-
-    def cold_first(item: int) -> int:  # the first chunk waits on the disk, the rest is cached
+    def slow_first(item: int) -> int:
         ran_on[item] = threading.get_ident()
         if item < 256:
             time.sleep(0.0003)
         return item
 
+    # Time the thread spent in Python itself (as a garbage collection is) starts no thread:
+    # here every second of the slow chunk is reported as user time.
+    monkeypatch.setattr(parallel, "_user_time", time.perf_counter)
+    items = list(range(2000))
+    assert map_on_file_system(slow_first, items) == items
+    assert set(ran_on.values()) == {here}
+
+    # Waiting (as on a cold disk) does: the next chunks run on the threads, and the first
+    # chunk in sequence after them, which answers from memory, brings the rest back here.
+    monkeypatch.undo()
     ran_on.clear()
     items = list(range(60_000))
-    assert map_on_file_system(cold_first, items) == items
+    assert map_on_file_system(slow_first, items) == items
     threaded = {item for item, thread in ran_on.items() if thread != here}
-    assert threaded, "a chunk that waited sends the next ones to the threads"
-    # The first chunk in sequence after the threaded ones answered from memory: the rest ran
-    # here again.
+    assert threaded and min(threaded) >= 256
     assert max(threaded) < 40_000 and all(ran_on[item] == here for item in range(40_000, 60_000))
+
+
+def test_user_time_counts_python_work_not_sleep():
+    before = parallel._user_time()
+    time.sleep(0.05)
+    slept = parallel._user_time() - before
+    sum(number * number for number in range(2_000_000))  # about 0.1 s of Python, loaded or not
+    assert slept < 0.02 and parallel._user_time() - before - slept > 0.03
