@@ -374,7 +374,9 @@ def test_input_keys_from_one_listing_equal_the_per_object_keys(store, datasets, 
     assert sorted(listed) == names[:4]
     # With the listing's states, no object is asked about again.
     requests = []
-    monkeypatch.setattr(image_jobs, "file_state", lambda path: requests.append(path) or (0, ""))
+    monkeypatch.setattr(
+        image_jobs, "confined_state", lambda path, _root: requests.append(path) or (0, "")
+    )
     from_listing = [key_or_error(image_job(base, n, listed.get(n))) for n in names[:4]]
     assert requests == []
     assert from_listing == per_object[:4]
