@@ -129,7 +129,7 @@ def confined_state(path: SourcePath, root: SourcePath | None) -> FileState:
 # openat2(2)'s number in the system call tables of x86-64 and 64-bit Arm, its resolve
 # flags (linux/openat2.h), and the struct open_how it takes.
 _SYS_OPENAT2 = 437
-_OPENAT2_MACHINES = ("x86_64", "aarch64", "arm64")
+_OPENAT2_MACHINES = ("x86_64", "aarch64")
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_BENEATH = 0x08
 # Refusals meaning openat2 is missing (an older kernel) or forbidden (a container's filter).

@@ -458,9 +458,9 @@ def update_packed_images(
         else [None] * len(jobs)
     )
     if recorded is not None and len(recorded) == len(jobs):
-        looked = _look_at_outputs(jobs, recorded, previous, packed, executor)
-        keys = [key for key, _found in looked]
-        found = [found for _key, found in looked]
+        looked = _keys_and_current_rows(jobs, recorded, previous, packed, executor)
+        keys = [key for key, _row in looked]
+        found = [row for _key, row in looked]
         current = [None if row is None else row[0] for row in found]
         stale = [position for position, row in enumerate(current) if row is None]
         written = 0
@@ -558,7 +558,7 @@ def _run(
 CurrentRow = tuple[ImageRow, HeaderRecord | None]
 
 
-def current_row_of(
+def key_and_current_row(
     job_recorded: tuple[ImageJob, str | None, HeaderRecord | None],
 ) -> tuple[str | None, CurrentRow | None]:
     """The job's input key (None: it cannot be computed), and its current row
@@ -624,22 +624,22 @@ def _run_locally(
     return [row for row, _packed in results]
 
 
-def _look_at_outputs(
+def _keys_and_current_rows(
     jobs: Sequence[ImageJob],
     recorded: Sequence[str | None],
     records: Sequence[HeaderRecord | None],
     packed: Any,
     executor: Executor,
 ) -> list[tuple[str | None, CurrentRow | None]]:
-    """current_row_of for every job, in one pass over the sources and outputs."""
+    """key_and_current_row for every job: one pass over the sources and their outputs."""
     items = list(zip(jobs, recorded, records, strict=True))
     sources_remote = any(is_remote(job.source_file) and not job.source_state for job in jobs)
     if is_local(packed) and not sources_remote:
         # A local stat or header costs microseconds when cached, a disk read when not.
-        return map_on_file_system(current_row_of, items)
+        return map_on_file_system(key_and_current_row, items)
     # On object storage every source state, union mask key (on the output root) and header
     # is a request: spread them over the workers.
-    return map_per_image(current_row_of, items, executor)
+    return map_per_image(key_and_current_row, items, executor)
 
 
 def _run_on_dask(
