@@ -46,7 +46,7 @@ from radharmony_pipeline.synthetic.seeding import dataset_rng
 REPOSITORY = Path(__file__).resolve().parents[1]
 PARTITION = "rexgradient.train"
 SIDES = (180, 200)
-ANNOTATION_STAGES = ("raw_index", "labels", "bboxes", "masks")
+REUSING_STAGES = ("raw_index", "labels", "bboxes", "masks", "partition_profile")
 # Printed per run: the instance's step durations and the stages' own counts.
 SUMMARY = """
 import json, sys
@@ -181,7 +181,7 @@ def describe(name: str, wall: float, first: float | None, env: dict[str, str]) -
     found = summary(env)
     counts = found["counts"]
     images = counts.get("images", {})
-    reused = [stage for stage in ANNOTATION_STAGES if counts.get(stage, {}).get("reused")]
+    reused = [stage for stage in REUSING_STAGES if counts.get(stage, {}).get("reused")]
     ratio = f" ({wall / first:.2f}x first build)" if first else ""
     steps = ", ".join(f"{step} {seconds}s" for step, seconds in found["steps"].items())
     print(f"{name}: wall {wall:.1f} s{ratio}")

@@ -501,6 +501,14 @@ def test_a_first_build_keys_each_source_once_and_records_the_keys_its_pngs_carry
 # --- the stages through Dagster ------------------------------------------------------------
 
 
+# The stages that re-use their last tables when what they read is unchanged, and every table
+# file of a partition.
+REUSING_STAGES = ("raw_index", "labels", "bboxes", "masks", "partition_profile")
+PARTITION_TABLE_FILES = (
+    "raw_index", "labels", "masks", "bboxes", "images", "report_labels", "partition_profile"
+)  # fmt: skip
+
+
 def materialization_metadata(result, asset: str) -> dict[str, object]:
     for event in result.get_asset_materialization_events():
         if event.materialization.asset_key.to_user_string() == asset:
@@ -515,6 +523,8 @@ def test_an_unchanged_partition_reuses_every_stage_and_a_changed_image_is_patche
     import dagster as dg
 
     from radharmony_pipeline.definitions import build_definitions
+    from radharmony_pipeline.defs.assets import profile as profile_asset
+    from radharmony_pipeline.processing.corpus.profile_plots import profile_pngs
     from radharmony_pipeline.sources.rexgradient import ReXGradientSource
 
     partition = "rexgradient.train"
@@ -528,8 +538,9 @@ def test_an_unchanged_partition_reuses_every_stage_and_a_changed_image_is_patche
         for asset in ("raw_index", "labels", "bboxes", "masks")
     }
     index = tables["raw_index"]
-    for asset in ("raw_index", "labels", "bboxes", "masks"):
+    for asset in REUSING_STAGES:
         assert materialization_metadata(first, asset)["reused"] is False
+    written = table_file_states(output, partition)
 
     reads = Counter()
     read_split, read_boxes = ReXGradientSource.read_split, ReXGradientSource.read_boxes
@@ -542,13 +553,20 @@ def test_an_unchanged_partition_reuses_every_stage_and_a_changed_image_is_patche
         reads["boxes"] += 1
         return read_boxes(self, split)
 
+    def counted_profile(*args, **kwargs):
+        reads["profile drawn"] += 1
+        return profile_pngs(*args, **kwargs)
+
     monkeypatch.setattr(ReXGradientSource, "read_split", counted_read_split)
     monkeypatch.setattr(ReXGradientSource, "read_boxes", counted_read_boxes)
+    monkeypatch.setattr(profile_asset, "profile_pngs", counted_profile)
     again = job.execute_in_process(partition_key=partition, instance=instance)
 
     assert reads == Counter()
-    for asset in ("raw_index", "labels", "bboxes", "masks"):
+    for asset in REUSING_STAGES:
         assert materialization_metadata(again, asset)["reused"] is True
+    # No table file written again, the profile's PNG neither.
+    assert table_file_states(output, partition) == written
     images = materialization_metadata(again, "images")
     assert (images["decoded"], images["packed_rows_written"]) == (0, 0)
     assert images["reused"] == len(index)
@@ -562,9 +580,25 @@ def test_an_unchanged_partition_reuses_every_stage_and_a_changed_image_is_patche
     cv2.imwrite(str(changed), np.ascontiguousarray(pixels[::-1]))
     third = job.execute_in_process(partition_key=partition, instance=instance)
 
-    assert reads == Counter()  # the metadata files did not change
+    # The metadata files did not change; the images table did, so the profile is drawn again.
+    assert reads == Counter({"profile drawn": 1})
     images = materialization_metadata(third, "images")
     assert (images["decoded"], images["packed_rows_written"]) == (1, 1)
+    for asset in ("raw_index", "labels", "bboxes", "masks"):
+        assert materialization_metadata(third, asset)["reused"] is True
+    assert materialization_metadata(third, "partition_profile")["reused"] is False
+    now = table_file_states(output, partition)
+    assert {name for name, state in now.items() if state != written[name]} == {
+        "images",
+        "partition_profile.png",
+    }
+
+
+def table_file_states(output: Path, partition: str) -> dict[str, tuple[int, int]]:
+    """Each table file of the partition and its profile PNG: (inode, modification time)."""
+    files = {asset: layout.table_file(output, asset, partition) for asset in PARTITION_TABLE_FILES}
+    files["partition_profile.png"] = output / layout.preview("profile", partition)
+    return {name: (path.stat().st_ino, path.stat().st_mtime_ns) for name, path in files.items()}
 
 
 @pytest.mark.build
@@ -636,3 +670,48 @@ def test_a_run_killed_mid_images_then_decodes_only_the_images_not_yet_written(
     assert images["decoded"] == len(set(decodable) - written) > 0
     assert images["reused"] == len(written)
     assert images["packed_rows_written"] == images["images"]  # assembled: no array yet
+
+
+def test_a_stage_fingerprint_follows_the_files_of_the_tables_it_is_given(tiny_copy, tmp_path):
+    from radharmony_pipeline.defs.previous_outputs import stage_fingerprint
+    from radharmony_pipeline.defs.resources import DatasetsResource
+
+    source = DatasetsResource(data_root=str(tiny_copy)).source("rexgradient")
+    table = layout.table_file(tmp_path, "raw_index", "rexgradient.train")
+    table.parent.mkdir(parents=True)
+    table.write_bytes(b"first table")
+
+    def fingerprint() -> str | None:
+        return stage_fingerprint("1", "rexgradient.train", source, "train", [table])
+
+    first = fingerprint()
+    assert first is not None and fingerprint() == first
+    assert stage_fingerprint("2", "rexgradient.train", source, "train", [table]) != first
+    table.write_bytes(b"other table")  # same size, other bytes, a later modification time
+    second = fingerprint()
+    assert second != first
+    table.unlink()
+    assert fingerprint() not in (first, second)
+    table.write_bytes(b"other table")
+    os.utime(table, ns=(1, 1))
+    assert fingerprint() != second  # the same bytes, written again at another time
+
+
+def test_a_profile_without_its_tables_names_the_stage_to_materialize(tiny_copy, tmp_path):
+    import dagster as dg
+
+    from radharmony_pipeline.definitions import build_definitions
+
+    job = build_definitions(tiny_copy, tmp_path / "output").resolve_implicit_global_asset_job_def()
+    result = job.execute_in_process(
+        partition_key="rexgradient.train",
+        asset_selection=[dg.AssetKey("partition_profile")],
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
+
+    assert not result.success
+    [failure] = [event for event in result.all_events if event.is_step_failure]
+    message = failure.step_failure_data.error.message
+    assert "`raw_index` of this partition is not materialized" in message
+    assert "Fix: materialize `raw_index` for rexgradient.train" in message

@@ -20,6 +20,7 @@ from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 from radharmony_pipeline.processing.storage.store import (
     exists,
     file_size,
+    holds_bytes,
     listing,
     output_path,
     publish,
@@ -68,6 +69,21 @@ def test_publish_makes_the_object_visible_and_leaves_no_temporary_key(bucket):
     publish(target, lambda handle: handle.write(b"complete"))
     assert target.read_bytes() == b"complete"
     assert {key for key in all_keys(bucket) if key.startswith("publish/")} == {"publish/table.bin"}
+
+
+def test_only_a_local_file_of_the_very_same_bytes_holds_them(bucket, tmp_path):
+    table = tmp_path / "table.parquet"
+    assert not holds_bytes(table, b"")  # no file yet
+    table.write_bytes(b"abcdef")
+    assert holds_bytes(table, b"abcdef")
+    assert not holds_bytes(table, b"abcdeg")  # same size, one byte else
+    assert not holds_bytes(table, b"abcde")
+    assert not holds_bytes(table, b"abcdefg")
+    assert not holds_bytes(tmp_path, b"")  # a folder
+    stored = bucket / "holds" / "table.parquet"
+    publish(stored, lambda handle: handle.write(b"abcdef"))
+    # An object is written again: an identical upload keeps its ETag.
+    assert not holds_bytes(stored, b"abcdef")
 
 
 def test_a_failed_write_leaves_neither_object_nor_temporary_key(bucket):

@@ -13,6 +13,7 @@ from ..processing.storage.atomic import remove_orphaned_siblings
 from ..processing.storage.output_layout import tables_folder
 from ..processing.storage.store import (
     exists,
+    holds_bytes,
     make_folder,
     open_for_reading,
     publish,
@@ -41,7 +42,10 @@ class ParquetTableIOManager(RetriedPartitionsFolderLookup, dg.UPathIOManager):
         content = sink.getvalue().to_pybytes()
         # What a failed attempt of an earlier run left (its writer is gone).
         remove_orphaned_siblings(path)
-        publish(path, lambda handle: handle.write(content))
+        # An unchanged re-run rewrites no table: the stages after it re-use their own
+        # tables by the files' states.
+        if not holds_bytes(path, content):
+            publish(path, lambda handle: handle.write(content))
         context.add_output_metadata({TABLE_CHECKSUM: hashlib.sha256(content).hexdigest()})
 
     def load_from_path(self, context: dg.InputContext, path: UPath) -> pd.DataFrame:

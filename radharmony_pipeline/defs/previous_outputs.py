@@ -17,10 +17,10 @@ import dagster as dg
 import pandas as pd
 import pyarrow.parquet as pq
 
-from ..processing.storage.fingerprint import combined_version, table_fingerprint
+from ..processing.storage.fingerprint import combined_version
 from ..processing.storage.output_layout import table_file
 from ..processing.storage.source_store import SourcePath, file_state
-from ..processing.storage.store import read_bytes
+from ..processing.storage.store import OutputPath, read_bytes
 from ..sources import DatasetSource, SourceError
 from .io_managers import TABLE_CHECKSUM
 
@@ -35,19 +35,19 @@ def stage_fingerprint(
     partition: str,
     source: DatasetSource,
     split: str,
-    raw_index: pd.DataFrame | None = None,
+    input_tables: Sequence[OutputPath] = (),
 ) -> str | None:
     """What an annotation stage computes its tables from: its code, the image folder the
-    paths are relative to, the dataset's metadata and parent files (their states) and the
-    index it is given; None when these cannot be named (the stage's read reports why)."""
+    paths are relative to, the dataset's metadata and parent files and the files of the
+    tables it is given (`input_tables`), by their states: an unchanged table is not written
+    again, so its file keeps its state. None when these cannot be named (the stage's read
+    reports why)."""
     try:
         files = [*source.annotation_files(split), *source.parent_files()]
         parts = [code_version, partition, str(source.image_dir(split))]
     except SourceError:
         return None
-    if raw_index is not None:
-        parts.append(table_fingerprint(raw_index))
-    return files_fingerprint(parts, files)
+    return files_fingerprint(parts, [*files, *input_tables])
 
 
 def files_fingerprint(parts: Iterable[str], files: Sequence[SourcePath]) -> str:

@@ -7,6 +7,7 @@ import dagster as dg
 import pandas as pd
 
 from ...processing.annotations.boxes import normalize_xywh
+from ...processing.storage.output_layout import table_file
 from ...processing.tables.table_schemas import BBOXES
 from ...sources import DatasetSource, parse_partition_key
 from ...vocabulary import STATUS_ERROR, STATUS_OK
@@ -59,7 +60,11 @@ def bboxes(
     source = datasets.source(dataset)
     root = outputs.root()
     fingerprint = stage_fingerprint(
-        table_code_version(CODE_VERSION), context.partition_key, source, split, raw_index
+        table_code_version(CODE_VERSION),
+        context.partition_key,
+        source,
+        split,
+        [table_file(root, "raw_index", context.partition_key)],
     )
     previous = previous_tables(context, ("bboxes",), fingerprint, root)
     if previous is None:

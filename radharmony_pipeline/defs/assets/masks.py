@@ -19,7 +19,7 @@ from ...processing.jobs.mask_jobs import (
 )
 from ...processing.storage.atomic import remove_orphaned_temporaries
 from ...processing.storage.layout_migration import migrate_stage_outputs
-from ...processing.storage.output_layout import image_mask_folder, mask_folder
+from ...processing.storage.output_layout import image_mask_folder, mask_folder, table_file
 from ...processing.storage.store import OutputPath, listing
 from ...processing.tables.table_schemas import MASKS
 from ...sources import DatasetSource, parse_partition_key
@@ -85,7 +85,7 @@ def masks(
         context.partition_key,
         source,
         split,
-        raw_index,
+        [table_file(root, "raw_index", context.partition_key)],
     )
     # A root moved into another layout has another fingerprint: its tables are not re-used.
     previous = previous_tables(context, ("masks",), fingerprint, root)

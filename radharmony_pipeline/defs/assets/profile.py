@@ -8,13 +8,21 @@ import pandas as pd
 
 from ...processing.corpus.profile_plots import CorpusTables, label_prevalence, profile_pngs
 from ...processing.reports.report_table import empty_report_labels, report_label_prevalence
-from ...processing.storage.output_layout import preview
-from ...processing.storage.store import publish
+from ...processing.storage.output_layout import preview, table_file
+from ...processing.storage.store import OutputPath, exists, publish
 from ...processing.tables.table_schemas import CORPUS_PROFILE, PARTITION_PROFILE, PARTITION_TABLES
 from ..automation import REBUILD_WHEN_CHANGED, REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import CORPUS
+from ..io_managers import read_table_file
 from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions, every_partition_of
+from ..previous_outputs import (
+    INPUT_FINGERPRINT,
+    REUSED,
+    files_fingerprint,
+    previous_tables,
+    stage_metadata,
+)
 from ..resources import OutputsResource
 
 CODE_VERSION = "1"
@@ -23,6 +31,8 @@ FILE_DPI = 100
 INLINE_DPI = 56
 # Drawn where materialized (a partition without them shows no report panel).
 REPORT_LABELS = "report_labels"
+# A partition's profile is drawn from these tables, in CorpusTables' order.
+PARTITION_PROFILE_INPUTS = (*PARTITION_TABLES, REPORT_LABELS)
 DESCRIPTION = (
     "label prevalence per unified class (positive / negative / not annotated, per dataset), "
     "the labels read from reports (positive / uncertain / negative / not mentioned per "
@@ -43,30 +53,60 @@ DESCRIPTION = (
     code_version=table_code_version(CODE_VERSION),
     metadata=definition_metadata(PARTITION_PROFILE),
     kinds={"png", "parquet"},
+    # Read in the step, not as inputs: an unchanged partition's tables are not loaded at all.
+    deps=PARTITION_PROFILE_INPUTS,
 )
 def partition_profile(
-    context: dg.AssetExecutionContext,
-    raw_index: pd.DataFrame,
-    labels: pd.DataFrame,
-    masks: pd.DataFrame,
-    bboxes: pd.DataFrame,
-    images: pd.DataFrame,
-    report_labels: pd.DataFrame,
-    outputs: OutputsResource,
+    context: dg.AssetExecutionContext, outputs: OutputsResource
 ) -> dg.Output[pd.DataFrame]:
-    tables = CorpusTables(raw_index, labels, masks, bboxes, images, report_labels)
-    output = _profile(tables, context.partition_key, outputs)
-    # One entry per observation: the metadata does not grow with the images.
-    output.metadata["report_label_prevalence"] = dg.MetadataValue.json(
-        report_label_prevalence(report_labels)
+    root = outputs.root()
+    partition = context.partition_key
+    files = {name: table_file(root, name, partition) for name in PARTITION_PROFILE_INPUTS}
+    fingerprint = files_fingerprint(
+        [table_code_version(CODE_VERSION), partition], list(files.values())
     )
+    output = _previous_profile(context, fingerprint, root)
+    reused = output is not None
+    if output is None:
+        tables = CorpusTables(*(_read_input(name, file, partition) for name, file in files.items()))
+        output = _profile(tables, partition, outputs)
+        # One entry per observation: the metadata does not grow with the images.
+        output.metadata["report_label_prevalence"] = dg.MetadataValue.json(
+            report_label_prevalence(tables.report_labels)
+        )
+    output.metadata[INPUT_FINGERPRINT] = fingerprint
+    output.metadata[REUSED] = reused
     return output
+
+
+def _previous_profile(
+    context: dg.AssetExecutionContext, fingerprint: str, root: OutputPath
+) -> dg.Output | None:
+    """The partition's last profile when its tables' files are as they were then and its PNG
+    is still there; else None."""
+    previous = previous_tables(context, [PARTITION_PROFILE.name], fingerprint, root)
+    if previous is None or not exists(_png(root, context.partition_key)):
+        return None
+    table, metadata = previous[PARTITION_PROFILE.name]
+    context.log.info(f"{context.partition_key}: its tables are unchanged, profile re-used")
+    return dg.Output(table, metadata=stage_metadata(metadata))
+
+
+def _read_input(asset: str, file: OutputPath, partition: str) -> pd.DataFrame:
+    try:
+        return read_table_file(file)
+    except FileNotFoundError as error:
+        raise dg.Failure(
+            description=f"{partition}: {file} is missing, so `{asset}` of this partition is not "
+            f"materialized. Fix: materialize `{asset}` for {partition} (the `all_stages` job "
+            "does), then the profile again."
+        ) from error
 
 
 @dg.asset(
     group_name=CORPUS,
     owners=OWNERS,
-    ins=every_partition_of(*PARTITION_TABLES, REPORT_LABELS),
+    ins=every_partition_of(*PARTITION_PROFILE_INPUTS),
     description=f"A visual profile of every materialized partition together: {DESCRIPTION}",
     automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
     code_version=table_code_version(CODE_VERSION),
@@ -98,9 +138,13 @@ def corpus_profile(
     return output
 
 
+def _png(root: OutputPath, name: str) -> OutputPath:
+    return root / preview("profile", name)
+
+
 def _profile(tables: CorpusTables, name: str, outputs: OutputsResource) -> dg.Output:
     root = outputs.root()
-    path = root / preview("profile", name)
+    path = _png(root, name)
     title = f"RadHarmony profile: {name} ({len(tables.raw_index):,} images)"
     png, small = profile_pngs(tables, title, dpis=(FILE_DPI, INLINE_DPI))
     publish(path, lambda handle: handle.write(png))

@@ -243,6 +243,22 @@ def publish(path: OutputPath, write: Writer) -> None:
     _publish_object(path, content)
 
 
+def holds_bytes(path: OutputPath, content: bytes) -> bool:
+    """Whether the local file at `path` holds exactly `content` (an unchanged table is then
+    left as it is, its modification time too, so what depends on its state sees no change).
+    False on an object store: an identical upload keeps the object's ETag anyway, and reading
+    the object back would cost as much as writing it."""
+    if not is_local(path):
+        return False
+    try:
+        with open(path, "rb") as handle:
+            if os.fstat(handle.fileno()).st_size != len(content):
+                return False
+            return handle.read() == content
+    except OSError:
+        return False
+
+
 def publish_file(path: OutputPath, local_file: Path) -> None:
     """Publish a finished local file at `path` (a rename locally, one upload otherwise)."""
     if is_local(path):
