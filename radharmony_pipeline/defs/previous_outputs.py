@@ -22,7 +22,7 @@ from ..processing.storage.output_layout import table_file
 from ..processing.storage.source_store import SourcePath, file_state
 from ..processing.storage.store import OutputPath, read_bytes
 from ..sources import DatasetSource, SourceError
-from .io_managers import TABLE_CHECKSUM
+from .io_managers import TABLE_CHECKSUM, read_table_file
 
 # The materialization metadata keys of a stage's input fingerprint, and of whether its
 # tables were re-used (True) or computed (False).
@@ -88,6 +88,20 @@ def previous_tables(
             return None
         found[asset] = (pq.read_table(io.BytesIO(content)).to_pandas(), metadata)
     return found
+
+
+def input_table(root: Any, asset: str, partition: str) -> pd.DataFrame:
+    """The partition's table of `asset`, read in the step by a stage that declares it a
+    dependency rather than an input (so that a re-used stage does not load it)."""
+    file = table_file(root, asset, partition)
+    try:
+        return read_table_file(file)
+    except FileNotFoundError as error:
+        raise dg.Failure(
+            description=f"{partition}: {file} is missing, so `{asset}` of this partition is not "
+            f"materialized. Fix: materialize `{asset}` for {partition} (the `all_stages` job "
+            "does), then this asset again."
+        ) from error
 
 
 def stage_metadata(metadata: Mapping[str, dg.MetadataValue]) -> dict[str, dg.MetadataValue]:

@@ -1,6 +1,6 @@
 """The decorator of a per-partition stage whose checks run in its own step."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -20,12 +20,14 @@ def checked_stage(
     table: TableSchema,
     code_version: str,
     check_specs: list[dg.AssetCheckSpec],
-    ins: dict[str, dg.AssetIn],
+    ins: Mapping[str, dg.AssetIn] | None = None,
+    deps: Sequence[str] = (),
     pool: str | None = None,
     **out: Any,
 ) -> Callable[..., dg.AssetsDefinition]:
     """A stage of one asset in `group`, rebuilt when its inputs change, with
-    `table`'s declared schema.
+    `table`'s declared schema. `ins` are loaded before the stage runs; `deps` are tables it
+    reads itself, only when it needs them.
 
     A multi-asset of one output, only so its checks can be deselected (`can_subset`): a plain
     `@asset` must run every check in its `check_specs`. `out` holds the rest of its `AssetOut`
@@ -44,6 +46,7 @@ def checked_stage(
             )
         },
         ins=ins,
+        deps=deps,
         partitions_def=dataset_split_partitions,
         check_specs=check_specs,
         can_subset=True,

@@ -8,7 +8,7 @@ import pandas as pd
 
 from ...processing.annotations.boxes import normalize_xywh
 from ...processing.storage.output_layout import table_file
-from ...processing.tables.table_schemas import BBOXES
+from ...processing.tables.table_schemas import BBOXES, RAW_INDEX
 from ...sources import DatasetSource, parse_partition_key
 from ...vocabulary import STATUS_ERROR, STATUS_OK
 from ..checks.bboxes import CHECK_SPECS, check_results
@@ -19,6 +19,7 @@ from ..previews import box_preview
 from ..previous_outputs import (
     INPUT_FINGERPRINT,
     REUSED,
+    input_table,
     previous_tables,
     stage_fingerprint,
     stage_metadata,
@@ -38,7 +39,8 @@ BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")
     BBOXES,
     CODE_VERSION,
     check_specs=CHECK_SPECS,
-    ins={"raw_index": dg.AssetIn("raw_index")},
+    # Read in the step when the boxes are computed, not as an input: re-used, it is not loaded.
+    deps=[RAW_INDEX.name],
     description=(
         "One row per box: unified class `label`, phrase `label_text` (MS-CXR), the box "
         "normalized to the source image as `y_min, y_max, x_min, x_max` in [0, 1], and "
@@ -51,7 +53,6 @@ BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")
 )
 def bboxes(
     context: dg.AssetExecutionContext,
-    raw_index: pd.DataFrame,
     datasets: DatasetsResource,
     outputs: OutputsResource,
     run_settings: RunSettingsResource,
@@ -64,10 +65,11 @@ def bboxes(
         context.partition_key,
         source,
         split,
-        [table_file(root, "raw_index", context.partition_key)],
+        [table_file(root, RAW_INDEX.name, context.partition_key)],
     )
     previous = previous_tables(context, ("bboxes",), fingerprint, root)
     if previous is None:
+        raw_index = input_table(root, RAW_INDEX.name, context.partition_key)
         table, metadata = _box_table(source, split, raw_index, root, context.partition_key)
     else:  # the same boxes from the same files: the table and sheet of the last run
         table, metadata = previous["bboxes"][0], stage_metadata(previous["bboxes"][1])

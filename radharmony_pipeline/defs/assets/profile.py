@@ -13,13 +13,13 @@ from ...processing.storage.store import OutputPath, exists, publish
 from ...processing.tables.table_schemas import CORPUS_PROFILE, PARTITION_PROFILE, PARTITION_TABLES
 from ..automation import REBUILD_WHEN_CHANGED, REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import CORPUS
-from ..io_managers import read_table_file
 from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions, every_partition_of
 from ..previous_outputs import (
     INPUT_FINGERPRINT,
     REUSED,
     files_fingerprint,
+    input_table,
     previous_tables,
     stage_metadata,
 )
@@ -61,14 +61,13 @@ def partition_profile(
 ) -> dg.Output[pd.DataFrame]:
     root = outputs.root()
     partition = context.partition_key
-    files = {name: table_file(root, name, partition) for name in PARTITION_PROFILE_INPUTS}
-    fingerprint = files_fingerprint(
-        [table_code_version(CODE_VERSION), partition], list(files.values())
-    )
+    files = [table_file(root, name, partition) for name in PARTITION_PROFILE_INPUTS]
+    fingerprint = files_fingerprint([table_code_version(CODE_VERSION), partition], files)
     output = _previous_profile(context, fingerprint, root)
     reused = output is not None
     if output is None:
-        tables = CorpusTables(*(_read_input(name, file, partition) for name, file in files.items()))
+        inputs = (input_table(root, name, partition) for name in PARTITION_PROFILE_INPUTS)
+        tables = CorpusTables(*inputs)
         output = _profile(tables, partition, outputs)
         # One entry per observation: the metadata does not grow with the images.
         output.metadata["report_label_prevalence"] = dg.MetadataValue.json(
@@ -90,17 +89,6 @@ def _previous_profile(
     table, metadata = previous[PARTITION_PROFILE.name]
     context.log.info(f"{context.partition_key}: its tables are unchanged, profile re-used")
     return dg.Output(table, metadata=stage_metadata(metadata))
-
-
-def _read_input(asset: str, file: OutputPath, partition: str) -> pd.DataFrame:
-    try:
-        return read_table_file(file)
-    except FileNotFoundError as error:
-        raise dg.Failure(
-            description=f"{partition}: {file} is missing, so `{asset}` of this partition is not "
-            f"materialized. Fix: materialize `{asset}` for {partition} (the `all_stages` job "
-            "does), then the profile again."
-        ) from error
 
 
 @dg.asset(
