@@ -15,8 +15,9 @@ that wrote more than memory leaves it.
 
 Each line gives the wall time of the whole `dg launch` (start-up included), the steps'
 durations, and the counts the stages report: images decoded, packed rows written (all N on
-an assembly, the changed ones when patched in place), and which annotation stages re-used
-their tables. Ratios are to the first build measured in the same run.
+an assembly, the changed ones when patched in place), and which stages re-used their
+tables (the annotation stages and `partition_profile`). Ratios are to the first build
+measured in the same run.
 
     .venv/bin/python benchmarks/bench_reruns.py [--images 3000] [--changed 0.01] [--repeats 2]
         [--keep DIR] [--cold]
