@@ -541,6 +541,7 @@ def test_an_unchanged_partition_reuses_every_stage_and_a_changed_image_is_patche
     for asset in REUSING_STAGES:
         assert materialization_metadata(first, asset)["reused"] is False
     written = table_file_states(output, partition)
+    tree_after_first = tree_states(output)
 
     reads = Counter()
     read_split, read_boxes = ReXGradientSource.read_split, ReXGradientSource.read_boxes
@@ -565,8 +566,9 @@ def test_an_unchanged_partition_reuses_every_stage_and_a_changed_image_is_patche
     assert reads == Counter()
     for asset in REUSING_STAGES:
         assert materialization_metadata(again, asset)["reused"] is True
-    # No table file written again, the profile's PNG neither.
+    # No table file written again, the profile's PNG neither: no file or folder at all.
     assert table_file_states(output, partition) == written
+    assert tree_states(output) == tree_after_first
     images = materialization_metadata(again, "images")
     assert (images["decoded"], images["packed_rows_written"]) == (0, 0)
     assert images["reused"] == len(index)
@@ -591,6 +593,14 @@ def test_an_unchanged_partition_reuses_every_stage_and_a_changed_image_is_patche
     assert {name for name, state in now.items() if state != written[name]} == {
         "images",
         "partition_profile.png",
+    }
+
+
+def tree_states(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file and folder under `root`: (inode, modification time)."""
+    return {
+        str(path.relative_to(root)): (path.stat().st_ino, path.stat().st_mtime_ns)
+        for path in [root, *root.rglob("*")]
     }
 
 
@@ -715,3 +725,33 @@ def test_a_profile_without_its_tables_names_the_stage_to_materialize(tiny_copy, 
     message = failure.step_failure_data.error.message
     assert "`raw_index` of this partition is not materialized" in message
     assert "Fix: materialize `raw_index` for rexgradient.train" in message
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("partition", ["chestx_det.train", "chexlocalize.val", "ms_cxr.train"])
+def test_a_rerun_validates_no_suite_the_build_before_it_validated(
+    tiny_copy, tmp_path, monkeypatch, partition
+):
+    """The tables re-used from their files (other dtypes than the ones computed) are the
+    tables the suites saw: their kept reports are given back."""
+    import dagster as dg
+
+    from radharmony_pipeline.definitions import build_definitions
+    from radharmony_pipeline.processing.tables import suite_validation
+
+    validated = []
+    submit = suite_validation.InProcessValidation.submit
+
+    def counted_submit(self, frame, suite, *arguments):
+        validated.append(suite)
+        return submit(self, frame, suite, *arguments)
+
+    monkeypatch.setenv("RADHARMONY_WORKERS", "1")
+    monkeypatch.setattr(suite_validation.InProcessValidation, "submit", counted_submit)
+    job = build_definitions(tiny_copy, tmp_path / "output").resolve_job_def("all_stages")
+    instance = dg.DagsterInstance.ephemeral()
+    job.execute_in_process(partition_key=partition, instance=instance)
+    assert sorted(validated) == ["bboxes", "labels", "masks", "raw_index"]
+    validated.clear()
+    job.execute_in_process(partition_key=partition, instance=instance)
+    assert validated == []

@@ -7,10 +7,14 @@ import os
 import signal
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deadline import within
 from test_expectations import LABELS, labels_frame, raw_index_frame
 
+from radharmony_pipeline.defs.checks.expectations import stored_in
+from radharmony_pipeline.defs.io_managers import read_table_file, stored_table
 from radharmony_pipeline.processing.tables.suite_reports import unfinished_report
 from radharmony_pipeline.processing.tables.suite_validation import (
     HELPER_SOURCE_BYTES,
@@ -121,6 +125,11 @@ def test_only_a_large_source_gets_a_helper(source_bytes, kind):
         assert validator.exit_code is not None, "the helper outlived its block"
 
 
+def as_arrow(frame: pd.DataFrame, _table: str) -> pa.Table:
+    """The frame as it is, for the tests of frames no table declares."""
+    return pa.Table.from_pandas(frame, preserve_index=False)
+
+
 class CountingValidation:
     """In-process validation that counts the tables it validates."""
 
@@ -135,14 +144,14 @@ class CountingValidation:
 def test_a_kept_report_is_given_back_only_for_the_same_table_and_suite(tmp_path):
     _index, labels = broken_tables()
     counting = CountingValidation()
-    kept = KeptReports(counting, tmp_path, "nih.train")
+    kept = KeptReports(counting, tmp_path, "nih.train", as_arrow)
     first = kept.submit(labels, "labels", LABELS)()
     # The same values in a new frame: the kept report, no validation.
     again = kept.submit(labels.copy(), "labels", LABELS)()
     assert counting.validated == ["labels"]
     assert again == first and not again.success
     # Another partition's report is its own; so is one of a changed table or other arguments.
-    KeptReports(counting, tmp_path, "nih.val").submit(labels, "labels", LABELS)()
+    KeptReports(counting, tmp_path, "nih.val", as_arrow).submit(labels, "labels", LABELS)()
     changed = labels.copy()
     changed.loc[1, "label_cardiomegaly"] = 1
     assert kept.submit(changed, "labels", LABELS)().success
@@ -153,6 +162,29 @@ def test_a_kept_report_is_given_back_only_for_the_same_table_and_suite(tmp_path)
     assert len(counting.validated) == 4
 
 
+def test_a_table_read_back_from_its_file_is_given_its_kept_report(tmp_path):
+    index, _labels = broken_tables()
+    # A table that fits its declaration, in a partition that exists.
+    index = index.drop(columns=["boxes", "follow_up"]).assign(
+        dataset="chestx_det", split="train", status="ok", error=None
+    )
+    counting = CountingValidation()
+    kept = KeptReports(counting, tmp_path, "chestx_det.train", stored_in("chestx_det.train"))
+    first = kept.submit(index, "raw_index")()
+    # As the next run's re-used stage gives it: read back from the file the IO manager writes
+    # (other dtypes, the declared columns the frame lacked).
+    file = tmp_path / "raw_index.parquet"
+    pq.write_table(stored_table(index, "raw_index", "chestx_det.train"), file)
+    read_back = read_table_file(file)
+    assert list(read_back.columns) != list(index.columns)
+    assert kept.submit(read_back, "raw_index")() == first
+    assert counting.validated == ["raw_index"]
+    # A changed value is validated again, read back or not.
+    read_back.loc[0, "view_position"] = "LATERAL"
+    kept.submit(read_back, "raw_index")()
+    assert counting.validated == ["raw_index", "raw_index"]
+
+
 class DyingValidation:
     """A helper that dies before it reports."""
 
@@ -161,13 +193,13 @@ class DyingValidation:
 
 
 def test_an_unfinished_or_unreadable_report_is_validated_again(tmp_path):
-    died = KeptReports(DyingValidation(), tmp_path, "nih.train").submit(
+    died = KeptReports(DyingValidation(), tmp_path, "nih.train", as_arrow).submit(
         labels_frame(), "labels", LABELS
     )()
     assert not died.finished and not died.success
     assert not list(tmp_path.rglob("*.json"))
     counting = CountingValidation()
-    kept = KeptReports(counting, tmp_path, "nih.train")
+    kept = KeptReports(counting, tmp_path, "nih.train", as_arrow)
     kept.submit(labels_frame(), "labels", LABELS)()
     (stored,) = tmp_path.rglob("labels.json")
     stored.write_text('{"key": ')  # cut short

@@ -74,14 +74,19 @@ def read_table_file(path: UPath) -> pd.DataFrame:
 
 def declared_table(context: dg.OutputContext, frame: pd.DataFrame) -> pa.Table:
     """The frame conformed to its table's schema; a partition's dataset and split filled in."""
-    schema = declared_schema(_table_name(context))
+    partition = context.asset_partition_key if context.has_asset_partitions else None
+    return stored_table(frame, _table_name(context), partition)
+
+
+def stored_table(frame: pd.DataFrame, table: str, partition: str | None) -> pa.Table:
+    """`frame` as the file of `table` holds it: conformed to the table's declared schema,
+    with `partition`'s dataset and split filled in."""
+    schema = declared_schema(table)
     if schema is None:
         return pa.Table.from_pandas(frame, preserve_index=False)
     constants = {}
-    if context.has_asset_partitions:
-        constants = dict(
-            zip(PARTITION_COLUMNS, parse_partition_key(context.asset_partition_key), strict=True)
-        )
+    if partition is not None:
+        constants = dict(zip(PARTITION_COLUMNS, parse_partition_key(partition), strict=True))
     return conform(frame, schema, constants)
 
 

@@ -23,6 +23,7 @@ from ...sources.base import arrow_system_allocator
 from ...sources.preflight import ImagePresence, image_presence, missing_images_problem
 from ...vocabulary import LABEL_COLUMNS
 from ..automation import REBUILD_WHEN_CHANGED
+from ..checks.expectations import stored_in
 from ..checks.index_and_labels import (
     CHECK_SPECS,
     check_results,
@@ -99,7 +100,9 @@ def raw_index_and_labels(
     # Re-used tables are not read again: no read for a helper's GX import to overlap.
     source_bytes = 0 if previous is not None else _validated_source_bytes(context, source, split)
     with suite_validation(source_bytes) as helper:
-        validator = KeptReports(helper, outputs.root(), context.partition_key)
+        validator = KeptReports(
+            helper, outputs.root(), context.partition_key, stored_in(context.partition_key)
+        )
         # Counting and summarizing the tables allocate Arrow memory too (hash tables over 239k
         # ids for ReXGradient train): same allocator as the read, see arrow_system_allocator.
         with arrow_system_allocator():

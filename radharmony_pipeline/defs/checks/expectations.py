@@ -4,10 +4,18 @@ from typing import Any
 
 import dagster as dg
 import pandas as pd
+import pyarrow as pa
 
 from ...processing.storage.store import OutputPath
 from ...processing.tables.suite_reports import SuiteReport
-from ...processing.tables.suite_validation import InProcessValidation, KeptReports, Validator
+from ...processing.tables.suite_validation import (
+    InProcessValidation,
+    KeptReports,
+    StoredTable,
+    Validator,
+)
+from ...sources import declared_schema
+from ..io_managers import stored_table
 from ..partitions import blocking_partition_check
 
 
@@ -27,7 +35,23 @@ def suite_result(
 
 def kept_validation(root: OutputPath, partition: str) -> Validator:
     """Validation in this process, of tables not validated before (KeptReports)."""
-    return KeptReports(InProcessValidation(), root, partition)
+    return KeptReports(InProcessValidation(), root, partition, stored_in(partition))
+
+
+def stored_in(partition: str) -> StoredTable:
+    """How the partition's table files hold a frame (see KeptReports); columns its table does
+    not declare (derived by a check for its suite) follow as they are."""
+
+    def as_stored(frame: pd.DataFrame, table: str) -> pa.Table:
+        schema = declared_schema(table)
+        derived = [c for c in frame.columns if schema is not None and c not in schema.names]
+        stored = stored_table(frame.drop(columns=derived), table, partition)
+        extras = pa.Table.from_pandas(frame[derived], preserve_index=False)
+        for name in derived:
+            stored = stored.append_column(name, extras[name])
+        return stored
+
+    return as_stored
 
 
 def report_result(report: SuiteReport) -> dg.AssetCheckResult:

@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 import pandas as pd
+import pyarrow as pa
 
 from ..storage import output_layout as layout
-from ..storage.fingerprint import combined_version, table_fingerprint
+from ..storage.fingerprint import arrow_fingerprint, combined_version, table_fingerprint
 from ..storage.store import OutputPath, publish, read_bytes
 from .suite_reports import SuiteReport, unfinished_report
+from .table_schemas import SchemaMismatchError
 
 # A source this large takes longer to read and parse than GX takes to import (the train JSON
 # of ReXGradient is ~180 MB; every other split's metadata is a few MB).
@@ -70,19 +72,30 @@ class InProcessValidation:
         return lambda: validate_suite(frame, suite, *arguments)
 
 
+# A table as its file holds it (given the frame and the table's name): a table computed in
+# this run and the same table read back from its file then have one digest.
+StoredTable = Callable[[pd.DataFrame, str], pa.Table]
+
+
 class KeptReports:
     """A validator that keeps each finished report under the output root with a digest of the
-    table and of the suites' code, and gives the kept report back when both are unchanged:
-    an unchanged partition's re-run validates nothing (nor imports GX)."""
+    table (as its file holds it) and of the suites' code, and gives the kept report back when
+    both are unchanged: an unchanged partition's re-run validates nothing (nor imports GX).
+    Each suite is named by the table it validates."""
 
-    def __init__(self, validator: Validator, root: OutputPath, partition: str) -> None:
+    def __init__(
+        self, validator: Validator, root: OutputPath, partition: str, as_stored: StoredTable
+    ) -> None:
         self.validator = validator
         self.root = root
         self.partition = partition
+        self.as_stored = as_stored
 
     def submit(self, frame: pd.DataFrame, suite: str, *arguments: Any) -> PendingReport:
         path = self.root / layout.suite_report(self.partition, suite)
-        key = combined_version([suites_version(), suite, repr(arguments), table_fingerprint(frame)])
+        key = combined_version(
+            [suites_version(), suite, repr(arguments), self._content_digest(frame, suite)]
+        )
         kept = _kept_report(path, key)
         if kept is not None:
             return lambda: kept
@@ -96,6 +109,12 @@ class KeptReports:
             return found
 
         return report
+
+    def _content_digest(self, frame: pd.DataFrame, suite: str) -> str:
+        try:
+            return arrow_fingerprint(self.as_stored(frame, suite))
+        except SchemaMismatchError:  # the table's write reports it; until then, the frame
+            return table_fingerprint(frame)
 
 
 # What a report depends on besides its table: the suites, the modules their expectations take
