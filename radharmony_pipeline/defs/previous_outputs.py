@@ -1,9 +1,11 @@
 """A stage's previous tables re-used when its inputs are unchanged.
 
-Each annotation stage records a fingerprint of its inputs (the state of the files it reads,
-its code version, the tables it is given) in its materialization's metadata. A later run
-whose fingerprint is the same reads the tables it wrote back, their checksums verified
-against the ones the IO manager recorded, instead of parsing the dataset's metadata again.
+Each annotation stage and `partition_profile` record a fingerprint of their inputs (their
+code version and the states of the files they read: the dataset's metadata, the files of the
+tables they are given, which an unchanged re-run does not write again) in their
+materialization's metadata. A later run whose fingerprint is the same reads the tables it
+wrote back, their checksums verified against the ones the IO manager recorded, instead of
+computing them again.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from ...processing.storage.atomic import remove_orphaned_temporaries
 from ...processing.storage.layout_migration import migrate_stage_outputs
 from ...processing.storage.output_layout import image_mask_folder, mask_folder, table_file
 from ...processing.storage.store import OutputPath, listing
-from ...processing.tables.table_schemas import MASKS
+from ...processing.tables.table_schemas import MASKS, RAW_INDEX
 from ...sources import DatasetSource, parse_partition_key
 from ...vocabulary import STATUS_OK
 from ..checks.masks import CHECK_SPECS, check_results
@@ -85,7 +85,7 @@ def masks(
         context.partition_key,
         source,
         split,
-        [table_file(root, "raw_index", context.partition_key)],
+        [table_file(root, RAW_INDEX.name, context.partition_key)],
     )
     # A root moved into another layout has another fingerprint: its tables are not re-used.
     previous = previous_tables(context, ("masks",), fingerprint, root)
