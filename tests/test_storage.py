@@ -239,3 +239,45 @@ def test_the_loader_and_the_duplicate_sheet_retry_transient_store_faults(
     bucket.fs.invalidate_cache()
     assert "examples" in duplicates._sheet(outputs)
     assert faults == {"get_object": 0, "head_object": 0}  # every injected fault was met
+
+
+def test_a_table_read_back_in_other_chunks_is_written_as_the_same_bytes(tmp_path):
+    import dagster as dg
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from test_expectations import raw_index_frame
+
+    from radharmony_pipeline.defs.io_managers import ParquetTableIOManager
+    from radharmony_pipeline.defs.partitions import dataset_split_partitions
+
+    # A declared table of several data pages (1 MB each) and writer batches (1,024 rows).
+    row = raw_index_frame().drop(columns=["boxes", "follow_up"]).iloc[:1]
+    frame = pd.concat([row] * 30000, ignore_index=True)
+    frame = frame.assign(
+        image_id=[f"chestx_det/{i}" for i in range(len(frame))],
+        image_path=[f"{i:0200d}.png" for i in range(len(frame))],
+        dataset="chestx_det",
+        split="train",
+        status="ok",
+        error=None,
+    )
+    manager = ParquetTableIOManager(base_path=output_path(str(tmp_path)))
+    path = output_path(str(tmp_path / "raw_index.parquet"))
+
+    def write(table: pd.DataFrame) -> None:
+        context = dg.build_output_context(
+            asset_key=dg.AssetKey("raw_index"),
+            partition_key="chestx_det.train",
+            asset_partitions_def=dataset_split_partitions,
+        )
+        manager.dump_to_path(context, table, path)
+
+    write(frame)
+    written = path.read_bytes()
+    read_back = pq.read_table(path)
+    # The same values in chunks that do not fall on the writer's batches.
+    chunked = pa.Table.from_batches(read_back.to_batches(max_chunksize=777))
+    assert chunked.column(0).num_chunks > 1
+    write(chunked.to_pandas(types_mapper=pd.ArrowDtype))
+    assert path.read_bytes() == written

@@ -37,8 +37,11 @@ class ParquetTableIOManager(RetriedPartitionsFolderLookup, dg.UPathIOManager):
 
     def dump_to_path(self, context: dg.OutputContext, obj: pd.DataFrame, path: UPath) -> None:
         sink = pa.BufferOutputStream()
-        # Page checksums let a reader (and `radharmony verify`) tell a damaged page.
-        pq.write_table(declared_table(context, obj), sink, write_page_checksum=True)
+        # Page checksums let a reader (and `radharmony verify`) tell a damaged page. Pages
+        # follow a column's chunks: one chunk each, so that a table read back from its file
+        # (in the file's chunks) is written as the same bytes, and not written at all.
+        table = declared_table(context, obj).combine_chunks()
+        pq.write_table(table, sink, write_page_checksum=True)
         content = sink.getvalue().to_pybytes()
         # What a failed attempt of an earlier run left (its writer is gone).
         remove_orphaned_siblings(path)
