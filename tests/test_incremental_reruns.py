@@ -501,12 +501,8 @@ def test_a_first_build_keys_each_source_once_and_records_the_keys_its_pngs_carry
 # --- the stages through Dagster ------------------------------------------------------------
 
 
-# The stages that re-use their last tables when what they read is unchanged, and every table
-# file of a partition.
+# The stages that re-use their last tables when what they read is unchanged.
 REUSING_STAGES = ("raw_index", "labels", "bboxes", "masks", "partition_profile")
-PARTITION_TABLE_FILES = (
-    "raw_index", "labels", "masks", "bboxes", "images", "report_labels", "partition_profile"
-)  # fmt: skip
 
 
 def materialization_metadata(result, asset: str) -> dict[str, object]:
@@ -606,7 +602,10 @@ def tree_states(root: Path) -> dict[str, tuple[int, int]]:
 
 def table_file_states(output: Path, partition: str) -> dict[str, tuple[int, int]]:
     """Each table file of the partition and its profile PNG: (inode, modification time)."""
-    files = {asset: layout.table_file(output, asset, partition) for asset in PARTITION_TABLE_FILES}
+    from radharmony_pipeline.defs.assets.profile import PARTITION_PROFILE_INPUTS
+
+    tables = (*PARTITION_PROFILE_INPUTS, "partition_profile")  # every table of a partition
+    files = {asset: layout.table_file(output, asset, partition) for asset in tables}
     files["partition_profile.png"] = output / layout.preview("profile", partition)
     return {name: (path.stat().st_ino, path.stat().st_mtime_ns) for name, path in files.items()}
 

@@ -41,8 +41,8 @@ def combined_version(parts: Iterable[str]) -> str:
 
 
 def table_fingerprint(table: pd.DataFrame) -> str:
-    """The content of a table given to a stage (columns and values, not its index), hashed
-    in Arrow's stream format: list columns (arrays after a Parquet read) hash as values."""
+    """The content of a table given to a stage (columns and values, not its index), as
+    arrow_fingerprint hashes it: list columns (arrays after a Parquet read) hash as values."""
     return arrow_fingerprint(pa.Table.from_pandas(table, preserve_index=False))
 
 
