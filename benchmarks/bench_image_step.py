@@ -41,13 +41,13 @@ from pathlib import Path
 
 import bench_reruns
 import dagster as dg
-import numpy as np
 from bench_formats import SIZE, stage_run, work_alone
 from bench_images import load_line, machine_line, pool_cpu_times
 
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.defs.jobs import ALL_STAGES_JOB
 from radharmony_pipeline.processing.storage import output_layout as layout
+from radharmony_pipeline.processing.storage.packed_rows import PackedRowWriter
 from radharmony_pipeline.processing.storage.store import allocate_array
 
 PARTITION = bench_reruns.PARTITION
@@ -103,14 +103,13 @@ def work_alone_in_sequence(sources: list[Path], folder: Path) -> None:
 
 def work_alone_with_rows(sources: list[Path], folder: Path) -> None:
     """The work alone, each image's pixels also written into its row of a packed array
-    allocated as the step allocates its own (through a memory map, as the step's workers)."""
+    allocated and written as the step's workers do."""
     work = work_alone(folder)
     scratch = folder / "packed.npy"
     allocate_array(scratch, scratch, (len(sources), SIZE, SIZE))
-    rows = np.load(scratch, mmap_mode="r+")
-    for position, source in enumerate(sources):
-        rows[position] = work(source)
-    del rows
+    with PackedRowWriter(scratch) as rows:
+        for position, source in enumerate(sources):
+            rows.write(position, work(source))
 
 
 def marginal(few: Cpu, all_: Cpu, added: int) -> Cpu:

@@ -1,10 +1,11 @@
 """The windowed reader of packed arrays returns exactly np.load's rows, from a local file and
 from an fsspec filesystem, reading no more than a window at a time, and names what is wrong
-with a damaged file."""
+with a damaged file; the writer puts rows exactly where np.load finds them."""
 
 from __future__ import annotations
 
 import io
+import re
 import tracemalloc
 import uuid
 
@@ -16,6 +17,7 @@ from radharmony_pipeline.processing.storage import packed_rows
 from radharmony_pipeline.processing.storage.packed_rows import (
     PackedArrayError,
     PackedRowReader,
+    PackedRowWriter,
     read_layout,
 )
 
@@ -160,3 +162,51 @@ def test_rows_outside_the_array_are_an_index_error(tmp_path):
     np.save(path, packed_array(4, 8))
     with PackedRowReader(read_layout(path)) as reader, pytest.raises(IndexError, match="rows"):
         reader.read(2, 5)
+
+
+def test_rows_written_in_place_are_where_np_load_reads_them_and_nothing_else_changes(tmp_path):
+    path = tmp_path / "part.npy"
+    np.save(path, np.zeros((40, 12, 12), np.uint8))
+    before = path.read_bytes()
+    new = packed_array(6, 12, seed=3)
+
+    with PackedRowWriter(path) as writer:
+        writer.write(0, new[0])  # one row, in the row's own shape
+        writer.write(17, new[1:4])  # a run of rows
+        writer.write(39, new[4:5])  # the last row
+        writer.write(5, new[:0])  # no row at all
+
+    after = np.load(path)
+    assert np.array_equal(after[0], new[0])
+    assert np.array_equal(after[17:20], new[1:4])
+    assert np.array_equal(after[39], new[4])
+    untouched = np.ones(40, bool)
+    untouched[[0, 17, 18, 19, 39]] = False
+    assert not after[untouched].any()
+    assert len(path.read_bytes()) == len(before)
+    assert (
+        path.read_bytes()[: read_layout(path).data_offset]
+        == before[: read_layout(path).data_offset]
+    )
+
+
+def test_a_writer_refuses_rows_outside_the_array_other_shapes_and_writes_after_close(tmp_path):
+    path = tmp_path / "part.npy"
+    np.save(path, np.zeros((5, 8, 8), np.uint8))
+    writer = PackedRowWriter(path)
+    with pytest.raises(IndexError, match="rows \\[4, 6\\) outside its 5"):
+        writer.write(4, packed_array(2, 8))
+    with pytest.raises(IndexError, match="outside"):
+        writer.write(-1, packed_array(1, 8))
+    with pytest.raises(
+        ValueError, match=re.escape("rows of (1, 9, 9) uint8, the array's are (8, 8)")
+    ):
+        writer.write(0, packed_array(1, 9))
+    with pytest.raises(ValueError, match="uint16"):  # not the array's pixels
+        writer.write(0, np.zeros((8, 8), np.uint16))
+    with pytest.raises(ValueError, match=re.escape("rows of (4, 16)")):  # as many bytes, not a row
+        writer.write(0, packed_array(1, 16)[0, :4])
+    writer.close()
+    with pytest.raises(ValueError, match="closed"):
+        writer.write(0, packed_array(1, 8))
+    assert not np.load(path).any()

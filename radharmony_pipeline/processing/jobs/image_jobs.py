@@ -81,6 +81,7 @@ from radharmony_pipeline.processing.storage.packed_journal import (
     replay_interrupted_patch,
     write_keys,
 )
+from radharmony_pipeline.processing.storage.packed_rows import PackedRowWriter
 from radharmony_pipeline.processing.storage.source_store import (
     FileState,
     NotARegularFile,
@@ -366,23 +367,23 @@ class PackedRows:
     of the local scratch array, and it returns what run_image_job does, the pixels already
     packed (None), so that image_job_stopped bounds it as it bounds run_image_job.
 
-    The scratch file is on this machine, so every worker process maps it once (the mapping
-    is not pickled) and writes through it without msync (the page cache is shared); an image
+    The scratch file is on this machine, so every worker process opens it once (the open
+    file is not pickled) and writes its rows in place (the page cache is shared); an image
     stopped by the time limit leaves its row zero."""
 
     def __init__(self, scratch: Path) -> None:
         self.scratch = scratch
-        self._array: np.ndarray | None = None
+        self._writer: PackedRowWriter | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"scratch": self.scratch, "_array": None}
+        return {"scratch": self.scratch, "_writer": None}
 
     def __call__(self, job: ImageJob) -> tuple[ImageRow, None]:
         row, pixels = job.run()
         if pixels is not None:
-            if self._array is None:
-                self._array = np.load(self.scratch, mmap_mode="r+")
-            self._array[job.array_row] = pixels
+            if self._writer is None:
+                self._writer = PackedRowWriter(self.scratch)
+            self._writer.write(job.array_row, pixels)
         return row, None
 
 
@@ -691,15 +692,13 @@ def _chunks(
 
 def _assemble(chunks: Sequence[ImageChunk], scratch: Path) -> None:
     """Copy the shards into the scratch array, one shard in memory at a time."""
-    packed = np.load(scratch, mmap_mode="r+")
     start = 0
-    for chunk in chunks:
-        with open_for_reading(chunk.shard) as handle:
-            shard = np.load(handle, allow_pickle=False)
-        packed[start : start + len(shard)] = shard
-        start += len(shard)
-    packed.flush()
-    del packed
+    with PackedRowWriter(scratch) as packed:
+        for chunk in chunks:
+            with open_for_reading(chunk.shard) as handle:
+                shard = np.load(handle, allow_pickle=False)
+            packed.write(start, shard)
+            start += len(shard)
 
 
 def _input_key_or_none(job: ImageJob) -> str | None:
