@@ -13,10 +13,12 @@ import pytest
 from PIL import Image
 
 from radharmony_pipeline.processing.execution.cluster import LocalPool
+from radharmony_pipeline.processing.imaging.perceptual_hash import pixels_sha256
+from radharmony_pipeline.processing.imaging.tagged_png import radiograph_png, with_text_tags
 from radharmony_pipeline.processing.jobs import image_jobs as image_jobs_module
 from radharmony_pipeline.processing.jobs.image_jobs import ImageJob, build_packed_images
 from radharmony_pipeline.processing.storage import output_layout as layout
-from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
+from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER, write_atomically
 from radharmony_pipeline.processing.storage.store import (
     exists,
     file_size,
@@ -281,3 +283,50 @@ def test_a_table_read_back_in_other_chunks_is_written_as_the_same_bytes(tmp_path
     assert chunked.column(0).num_chunks > 1
     write(chunked.to_pandas(types_mapper=pd.ArrowDtype))
     assert path.read_bytes() == written
+
+
+def test_an_output_whose_pixels_were_altered_under_its_key_is_decoded_and_written_again(
+    tmp_path,
+):
+    sources = write_sources(tmp_path / "sources", 2)[:2]
+    root = tmp_path / "out"
+    packed = root / layout.packed_images("p")
+    first = build_packed_images(image_jobs(sources, root), packed, SIZE, LocalPool(1))
+    output = root / first[0].image_path
+    with Image.open(output) as image:
+        tags = {name: value for name, value in image.info.items() if isinstance(value, str)}
+        altered = np.asarray(image).copy()
+    altered[10:20, 10:20] ^= 0x55  # other pixels, a valid PNG, the same key and digest tags
+    rewritten = with_text_tags(radiograph_png(altered), tags)
+    output.write_bytes(rewritten)
+    packed.unlink()  # assembled anew: every job looks at its outputs
+
+    again = build_packed_images(image_jobs(sources, root), packed, SIZE, LocalPool(1))
+
+    assert [row.decoded for row in again] == [True, False]
+    assert again[0].pixels_sha256 == first[0].pixels_sha256
+    assert output.read_bytes() != rewritten
+    with Image.open(output) as image:
+        assert pixels_sha256(np.asarray(image)) == first[0].pixels_sha256
+
+
+def test_a_file_written_atomically_makes_its_missing_folders_and_leaves_nothing_on_failure(
+    tmp_path,
+):
+    target = tmp_path / "a" / "b" / "c.bin"
+    write_atomically(target, lambda temp: temp.write_bytes(b"first"))
+    write_atomically(target, lambda temp: temp.write_bytes(b"second"))
+    assert target.read_bytes() == b"second"
+    assert [path.name for path in target.parent.iterdir()] == ["c.bin"]
+
+    def fails_to_read(temp):
+        temp.write_bytes(b"half")
+        (tmp_path / "no such input").read_bytes()
+
+    with pytest.raises(FileNotFoundError, match="no such input"):
+        write_atomically(target, fails_to_read)
+    with pytest.raises(FileNotFoundError, match="no such input"):
+        write_atomically(tmp_path / "new" / "d.bin", fails_to_read)
+    assert target.read_bytes() == b"second"
+    assert [path.name for path in target.parent.iterdir()] == ["c.bin"]
+    assert list((tmp_path / "new").iterdir()) == []

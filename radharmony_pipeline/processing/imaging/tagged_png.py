@@ -207,6 +207,18 @@ def write_tagged_png(
     (mtime included). The pixels are only built when they are written."""
     if stored_input_key(path) == input_key:
         return False
-    png = with_text_tags(encode(pixels()), {INPUT_KEY_TAG: input_key, **(tags or {})})
-    publish(path, lambda handle: handle.write(png))
+    publish_tagged_png(path, pixels(), input_key, tags, encode)
     return True
+
+
+def publish_tagged_png(
+    path: Any,
+    pixels: np.ndarray,
+    input_key: str,
+    tags: Mapping[str, str] | None = None,
+    encode: Callable[[np.ndarray], bytes] = radiograph_png,
+) -> None:
+    """Write `pixels` (2-D uint8, encoded by `encode`) with its input key (and other tags)
+    atomically, whatever the file holds now (for a caller that found it unusable)."""
+    png = with_text_tags(encode(pixels), {INPUT_KEY_TAG: input_key, **(tags or {})})
+    publish(path, lambda handle: handle.write(png))

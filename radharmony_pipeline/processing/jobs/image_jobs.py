@@ -59,9 +59,9 @@ from radharmony_pipeline.processing.imaging.perceptual_hash import perceptual_ha
 from radharmony_pipeline.processing.imaging.tagged_png import (
     INPUT_KEY_TAG,
     png_problem,
+    publish_tagged_png,
     read_leading_tags,
     stored_input_key,
-    write_tagged_png,
 )
 from radharmony_pipeline.processing.storage.atomic import (
     release_temporaries,
@@ -278,7 +278,8 @@ class ImageJob:
             "source_sha256": hashlib.sha256(content).hexdigest(),
             **content_fingerprints(pixels, geometry),
         }
-        write_tagged_png(self.output_root / self.image_relative, lambda: pixels, key, tags)
+        # Written whatever the file holds: _reuse found it missing, damaged or of other inputs.
+        publish_tagged_png(self.output_root / self.image_relative, pixels, key, tags)
         return self._row(header_values(tags), key, decoded=True), pixels
 
     def _reuse(self, key: str) -> tuple[ImageRow, np.ndarray] | None:

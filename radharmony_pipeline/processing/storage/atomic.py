@@ -86,11 +86,20 @@ def _remove_if_writer_gone(temporaries: Iterable[Any]) -> list[Any]:
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """Call `write(temp)` and move the result to `path`; on any error remove the temp file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Call `write(temp)` and move the result to `path`; on any error remove the temp file.
+
+    A missing folder is made when the first write into it fails, not checked before every
+    write: the `images` stage writes each of a partition's images into a folder that is there
+    after its first."""
     temp = temporary_sibling(path)
     try:
-        write(temp)
+        try:
+            write(temp)
+        except FileNotFoundError:
+            if path.parent.is_dir():
+                raise
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write(temp)
         os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)
