@@ -33,8 +33,8 @@ _AVERAGE_FILTER = 3
 _RADIOGRAPH_LEVEL = 2
 # ISA-L's deflate returns with the upper halves of the vector registers still in use (its
 # AVX code ends without `vzeroupper`), and until something clears them every SSE instruction
-# in the process pays for merging them: Pillow's Lanczos resize, the next image's perceptual
-# hash, ran 3.5 times slower after it (0.82 against 0.23 ms, most of a small film's work).
+# in the process pays for merging them: Pillow's Lanczos resize for the next image's
+# perceptual hash ran several times slower, most of a small film's work (benchmarks/README.md).
 # NumPy's vector loops end with `vzeroupper`; an add over a few vectors' worth of floats runs
 # one (over fewer elements NumPy takes its scalar path, which does not clear them).
 _UPPER_STATE_CLEARER = np.zeros(256, np.float32)

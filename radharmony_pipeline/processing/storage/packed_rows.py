@@ -195,9 +195,8 @@ class PackedRowWriter:
     """Writes rows of one local packed array in place, each run of rows with one `pwrite`.
 
     Not through a memory map: a mapped page written for the first time costs a page fault
-    and the file system's bookkeeping per 4 KB, about ten times a `pwrite` of the same bytes
-    on this project's machines (benchmarks/README.md), and assembling an array writes every
-    page of it once."""
+    and the file system's bookkeeping per 4 KB, several times a `pwrite` of the same bytes
+    (benchmarks/README.md), and assembling an array writes every page of it once."""
 
     def __init__(self, path: Path) -> None:
         self.layout = read_layout(path)
