@@ -83,7 +83,7 @@ class Calls:
         decode, read, write = (
             image_jobs_module.decode_grayscale,
             image_jobs_module.read_source,
-            image_jobs_module.write_tagged_png,
+            image_jobs_module.publish_tagged_png,
         )
         patch = packed_journal.patch_rows
 
@@ -105,7 +105,7 @@ class Calls:
 
         monkeypatch.setattr(image_jobs_module, "decode_grayscale", counted_decode)
         monkeypatch.setattr(image_jobs_module, "read_source", counted_read)
-        monkeypatch.setattr(image_jobs_module, "write_tagged_png", counted_write)
+        monkeypatch.setattr(image_jobs_module, "publish_tagged_png", counted_write)
         monkeypatch.setattr(image_jobs_module, "patch_rows", counted_patch)
 
 
