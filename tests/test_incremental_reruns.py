@@ -365,6 +365,18 @@ def test_a_journal_whose_array_is_gone_is_dropped(tmp_path, monkeypatch):
     assert not patch_journal(packed).exists()
 
 
+def test_a_journal_beside_a_truncated_array_is_dropped_with_the_key_record(tmp_path, monkeypatch):
+    packed = tmp_path / "images" / "p.npy"
+    small_array(packed)
+    patch = packed_journal.RowPatch(np.array([1]), np.zeros((1, 4, 4), np.uint8), ["x"] * 6)
+    killed_before_any_row(packed, patch, monkeypatch)
+    packed_journal.write_keys(packed, ["k"] * 6)  # as if the record had come back
+    packed.write_bytes(packed.read_bytes()[:-20])  # the last row cut short
+    assert packed_journal.replay_interrupted_patch(packed) == 0
+    assert not patch_journal(packed).exists() and not layout.packed_keys(packed).exists()
+    assert not is_complete(packed)
+
+
 @pytest.mark.build
 def test_a_patch_interrupted_halfway_is_never_complete_and_is_replayed(
     built, tmp_path, monkeypatch
@@ -376,10 +388,9 @@ def test_a_patch_interrupted_halfway_is_never_complete_and_is_replayed(
         rewrite_with_other_pixels(sources[position], position)
     write_rows = packed_journal.write_rows
 
-    def killed_after_one_row(handle, offset, row_bytes, patch):
+    def killed_after_one_row(writer, patch):
         first = packed_journal.RowPatch(patch.rows[:1], patch.pixels[:1], patch.keys)
-        write_rows(handle, offset, row_bytes, first)
-        handle.flush()
+        write_rows(writer, first)
         raise Killed
 
     with monkeypatch.context() as crash:

@@ -33,6 +33,11 @@ from typing import Any
 import numpy as np
 
 from radharmony_pipeline.processing.storage.output_layout import packed_keys
+from radharmony_pipeline.processing.storage.packed_rows import (
+    PackedArrayError,
+    PackedRowWriter,
+    read_layout,
+)
 from radharmony_pipeline.processing.storage.store import exists, publish, read_bytes, remove
 
 
@@ -81,13 +86,15 @@ def patch_rows(packed: Path, patch: RowPatch) -> None:
 def replay_interrupted_patch(packed: Any) -> int:
     """Finish the patch a killed run left (its journal is there): the rows written again,
     the key record published, the journal removed. The number of rows replayed (0: none).
-    A journal whose array is gone is dropped: the array is assembled anew anyway."""
+    A journal whose array is gone or no whole array is dropped: without its key record the
+    array is assembled anew anyway."""
     journal = patch_journal(packed)
     try:
         content = read_bytes(journal)
     except FileNotFoundError:
         return 0
-    if not exists(packed):
+    if not _is_whole_array(packed):
+        remove(packed_keys(packed))
         remove(journal)
         return 0
     patch = _read_journal(content)
@@ -96,42 +103,39 @@ def replay_interrupted_patch(packed: Any) -> int:
     return len(patch.rows)
 
 
+def _is_whole_array(packed: Any) -> bool:
+    """Whether `packed` exists and holds every row its header announces."""
+    try:
+        read_layout(packed)
+    except (FileNotFoundError, PackedArrayError):
+        return False
+    return True
+
+
 def _apply(packed: Path, patch: RowPatch) -> None:
     remove(packed_keys(packed))
-    with open(packed, "r+b") as handle:
-        offset, shape = _data_offset(handle)
-        row_bytes = int(np.prod(shape[1:]))
-        if patch.pixels.shape[1:] != tuple(shape[1:]) or (
-            len(patch.rows) and not 0 <= patch.rows.min() <= patch.rows.max() < shape[0]
+    with PackedRowWriter(packed) as writer:
+        shape = writer.layout.shape
+        if (
+            writer.layout.dtype != np.uint8
+            or len(shape) != 3
+            or patch.pixels.shape[1:] != tuple(shape[1:])
+            or (len(patch.rows) and not 0 <= patch.rows.min() <= patch.rows.max() < shape[0])
         ):
             raise ValueError(
                 f"{packed}: a patch of {patch.pixels.shape} at rows {patch.rows.min()}–"
-                f"{patch.rows.max()} does not fit the array's {shape}; remove "
-                f"{patch_journal(packed).name} and the array to rebuild it"
+                f"{patch.rows.max()} does not fit the array's {shape} {writer.layout.dtype}; "
+                f"remove {patch_journal(packed).name} and the array to rebuild it"
             )
-        write_rows(handle, offset, row_bytes, patch)
-        handle.flush()
-        os.fsync(handle.fileno())
+        write_rows(writer, patch)
+        writer.sync()
     write_keys(packed, patch.keys)
 
 
-def write_rows(handle: Any, offset: int, row_bytes: int, patch: RowPatch) -> None:
-    """Each patched row at its place in the open array file (data from `offset` on)."""
+def write_rows(writer: PackedRowWriter, patch: RowPatch) -> None:
+    """Each patched row at its place in the open array."""
     for row, pixels in zip(patch.rows.tolist(), patch.pixels, strict=True):
-        handle.seek(offset + row * row_bytes)
-        handle.write(np.ascontiguousarray(pixels).tobytes())
-
-
-def _data_offset(handle: Any) -> tuple[int, tuple[int, ...]]:
-    """Where a .npy file's data starts, and its shape (C order, uint8 expected)."""
-    version = np.lib.format.read_magic(handle)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
-    else:
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
-    if fortran or dtype != np.uint8 or len(shape) != 3:
-        raise ValueError(f"not a packed N×S×S uint8 array: {shape} {dtype}")
-    return handle.tell(), shape
+        writer.write(row, pixels)
 
 
 def _write_journal(handle: Any, patch: RowPatch) -> None:

@@ -213,6 +213,12 @@ class PackedRowWriter:
             os.close(self._descriptor)
             self._descriptor = None
 
+    def sync(self) -> None:
+        """The rows written so far, on disk (a journal's patch is complete only then)."""
+        if self._descriptor is None:
+            raise ValueError(f"{self.layout.path}: synced after the writer was closed")
+        os.fsync(self._descriptor)
+
     def write(self, start: int, rows: np.ndarray) -> None:
         """`rows` (the array's row shape, one or more of them) at rows [start, start + n)."""
         layout = self.layout
