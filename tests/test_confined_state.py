@@ -1,5 +1,6 @@
-"""confined_state: a source's state once its path is known to stay inside the image folder,
-the same as confining it and then asking the file, with one lookup where the kernel can."""
+"""confined_state and confined_source: a source's state once its path is known to stay inside
+the image folder, the same as confining it and then asking the file, with one lookup where the
+kernel can; and its bytes read from that same file, however its path changes meanwhile."""
 
 from __future__ import annotations
 
@@ -8,14 +9,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from deadline import within
 
 from radharmony_pipeline.processing.imaging import image_files
 from radharmony_pipeline.processing.imaging.image_files import (
+    HeldSource,
     ImageFileError,
+    NamedSource,
     confined,
+    confined_source,
     confined_state,
 )
-from radharmony_pipeline.processing.storage.source_store import file_state
+from radharmony_pipeline.processing.storage.source_store import NotARegularFile, file_state
+
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="openat2 is a Linux system call")
 
 
 @pytest.fixture
@@ -86,7 +93,7 @@ def test_a_missing_file_or_a_path_climbing_out_is_refused_as_before(tree):
         confined_state(root / "patient" / "nul\0.png", root)
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="openat2 is a Linux system call")
+@linux_only
 def test_on_linux_a_file_inside_costs_no_walk_of_its_folders(tree, monkeypatch):
     root, _outside = tree
     expected = file_state(_deep(root))
@@ -96,3 +103,78 @@ def test_on_linux_a_file_inside_costs_no_walk_of_its_folders(tree, monkeypatch):
 
     monkeypatch.setattr(image_files, "confined", refuse)
     assert confined_state(_deep(root), root) == expected
+
+
+def _swap_for_a_link_outside(path: Path, outside: Path) -> None:
+    """Replace the file at `path` by a symlink to the file outside (the original moved away)."""
+    path.rename(path.with_name("moved.png"))
+    path.symlink_to(outside / "instances" / "image.png")
+
+
+@linux_only
+def test_a_held_source_reads_the_file_whose_state_it_took_without_resolving_its_path_again(
+    tree, monkeypatch
+):
+    root, outside = tree
+    path = _deep(root)
+    with confined_source(path, root) as source:
+        assert isinstance(source, HeldSource)
+        assert source.state == file_state(path)
+        _swap_for_a_link_outside(path, outside)
+
+        def refuse(*_args):
+            raise AssertionError("the path was resolved again")
+
+        monkeypatch.setattr(image_files, "confined", refuse)
+        assert source.read() == b"inside" * 10
+    monkeypatch.undo()
+    # A new look at the path sees the link, and refuses it.
+    with pytest.raises(ImageFileError, match="outside the image folder"):
+        confined_state(path, root)
+
+
+@linux_only
+def test_without_proc_a_held_source_is_read_by_its_path_confined_again(tree, monkeypatch):
+    root, outside = tree
+    path = _deep(root)
+    real_open = os.open
+
+    def no_proc(name, *args, **kwargs):
+        if str(name).startswith("/proc/"):
+            raise FileNotFoundError(2, "No such file or directory", name)
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(image_files.os, "open", no_proc)
+    with confined_source(path, root) as source:
+        assert source.read() == b"inside" * 10
+        _swap_for_a_link_outside(path, outside)
+        with pytest.raises(ImageFileError, match="outside the image folder"):
+            source.read()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_special_file_inside_has_a_state_but_is_never_opened(tree, kind):
+    root, _outside = tree
+    path = _deep(root).with_name(f"special.{kind}.png")
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    with within(10, "reading a FIFO"), confined_source(path, root) as source:
+        assert source.state[0] == os.stat(path).st_size
+        with pytest.raises(NotARegularFile, match="not a regular file"):
+            source.read()
+
+
+def test_a_state_from_a_listing_is_taken_as_given_after_confining_the_path(tree, monkeypatch):
+    root, outside = tree
+    asked = []
+    monkeypatch.setattr(image_files, "file_state", lambda path: asked.append(path))
+    with confined_source(_deep(root), root, (60, 7)) as source:
+        assert isinstance(source, NamedSource) and source.state == (60, 7)
+        assert source.read() == b"inside" * 10
+    assert asked == []
+    (root / "linked").symlink_to(outside)
+    escaping = confined_source(root / "linked" / "instances" / "image.png", root, (7, 7))
+    with pytest.raises(ImageFileError, match="outside the image folder"):
+        escaping.__enter__()

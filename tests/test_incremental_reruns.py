@@ -91,9 +91,9 @@ class Calls:
             self.decoded.append(Path(path).name)
             return decode(path, **kwargs)
 
-        def counted_read(path):
-            self.read.append(Path(path).name)
-            return read(path)
+        def counted_read(source):
+            self.read.append(Path(source.path).name)
+            return read(source)
 
         def counted_write(path, *args):
             self.written.append(Path(path).name)
@@ -480,13 +480,13 @@ def test_a_first_build_keys_each_source_once_and_records_the_keys_its_pngs_carry
     sources = write_sources(tmp_path / "sources", 30)
     sources[7].write_bytes(b"not an image")  # an error row keeps the key it was run with
     stated = Counter()
-    state = image_jobs_module.confined_state
+    source = image_jobs_module.confined_source
 
-    def counted_state(path, root):
+    def counted_source(path, root, state=None):
         stated[Path(path).name] += 1
-        return state(path, root)
+        return source(path, root, state)
 
-    monkeypatch.setattr(image_jobs_module, "confined_state", counted_state)
+    monkeypatch.setattr(image_jobs_module, "confined_source", counted_source)
     root = tmp_path / "output"
     first = build(sources, root)
 

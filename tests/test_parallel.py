@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path, PurePosixPath
 
 import psutil
 import pytest
@@ -59,6 +60,11 @@ def slow_first(number: int) -> tuple[int, int]:
 def short_sleep(number: int) -> int:
     time.sleep(0.001)
     return number
+
+
+def path_facts(item: tuple[Path, PurePosixPath]) -> tuple[type, str, tuple[str, ...], type]:
+    path, pure = item
+    return type(path), str(path), pure.parts, type(pure)
 
 
 def stuck_on_bytes(item: bytes) -> int:
@@ -188,6 +194,17 @@ def test_a_supervised_pool_keeps_its_workers_between_maps() -> None:
     assert [number for number, _ in first + second] == list(range(20))
     first_pids, second_pids = {pid for _, pid in first}, {pid for _, pid in second}
     assert second_pids <= first_pids and os.getpid() not in first_pids
+
+
+def test_paths_in_items_reach_the_workers_as_the_same_paths() -> None:
+    # Sent as their text (supervised._ItemPickler), they arrive of the same type and parts,
+    # odd names included.
+    items = [
+        (Path("/data/deid_png/p 1/ä/../x.png"), PurePosixPath("relative//dir/./y.png")),
+        (Path("relative/file"), PurePosixPath("/")),
+    ]
+    results = run_supervised(path_facts, items, 2, LIMIT, process_context())
+    assert results == [(type(path), str(path), pure.parts, PurePosixPath) for path, pure in items]
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ from radharmony_pipeline.definitions import defs
 from radharmony_pipeline.defs.assets.source_files import observe_partition, source_files
 from radharmony_pipeline.defs.groups import PUBLISHING
 from radharmony_pipeline.defs.resources import pipeline_resources
+from radharmony_pipeline.processing.imaging import image_files
 from radharmony_pipeline.processing.imaging.decode import DecodeError, decode_grayscale
 from radharmony_pipeline.processing.imaging.image_files import (
     ImageFileError,
@@ -34,7 +35,6 @@ from radharmony_pipeline.processing.imaging.image_files import (
     header_image_size,
 )
 from radharmony_pipeline.processing.imaging.tagged_png import INPUT_KEY_TAG
-from radharmony_pipeline.processing.jobs import image_jobs
 from radharmony_pipeline.processing.jobs.image_jobs import ImageJob
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.source_snapshot import compare
@@ -374,9 +374,7 @@ def test_input_keys_from_one_listing_equal_the_per_object_keys(store, datasets, 
     assert sorted(listed) == names[:4]
     # With the listing's states, no object is asked about again.
     requests = []
-    monkeypatch.setattr(
-        image_jobs, "confined_state", lambda path, _root: requests.append(path) or (0, "")
-    )
+    monkeypatch.setattr(image_files, "file_state", lambda path: requests.append(path) or (0, ""))
     from_listing = [key_or_error(image_job(base, n, listed.get(n))) for n in names[:4]]
     assert requests == []
     assert from_listing == per_object[:4]

@@ -13,6 +13,7 @@ import pandas as pd
 from radharmony_pipeline.processing.execution.parallel import Progress, map_in_chunks
 from radharmony_pipeline.processing.imaging.decode import DecodeError, decode_grayscale
 from radharmony_pipeline.processing.imaging.geometry import GEOMETRIES, resize_image
+from radharmony_pipeline.processing.imaging.image_files import NamedSource
 from radharmony_pipeline.processing.jobs.image_jobs import (
     IMAGE_CODE_VERSION,
     content_fingerprints,
@@ -61,7 +62,7 @@ class ParentImageJob:
 def fingerprint_parent_image(job: ParentImageJob) -> dict[str, object]:
     """Top-level (picklable): the row of one image, or its error row."""
     try:
-        content = read_source(job.source_file)
+        content = read_source(NamedSource(job.source_file, None, job.state))
         decoded = decode_grayscale(job.source_file, target_size=job.size, content=content)
         geometry = GEOMETRIES[job.resize](decoded.source_height, decoded.source_width, job.size)
         pixels = resize_image(decoded.pixels, geometry)

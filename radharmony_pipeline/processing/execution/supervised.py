@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Pipe, wait
 from multiprocessing.reduction import ForkingPickler
+from pathlib import PosixPath, PurePath, PurePosixPath
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -85,6 +86,21 @@ MAX_ITEMS_IN_HAND = 16
 # until its worker is idle (reading), so the parent never blocks writing into the pipe of a
 # worker that is stuck on its current item.
 _QUEUE_BYTES = 32 << 10
+
+
+def _path_as_text(path: PurePath) -> tuple[type, tuple[str]]:
+    return type(path), (os.fspath(path),)
+
+
+class _ItemPickler(ForkingPickler):
+    """Items as ForkingPickler sends them, local paths as their text: a Path pickles as its
+    parts, which the worker joins and parses again, most of an image job's unpickling."""
+
+    _extra_reducers = {
+        **ForkingPickler._extra_reducers,
+        PosixPath: _path_as_text,
+        PurePosixPath: _path_as_text,
+    }
 
 
 def _serve(function: Callable[[T], R], connection: Connection) -> None:
@@ -286,7 +302,7 @@ def _hand_out(worker: _Worker, items: Sequence, waiting: deque[int], seconds: fl
     wanted = worker.items_wanted()
     while waiting and len(worker.in_hand) < wanted:
         index = waiting[0]
-        message = ForkingPickler.dumps((index, items[index]))
+        message = _ItemPickler.dumps((index, items[index]))
         if worker.in_hand and worker.queued_bytes() + len(message) > _QUEUE_BYTES:
             return
         waiting.popleft()

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
 import os
 import platform
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Protocol
 
 import cv2
 import numpy as np
@@ -27,8 +29,10 @@ from radharmony_pipeline.processing.storage.source_store import (
     is_remote,
     key_problem,
     open_source_file,
+    read_source_bytes,
     readable,
     require_regular_file,
+    require_regular_mode,
 )
 from radharmony_pipeline.vocabulary import FORMAT_BY_SUFFIX, suffixes_of
 
@@ -110,20 +114,84 @@ def _real_folder(folder: str) -> str:
 
 def confined_state(path: SourcePath, root: SourcePath | None) -> FileState:
     """file_state(confined(path, root)): the state of the file `path` leads to, once it is
-    known to stay inside `root`.
+    known to stay inside `root` (see confined_source)."""
+    with confined_source(path, root) as source:
+        return source.state
+
+
+class ConfinedSource(Protocol):
+    """A source file known to stay inside its root, with its state (size and mtime, or size
+    and ETag); read() returns its bytes, refusing a FIFO, socket, device or folder."""
+
+    path: SourcePath
+    state: FileState
+
+    def read(self) -> bytes: ...
+
+
+class NamedSource:
+    """A source reached by its path: read() confines the path again right before opening
+    it (an object on a store, or a local path the kernel would not resolve beneath `root`)."""
+
+    def __init__(self, path: SourcePath, root: SourcePath | None, state: FileState) -> None:
+        self.path, self.root, self.state = path, root, state
+
+    def read(self) -> bytes:
+        return read_source_bytes(confined(self.path, self.root))
+
+
+class HeldSource:
+    """A local source the kernel resolved beneath its root (openat2 with RESOLVE_BENEATH and
+    O_PATH: nothing opened for reading yet), held from its state to its read. read() opens
+    that same file again through /proc, so the bytes are of the file whose state keyed them,
+    whatever a symlink swapped into its path since would lead to, and the path is neither
+    resolved nor checked a second time."""
+
+    def __init__(self, path: SourcePath, root: SourcePath, descriptor: int) -> None:
+        self.path, self.root, self.descriptor = path, root, descriptor
+        found = os.fstat(descriptor)
+        self.mode, self.state = found.st_mode, (found.st_size, found.st_mtime_ns)
+
+    def read(self) -> bytes:
+        require_regular_mode(self.path, self.mode)  # a FIFO or device is never opened
+        try:
+            descriptor = os.open(f"/proc/self/fd/{self.descriptor}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            # No /proc here, or the file refuses to be read: by its path, whose error
+            # names the problem.
+            return NamedSource(self.path, self.root, self.state).read()
+        with os.fdopen(descriptor, "rb") as handle:
+            return handle.read()
+
+
+@contextlib.contextmanager
+def confined_source(
+    path: SourcePath, root: SourcePath | None, state: FileState | None = None
+) -> Iterator[ConfinedSource]:
+    """The source at `path`, known to stay inside `root`, with its state (`state` when the
+    caller has it from one listing of an object store's folder; nothing is asked then).
 
     Locally on Linux the kernel resolves the path without leaving `root` (openat2 with
-    RESOLVE_BENEATH) and the state comes from that one lookup: ReXGradient's images sit
-    eight folders deep in folders of their own, and an lstat of each folder costs a walk of
-    its whole path (about 6 µs each here), which made confinement most of an unchanged
-    re-run's time per image. A path the kernel will not resolve that way (a missing file, an
-    absolute symlink, one leaving `root`) is confined as before, which names the problem.
+    RESOLVE_BENEATH) and the file stays held until the block ends: its state is that one
+    lookup's, and reading it resolves nothing again. ReXGradient's images sit eight folders
+    deep in folders of their own, and an lstat of each folder costs a walk of its whole path
+    (about 6 µs each here), which made confinement most of an unchanged re-run's time per
+    image. A path the kernel will not resolve that way (a missing file, an absolute symlink,
+    one leaving `root`) is confined as before, which names the problem.
     """
-    if root is not None and not is_remote(path) and not is_remote(root):
-        state = _state_beneath(os.fspath(root), os.fspath(path))
-        if state is not None:
-            return state
-    return file_state(confined(path, root))
+    if state is None and root is not None and not is_remote(path) and not is_remote(root):
+        descriptor = _open_beneath(os.fspath(root), os.fspath(path))
+        if descriptor is not None:
+            try:
+                yield HeldSource(path, root, descriptor)
+            finally:
+                os.close(descriptor)
+            return
+    if state is None:
+        state = file_state(confined(path, root))
+    else:
+        confined(path, root)  # not even a listing's state for a key outside the folder
+    yield NamedSource(path, root, state)
 
 
 # openat2(2)'s number in the system call tables of x86-64 and 64-bit Arm, its resolve
@@ -157,9 +225,9 @@ def _system_call() -> Callable[..., int] | None:
 _openat2_missing = False
 
 
-def _state_beneath(root: str, path: str) -> FileState | None:
-    """The state of `path` resolved by the kernel beneath `root`; None when that cannot be
-    done here or the kernel refuses (the caller then confines the path itself)."""
+def _open_beneath(root: str, path: str) -> int | None:
+    """An O_PATH descriptor of `path` resolved by the kernel beneath `root`; None when that
+    cannot be done here or the kernel refuses (the caller then confines the path itself)."""
     global _openat2_missing
     call = None if _openat2_missing else _system_call()
     prefix = os.path.join(root, "")
@@ -181,11 +249,7 @@ def _state_beneath(root: str, path: str) -> FileState | None:
         if ctypes.get_errno() in _UNSUPPORTED:
             _openat2_missing = True
         return None
-    try:
-        state = os.fstat(found)
-    finally:
-        os.close(found)
-    return state.st_size, state.st_mtime_ns
+    return found
 
 
 # --- size from the header ------------------------------------------------------------------

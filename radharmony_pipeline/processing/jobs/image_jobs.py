@@ -54,7 +54,7 @@ from radharmony_pipeline.processing.imaging.geometry import (
     resize_image,
     resize_mask,
 )
-from radharmony_pipeline.processing.imaging.image_files import confined, confined_state
+from radharmony_pipeline.processing.imaging.image_files import ConfinedSource, confined_source
 from radharmony_pipeline.processing.imaging.perceptual_hash import perceptual_hash, pixels_sha256
 from radharmony_pipeline.processing.imaging.tagged_png import (
     INPUT_KEY_TAG,
@@ -85,9 +85,7 @@ from radharmony_pipeline.processing.storage.packed_rows import PackedRowWriter
 from radharmony_pipeline.processing.storage.source_store import (
     FileState,
     NotARegularFile,
-    SourcePath,
     is_remote,
-    read_source_bytes,
 )
 from radharmony_pipeline.processing.storage.store import (
     allocate_array,
@@ -177,15 +175,19 @@ class ImageJob:
         """The row of the array being assembled that this image's pixels go to."""
         return self.row if self.scratch_row is None else self.scratch_row
 
+    def source(self) -> contextlib.AbstractContextManager[ConfinedSource]:
+        """The source confined to its folder, with its state, held while the block runs."""
+        return confined_source(self.source_file, self.source_root, self.source_state)
+
     def input_key(self) -> str:
         """Source fingerprint (size + mtime, or + ETag on a store), union-mask key and
         parameters."""
-        # Confined first: not even a metadata request for a key outside the image folder.
-        if self.source_state is None:
-            size, version = confined_state(self.source_file, self.source_root)
-        else:
-            size, version = self.source_state
-            confined(self.source_file, self.source_root)
+        with self.source() as source:
+            return self.key_for(source.state)
+
+    def key_for(self, state: FileState) -> str:
+        """The input key of outputs made from the source in `state`."""
+        size, version = state
         mask_key = stored_input_key(self.union_mask_file) if self.union_mask_file else ""
         return mask_input_key(
             IMAGE_CODE_VERSION,
@@ -200,13 +202,15 @@ class ImageJob:
     def run(self) -> tuple[ImageRow, np.ndarray | None]:
         """The row and the pixels to pack: re-used from outputs that carry the current input
         key (a stat, a PNG header and a small PNG decode), else decoded and written. Errors
-        become rows (without pixels)."""
+        become rows (without pixels). The source is confined once and held from its state
+        to its read."""
         if self.index_error is not None:
             return self._error_row(self.index_error), None
         key = None
         try:
-            key = self.input_key()
-            return self._reuse(key) or self._process(key)
+            with self.source() as source:
+                key = self.key_for(source.state)
+                return self._reuse(key) or self._process(key, source)
         except (DecodeError, OSError, ValueError) as exc:  # ValueError: a NUL byte in a path
             return self._error_row(str(exc), key), None
 
@@ -258,12 +262,11 @@ class ImageJob:
             stored_input_key(self.output_root / self.mask_relative) == key
         )
 
-    def _process(self, key: str) -> tuple[ImageRow, np.ndarray]:
+    def _process(self, key: str, source: ConfinedSource) -> tuple[ImageRow, np.ndarray]:
         """Decode the source, resize and write the PNGs; the row and the pixels to pack."""
-        source = confined(self.source_file, self.source_root)
         # Read once, for both decoding and the source hash.
         content = read_source(source)
-        decoded = decode_grayscale(source, target_size=self.size, content=content)
+        decoded = decode_grayscale(source.path, target_size=self.size, content=content)
         geometry = GEOMETRIES[self.resize](decoded.source_height, decoded.source_width, self.size)
         pixels = resize_image(decoded.pixels, geometry)
         if self.mask_relative is not None:
@@ -324,12 +327,13 @@ class ImageJob:
         )
 
 
-def read_source(path: SourcePath) -> bytes:
+def read_source(source: ConfinedSource) -> bytes:
     """The whole source file or object, one request (radiographs are a few MB; decoding
     needs all of it anyway). A problem with the store itself is not caught here: it stops
     the step (SourceStoreError) instead of becoming an error row for every image."""
+    path = source.path
     try:
-        return read_source_bytes(path)
+        return source.read()
     except FileNotFoundError as error:
         raise DecodeError(path, "file not found") from error
     except NotARegularFile as error:  # a FIFO, socket or device: never opened

@@ -90,7 +90,8 @@ _KINDS = (
 )
 
 
-def _require_regular(path: SourcePath, mode: int) -> None:
+def require_regular_mode(path: SourcePath, mode: int) -> None:
+    """Raise NotARegularFile unless `mode` (a stat's st_mode) is a regular file's."""
     if not stat.S_ISREG(mode):
         kind = next((name for test, name in _KINDS if test(mode)), "special file")
         raise NotARegularFile(path, kind)
@@ -105,7 +106,7 @@ def require_regular_file(path: SourcePath) -> None:
         mode = os.stat(path).st_mode
     except (NotADirectoryError, ValueError) as error:  # a path through a file, a NUL byte
         raise FileNotFoundError(errno.ENOENT, "file not found", str(path)) from error
-    _require_regular(path, mode)
+    require_regular_mode(path, mode)
 
 
 def _open_local(path: SourcePath) -> BinaryIO:
@@ -115,7 +116,7 @@ def _open_local(path: SourcePath) -> BinaryIO:
     # the descriptor's own type is checked again before it is used.
     descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        _require_regular(path, os.fstat(descriptor).st_mode)
+        require_regular_mode(path, os.fstat(descriptor).st_mode)
         os.set_blocking(descriptor, True)
     except BaseException:
         os.close(descriptor)
