@@ -258,15 +258,12 @@ KILLED_EXPORT = textwrap.dedent(
     from pathlib import Path
     from radharmony_pipeline.definitions import build_definitions
     from radharmony_pipeline.processing.corpus import exports
+    from radharmony_pipeline.processing.storage.store import publish
 
     published = []
-    real_publish = exports.publish
 
-    def slow_publish(path, write):
+    def slow_publish_bytes(path, content):
         def half_then_wait(handle):
-            buffer = __import__("io").BytesIO()
-            write(buffer)
-            content = buffer.getvalue()
             handle.write(content[: len(content) // 2])
             handle.flush()
             if path.name.endswith(".tar"):
@@ -275,9 +272,9 @@ KILLED_EXPORT = textwrap.dedent(
                 if len(published) >= 2:
                     time.sleep(600)
             handle.write(content[len(content) // 2 :])
-        real_publish(path, half_then_wait)
+        publish(path, half_then_wait)
 
-    exports.publish = slow_publish
+    exports.publish_bytes = slow_publish_bytes
     data, output, partition, shard_bytes = sys.argv[1:]
     job = build_definitions(Path(data), Path(output)).resolve_job_def("exports")
     config = {"max_shard_bytes": int(shard_bytes)}

@@ -16,7 +16,7 @@ from ..processing.storage.store import (
     holds_bytes,
     make_folder,
     open_for_reading,
-    publish,
+    publish_bytes,
     remove,
 )
 from ..processing.tables.table_schemas import PARTITION_COLUMNS, conform
@@ -48,7 +48,7 @@ class ParquetTableIOManager(RetriedPartitionsFolderLookup, dg.UPathIOManager):
         # An unchanged re-run rewrites no table: the stages after it re-use their own
         # tables by the files' states.
         if not holds_bytes(path, content):
-            publish(path, lambda handle: handle.write(content))
+            publish_bytes(path, content)
         context.add_output_metadata({TABLE_CHECKSUM: hashlib.sha256(content).hexdigest()})
 
     def load_from_path(self, context: dg.InputContext, path: UPath) -> pd.DataFrame:

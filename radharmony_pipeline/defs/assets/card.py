@@ -21,7 +21,7 @@ from ...processing.corpus.card import (
 )
 from ...processing.storage.output_layout import source_snapshot
 from ...processing.storage.source_snapshot import load_snapshot
-from ...processing.storage.store import OutputPath, publish
+from ...processing.storage.store import OutputPath, publish_bytes
 from ...processing.tables.table_schemas import SCHEMA_VERSION
 from ...sources import SOURCE_TYPES, parse_partition_key
 from ..automation import REBUILD_WHEN_CHANGED
@@ -81,9 +81,9 @@ def corpus_card(
     with (root / MANIFEST_FILE).open("rb") as handle:
         manifest_sha256 = hashlib.file_digest(handle, "sha256").hexdigest()
     croissant = croissant_metadata(inputs, figures, manifest_sha256)
-    publish(root / CARD_NAME, lambda handle: handle.write(markdown.encode()))
+    publish_bytes(root / CARD_NAME, markdown.encode())
     document = json.dumps(croissant, indent=1, sort_keys=True, default=str) + "\n"
-    publish(root / CROISSANT_NAME, lambda handle: handle.write(document.encode()))
+    publish_bytes(root / CROISSANT_NAME, document.encode())
     return dg.MaterializeResult(
         metadata={
             "card": dg.MetadataValue.md(markdown),

@@ -9,7 +9,7 @@ import pandas as pd
 from ...processing.corpus.profile_plots import CorpusTables, label_prevalence, profile_pngs
 from ...processing.reports.report_table import empty_report_labels, report_label_prevalence
 from ...processing.storage.output_layout import preview, table_file
-from ...processing.storage.store import OutputPath, exists, publish
+from ...processing.storage.store import OutputPath, exists, publish_bytes
 from ...processing.tables.table_schemas import CORPUS_PROFILE, PARTITION_PROFILE, PARTITION_TABLES
 from ..automation import REBUILD_WHEN_CHANGED, REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import CORPUS
@@ -135,7 +135,7 @@ def _profile(tables: CorpusTables, name: str, outputs: OutputsResource) -> dg.Ou
     path = _png(root, name)
     title = f"RadHarmony profile: {name} ({len(tables.raw_index):,} images)"
     png, small = profile_pngs(tables, title, dpis=(FILE_DPI, INLINE_DPI))
-    publish(path, lambda handle: handle.write(png))
+    publish_bytes(path, png)
     inline = f"![profile of {name}](data:image/png;base64,{base64.b64encode(small).decode()})"
     return dg.Output(
         label_prevalence(tables),

@@ -34,7 +34,7 @@ from radharmony_pipeline.processing.storage.store import (
     listing,
     make_folder,
     output_path,
-    publish,
+    publish_bytes,
 )
 from radharmony_pipeline.processing.tables.table_schemas import (
     BOOL,
@@ -183,7 +183,7 @@ def write_huggingface_configs(
             return
     except FileNotFoundError:
         pass
-    publish(path, lambda handle: handle.write(card))
+    publish_bytes(path, card)
 
 
 def huggingface_data_files(root: str | OutputPath, dataset: str) -> dict[str, list[str]]:
@@ -479,7 +479,7 @@ def export_partition(
         "samples": sum(len(shard["samples"]) for shard in shards),
         "shards": shards,
     }
-    publish(folder / index_name, lambda handle: handle.write(_index_bytes(index)))
+    publish_bytes(folder / index_name, _index_bytes(index))
     kept = {shard["name"] for shard in shards}
     for name in present:
         # Shards of an earlier, larger export of this partition.
@@ -518,7 +518,7 @@ def _publish_shard(
     content = buffer.getvalue()
     digest = hashlib.sha256(content).hexdigest()
     if not _still_listed(path, listed, len(content), digest):
-        publish(path, lambda handle: handle.write(content))
+        publish_bytes(path, content)
     return {
         "name": path.name,
         "bytes": len(content),

@@ -7,6 +7,7 @@ Pixels are deflated by ISA-L (radiographs) or OpenCV (masks); the tags go in tex
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 import struct
@@ -19,7 +20,7 @@ import numpy as np
 from isal import isal_zlib
 from PIL import Image
 
-from radharmony_pipeline.processing.storage.store import publish, read_bytes, read_head
+from radharmony_pipeline.processing.storage.store import publish_bytes, read_bytes, read_head
 
 INPUT_KEY_TAG = "radharmony-input"
 
@@ -170,20 +171,16 @@ def with_text_tags(png: bytes, tags: Mapping[str, str]) -> bytes:
     """`png` with one text chunk per tag inserted right after its header (IHDR)."""
     if not png.startswith(_SIGNATURE) or png[12:16] != b"IHDR":
         raise ValueError("not a PNG that starts with its IHDR header")
-    chunks = b"".join(_text_chunk(name, value) for name, value in tags.items())
-    return png[:_HEADER_END] + chunks + png[_HEADER_END:]
+    whole = memoryview(png)  # joined once: a radiograph's bytes are copied a single time
+    chunks = [_text_chunk(name, value) for name, value in tags.items()]
+    return b"".join((whole[:_HEADER_END], *chunks, whole[_HEADER_END:]))
 
 
 def _text_chunk(name: str, value: str) -> bytes:
     """tEXt (Latin-1) when the value allows it, else iTXt (UTF-8), as Pillow writes them."""
-    if not _KEYWORD.fullmatch(name):
-        raise ValueError(
-            f"PNG tag name {name!r} must be 1-{_MAX_KEYWORD} printable Latin-1 characters "
-            "without leading, trailing or double spaces"
-        )
+    keyword = _keyword(name)
     if "\0" in value:
         raise ValueError(f"PNG tag {name!r}: a text value may not contain NUL")
-    keyword = name.encode("latin-1")
     try:
         return _chunk(b"tEXt", keyword + b"\0" + value.encode("latin-1"))
     except UnicodeEncodeError:
@@ -191,8 +188,27 @@ def _text_chunk(name: str, value: str) -> bytes:
         return _chunk(b"iTXt", keyword + b"\0\0\0\0\0" + value.encode("utf-8"))
 
 
+@functools.lru_cache(maxsize=256)
+def _keyword(name: str) -> bytes:
+    """A tag name as a text chunk's keyword; checked once per name (every image has the
+    same few)."""
+    if not _KEYWORD.fullmatch(name):
+        raise ValueError(
+            f"PNG tag name {name!r} must be 1-{_MAX_KEYWORD} printable Latin-1 characters "
+            "without leading, trailing or double spaces"
+        )
+    return name.encode("latin-1")
+
+
 def _chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return b"".join(
+        (
+            struct.pack(">I", len(data)),
+            kind,
+            data,
+            struct.pack(">I", zlib.crc32(data, zlib.crc32(kind))),
+        )
+    )
 
 
 def write_tagged_png(
@@ -221,4 +237,4 @@ def publish_tagged_png(
     """Write `pixels` (2-D uint8, encoded by `encode`) with its input key (and other tags)
     atomically, whatever the file holds now (for a caller that found it unusable)."""
     png = with_text_tags(encode(pixels), {INPUT_KEY_TAG: input_key, **(tags or {})})
-    publish(path, lambda handle: handle.write(png))
+    publish_bytes(path, png)

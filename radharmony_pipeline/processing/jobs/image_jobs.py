@@ -231,7 +231,7 @@ class ImageJob:
             and record.holds(self.image_relative, key, states)
         ):
             return self._row(record.values, key, decoded=False), record
-        tags = read_leading_tags(self.output_root / self.image_relative)
+        tags = read_leading_tags(self.output_file(self.image_relative))
         if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
             return None
         try:
@@ -241,14 +241,20 @@ class ImageJob:
         found = None if states is None else self.header_record(key, states, values)
         return self._row(values, key, decoded=False), found
 
+    def output_file(self, relative: str) -> Any:
+        """The output at `relative` under the output root. Joined as text on a local root:
+        this runs for every image of every run, and a Path costs more to build than the
+        stat or read it is for."""
+        if is_local(self.output_root):
+            return os.path.join(os.fspath(self.output_root), relative)
+        return self.output_root / relative
+
     def output_states(self) -> tuple[str, str | None]:
         """The states of the local image PNG and of its mask PNG (None: it has none)."""
-        # Joined as text: this runs for every image of every re-run, and a Path costs more
-        # to build than the stat it is for.
-        root, mask = os.fspath(self.output_root), self.mask_relative
+        mask = self.mask_relative
         return (
-            output_state(os.path.join(root, self.image_relative)),
-            None if mask is None else output_state(os.path.join(root, mask)),
+            output_state(self.output_file(self.image_relative)),
+            None if mask is None else output_state(self.output_file(mask)),
         )
 
     def header_record(
@@ -259,7 +265,7 @@ class ImageJob:
 
     def _mask_is_current(self, key: str) -> bool:
         return self.mask_relative is None or (
-            stored_input_key(self.output_root / self.mask_relative) == key
+            stored_input_key(self.output_file(self.mask_relative)) == key
         )
 
     def _process(self, key: str, source: ConfinedSource) -> tuple[ImageRow, np.ndarray]:
@@ -288,7 +294,7 @@ class ImageJob:
     def _reuse(self, key: str) -> tuple[ImageRow, np.ndarray] | None:
         """The row and pixels from the existing outputs when they carry `key`, else None."""
         try:
-            content = read_bytes(self.output_root / self.image_relative)
+            content = read_bytes(self.output_file(self.image_relative))
             if png_problem(content) is not None:  # damaged since it was written
                 return None
             with Image.open(io.BytesIO(content), formats=["PNG"]) as image:

@@ -45,7 +45,7 @@ from radharmony_pipeline.processing.storage.store import (
     exists,
     is_local,
     listing,
-    publish,
+    publish_bytes,
     read_bytes,
     remove,
     with_retries,
@@ -160,7 +160,7 @@ def migrate_stage_outputs(root: OutputPath, stage: str, partition: str) -> Migra
     if not result.resumed:
         content = {"format": JOURNAL_FORMAT, "stage": stage, "partition": partition}
         content["shard_digits"] = SHARD_DIGITS
-        publish(journal, lambda handle: handle.write(json.dumps(content).encode()))
+        publish_bytes(journal, json.dumps(content).encode())
     result.moved = _move_into_shards(folder, flat, outputs, resuming=result.resumed)
     for recorded in outputs.tables:
         # Runs of other partitions may rewrite a corpus-wide table at the same time.
@@ -406,7 +406,7 @@ def _rewrite_table(
     # As the Parquet IO manager writes tables: page checksums for `radharmony verify`.
     pq.write_table(table, sink, write_page_checksum=True)
     content = sink.getvalue().to_pybytes()
-    publish(path, lambda handle: handle.write(content))
+    publish_bytes(path, content)
     return RewrittenTable(recorded.table, owner, hashlib.sha256(content).hexdigest())
 
 
@@ -427,7 +427,7 @@ def _follow_manifest_in_croissant(root: OutputPath, manifest_sha256: str) -> Non
         elif isinstance(includes, list):
             entry["includes"] = [IMAGE_FILES if i == FLAT_RESIZED_PNG_GLOB else i for i in includes]
     text = json.dumps(document, indent=1, sort_keys=True, default=str) + "\n"
-    publish(path, lambda handle: handle.write(text.encode()))
+    publish_bytes(path, text.encode())
 
 
 def _entries(distribution: object) -> Iterable[dict]:

@@ -38,7 +38,13 @@ from radharmony_pipeline.processing.storage.packed_rows import (
     PackedRowWriter,
     read_layout,
 )
-from radharmony_pipeline.processing.storage.store import exists, publish, read_bytes, remove
+from radharmony_pipeline.processing.storage.store import (
+    exists,
+    publish,
+    publish_bytes,
+    read_bytes,
+    remove,
+)
 
 
 def patch_journal(packed: Any) -> Any:
@@ -64,7 +70,7 @@ class RowPatch:
 
 def write_keys(packed: Any, keys: Sequence[str | None]) -> None:
     """Publish the key record of `packed`: one input key per row, the array complete."""
-    publish(packed_keys(packed), lambda handle: handle.write(json.dumps(list(keys)).encode()))
+    publish_bytes(packed_keys(packed), json.dumps(list(keys)).encode())
 
 
 def is_complete(packed: Any) -> bool:

@@ -235,7 +235,11 @@ def publish(path: OutputPath, write: Writer) -> None:
     """
     buffer = io.BytesIO()
     write(buffer)
-    content = buffer.getvalue()
+    publish_bytes(path, buffer.getvalue())
+
+
+def publish_bytes(path: OutputPath, content: bytes) -> None:
+    """Write `content` as publish() writes: no reader ever sees a partial file or object."""
     if is_local(path):
         with output_write_errors(Path(path), len(content)):
             write_atomically(Path(path), lambda temp: temp.write_bytes(content))
@@ -296,7 +300,8 @@ def _publish_object(path: UPath, content: bytes | Path) -> None:
 def read_bytes(path: OutputPath) -> bytes:
     """The whole file or object (one request, retried)."""
     if is_local(path):
-        return Path(path).read_bytes()
+        with open(path, "rb") as handle:
+            return handle.read()
     return with_retries(path, "read the object", lambda: path.fs.cat_file(path.path))
 
 

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from ..storage import output_layout as layout
 from ..storage.fingerprint import arrow_fingerprint, combined_version, table_fingerprint
-from ..storage.store import OutputPath, publish, read_bytes
+from ..storage.store import OutputPath, publish_bytes, read_bytes
 from .suite_reports import SuiteReport, unfinished_report
 from .table_schemas import SchemaMismatchError
 
@@ -105,7 +105,7 @@ class KeptReports:
             found = pending()
             if found.finished:
                 stored = json.dumps({"key": key, "report": found.to_json()}).encode()
-                publish(path, lambda handle: handle.write(stored))
+                publish_bytes(path, stored)
             return found
 
         return report
