@@ -208,6 +208,11 @@ class _OpenHow(ctypes.Structure):
     _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
 
 
+# How every source is opened: a path only (nothing opened for I/O), never leaving the folder.
+_HOW = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
+_HOW_REFERENCE = ctypes.byref(_HOW)
+
+
 @functools.cache
 def _system_call() -> Callable[..., int] | None:
     """libc's syscall(), where openat2 can be called through it; else None."""
@@ -233,7 +238,6 @@ def _open_beneath(root: str, path: str) -> int | None:
     prefix = os.path.join(root, "")
     if call is None or not path.startswith(prefix):
         return None
-    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
     try:
         folder = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except (OSError, ValueError):  # ValueError: a NUL byte in the path
@@ -242,7 +246,7 @@ def _open_beneath(root: str, path: str) -> int | None:
         relative = os.fsencode(path[len(prefix) :])
         if b"\0" in relative:
             return None
-        found = call(_SYS_OPENAT2, folder, relative, ctypes.byref(how), ctypes.sizeof(how))
+        found = call(_SYS_OPENAT2, folder, relative, _HOW_REFERENCE, ctypes.sizeof(_HOW))
     finally:
         os.close(folder)
     if found < 0:

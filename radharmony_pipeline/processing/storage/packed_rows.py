@@ -11,6 +11,7 @@ once every row has been touched.
 from __future__ import annotations
 
 import io
+import math
 import os
 import struct
 from collections.abc import Iterator
@@ -68,7 +69,7 @@ class PackedLayout:
 
     @property
     def row_bytes(self) -> int:
-        return int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.row_shape) * self.dtype.itemsize
 
     def rows_per_window(self, window_bytes: int) -> int:
         """How many whole rows fit in `window_bytes` (at least one)."""

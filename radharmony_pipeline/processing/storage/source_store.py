@@ -133,8 +133,9 @@ def source_path(
 
 
 def as_source_path(path: Any) -> SourcePath:
-    """`path` unchanged when it is a UPath, else as a local Path."""
-    return path if isinstance(path, UPath) else Path(path)
+    """`path` unchanged when it is a UPath or a Path (not parsed again), else as a local
+    Path."""
+    return path if isinstance(path, (UPath, Path)) else Path(path)
 
 
 def is_remote(path: Any) -> bool:

@@ -221,6 +221,12 @@ def _is_connection_fault(error: BaseException) -> bool:
     return type(error).__name__ == "FSTimeoutError"
 
 
+def as_local_path(path: Any) -> Path:
+    """A local output path as a Path; one already a Path is not parsed again (a deep path
+    costs several microseconds to parse, and this runs for every image written)."""
+    return path if isinstance(path, Path) and not isinstance(path, UPath) else Path(path)
+
+
 def is_local(path: Any) -> bool:
     return not isinstance(path, UPath) or path.protocol in ("", "file", "local")
 
@@ -241,8 +247,9 @@ def publish(path: OutputPath, write: Writer) -> None:
 def publish_bytes(path: OutputPath, content: bytes) -> None:
     """Write `content` as publish() writes: no reader ever sees a partial file or object."""
     if is_local(path):
-        with output_write_errors(Path(path), len(content)):
-            write_atomically(Path(path), lambda temp: temp.write_bytes(content))
+        local = as_local_path(path)
+        with output_write_errors(local, len(content)):
+            write_atomically(local, lambda temp: temp.write_bytes(content))
         return
     _publish_object(path, content)
 
