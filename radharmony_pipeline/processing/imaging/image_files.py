@@ -209,7 +209,10 @@ class _OpenHow(ctypes.Structure):
 
 
 # How every source is opened: a path only (nothing opened for I/O), never leaving the folder.
-_HOW = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
+# (O_PATH is Linux's; where it is missing, openat2 is never called.)
+_HOW = _OpenHow(
+    getattr(os, "O_PATH", 0) | os.O_CLOEXEC, 0, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS
+)
 _HOW_REFERENCE = ctypes.byref(_HOW)
 
 
