@@ -22,6 +22,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import select
 import subprocess
 import sys
 import time
@@ -132,6 +133,9 @@ class _Worker:
     process: Any
     connection: Connection
     deadline: float
+    # Asked whether a result is waiting: one poll(2) call, where Connection.poll() builds,
+    # fills and closes a selector each time (the parent asks once per result).
+    readable: select.poll = field(init=False)
     in_hand: deque[int] = field(default_factory=deque)  # item indices, oldest = current
     message_bytes: deque[int] = field(default_factory=deque)  # their pickled sizes
     started: bool = False
@@ -139,6 +143,14 @@ class _Worker:
     # (start-up and idle time between maps not counted).
     finished: int = 0
     first_result_at: float = 0.0  # meaningful once `finished` is at least 1
+
+    def __post_init__(self) -> None:
+        self.readable = select.poll()
+        self.readable.register(self.connection.fileno(), select.POLLIN)
+
+    def has_message(self) -> bool:
+        """Whether something (a result, or the end of the pipe) is waiting to be read."""
+        return bool(self.readable.poll(0))
 
     def items_wanted(self) -> int:
         """Enough items to stay busy until the parent next collects, at this worker's own
@@ -327,7 +339,7 @@ def _drain(
     everything it sent is in the pipe."""
     while True:
         try:
-            if not worker.connection.poll():
+            if not worker.has_message():
                 break
             kind, index, payload = worker.connection.recv()
         except (EOFError, OSError):
