@@ -1,6 +1,6 @@
-"""confined_state and confined_source: a source's state once its path is known to stay inside
-the image folder, the same as confining it and then asking the file, with one lookup where the
-kernel can; and its bytes read from that same file, however its path changes meanwhile."""
+"""confined_source: a source's state once its path is known to stay inside the image folder,
+the same as confining it and then asking the file, with one lookup where the kernel can; and
+its bytes read from that same file, however its path changes meanwhile."""
 
 from __future__ import annotations
 
@@ -18,9 +18,15 @@ from radharmony_pipeline.processing.imaging.image_files import (
     NamedSource,
     confined,
     confined_source,
-    confined_state,
 )
 from radharmony_pipeline.processing.storage.source_store import NotARegularFile, file_state
+
+
+def confined_state(path: Path, root: Path):
+    """The state confined_source gives for `path` (what an image's input key is made of)."""
+    with confined_source(path, root) as source:
+        return source.state
+
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="openat2 is a Linux system call")
 

@@ -112,13 +112,6 @@ def _real_folder(folder: str) -> str:
     return _real_path(folder)
 
 
-def confined_state(path: SourcePath, root: SourcePath | None) -> FileState:
-    """file_state(confined(path, root)): the state of the file `path` leads to, once it is
-    known to stay inside `root` (see confined_source)."""
-    with confined_source(path, root) as source:
-        return source.state
-
-
 class ConfinedSource(Protocol):
     """A source file known to stay inside its root, with its state (size and mtime, or size
     and ETag); read() returns its bytes, refusing a FIFO, socket, device or folder."""
