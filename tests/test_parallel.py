@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path, PurePosixPath
 
 import psutil
@@ -60,6 +61,12 @@ def slow_first(number: int) -> tuple[int, int]:
 def short_sleep(number: int) -> int:
     time.sleep(0.001)
     return number
+
+
+def stuck_at_150(number: int) -> int:
+    if number == 150:
+        time.sleep(3600)
+    return short_sleep(number)
 
 
 def path_facts(item: tuple[Path, PurePosixPath]) -> tuple[type, str, tuple[str, ...], type]:
@@ -322,6 +329,31 @@ def test_quick_items_are_collected_in_batches_not_one_wake_up_each(monkeypatch) 
     results = run_supervised(short_sleep, items, 1, roomy, process_context())
     assert results == items
     assert len(waits) < len(items) / 4, f"{len(waits)} wake-ups for {len(items)} items"
+
+
+def test_quick_items_travel_to_a_worker_several_per_message(monkeypatch) -> None:
+    # Items handed out together are pickled and written into the pipe as one message.
+    messages: list[int] = []
+    original = Connection.send_bytes
+
+    def counted_send(self, buffer, *args):
+        messages.append(len(buffer))
+        return original(self, buffer, *args)
+
+    monkeypatch.setattr(Connection, "send_bytes", counted_send)
+    items = list(range(300))
+    roomy = TimeLimit(60.0, LIMIT.on_timeout)
+    assert run_supervised(short_sleep, items, 1, roomy, process_context()) == items
+    assert len(messages) < len(items) / 4, f"{len(messages)} messages for {len(items)} items"
+
+
+@pytest.mark.slow
+def test_an_item_stuck_inside_a_message_of_several_is_the_only_one_stopped() -> None:
+    # By item 150 the worker holds many items from one message: the stuck one is charged
+    # with the limit, the ones that came with it run in the next worker.
+    results = map_with_time_limit(stuck_at_150, list(range(300)), workers=1, time_limit=LIMIT)
+    assert results[150].startswith("stopped: took longer than 1 s")
+    assert results[:150] + results[151:] == [n for n in range(300) if n != 150]
 
 
 @pytest.mark.slow

@@ -285,6 +285,32 @@ def test_a_table_read_back_in_other_chunks_is_written_as_the_same_bytes(tmp_path
     assert path.read_bytes() == written
 
 
+def test_a_decoded_row_equals_the_row_read_back_from_its_png_header(tmp_path):
+    # Sides whose letterbox scale has no short decimal form: the decoded row keeps the
+    # computed values, a re-used one parses them from the PNG's text tags.
+    folder = tmp_path / "sources"
+    folder.mkdir()
+    rng = np.random.default_rng(5)
+    sources = []
+    for index, sides in enumerate([(37, 53), (61, 29), (97, 97), (45, 83)]):
+        sources.append(folder / f"odd{index}.png")
+        Image.fromarray(rng.integers(0, 256, size=sides, dtype=np.uint8)).save(sources[-1])
+    root = tmp_path / "out"
+    packed = root / layout.packed_images("p")
+    first = build_packed_images(image_jobs(sources, root), packed, SIZE, LocalPool(1))
+    packed.unlink()  # assembled anew: every job re-uses its outputs from their headers
+
+    again = build_packed_images(image_jobs(sources, root), packed, SIZE, LocalPool(1))
+
+    assert [row.decoded for row in first] == [True] * 4
+    assert [row.decoded for row in again] == [False] * 4
+    assert all(len(repr(row.scale)) > 8 for row in first)
+    for decoded, reused in zip(first, again, strict=True):
+        assert replace(decoded, decoded=False) == reused
+        for name, value in vars(decoded).items():
+            assert type(value) is type(getattr(reused, name)), name
+
+
 def test_an_output_whose_pixels_were_altered_under_its_key_is_decoded_and_written_again(
     tmp_path,
 ):

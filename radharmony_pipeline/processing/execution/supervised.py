@@ -105,8 +105,9 @@ class _ItemPickler(ForkingPickler):
 
 
 def _serve(function: Callable[[T], R], connection: Connection) -> None:
-    """In the worker: report ready, then answer each (index, item) with its result until
-    told to stop (None) or the parent is gone; the first exception is sent and ends it."""
+    """In the worker: report ready, then answer each (index, item) of every batch received
+    with its own result, until told to stop (None) or the parent is gone; the first
+    exception is sent and ends it."""
     connection.send(("ready", None, None))
     while True:
         try:
@@ -115,17 +116,17 @@ def _serve(function: Callable[[T], R], connection: Connection) -> None:
             return
         if message is None:
             return
-        index, item = message
-        try:
-            result = function(item)
-        except BaseException as error:
+        for index, item in message:
             try:
-                connection.send(("raise", index, pickle.dumps(error)))
-            except Exception:
-                text = "".join(traceback.format_exception(error))
-                connection.send(("raise", index, pickle.dumps(WorkerError(text))))
-            return
-        connection.send(("item", index, result))
+                result = function(item)
+            except BaseException as error:
+                try:
+                    connection.send(("raise", index, pickle.dumps(error)))
+                except Exception:
+                    text = "".join(traceback.format_exception(error))
+                    connection.send(("raise", index, pickle.dumps(WorkerError(text))))
+                return
+            connection.send(("item", index, result))
 
 
 @dataclass
@@ -309,26 +310,37 @@ def _start_failure(count: int, code: int | None) -> str:
 
 
 def _hand_out(worker: _Worker, items: Sequence, waiting: deque[int], seconds: float) -> None:
-    """Give the worker the items it wants (see _Worker.items_wanted), within the pipe's share
-    for queued items (a large one only when it is idle)."""
-    wanted = worker.items_wanted()
-    while waiting and len(worker.in_hand) < wanted:
-        index = waiting[0]
-        message = _ItemPickler.dumps((index, items[index]))
-        if worker.in_hand and worker.queued_bytes() + len(message) > _QUEUE_BYTES:
-            return
+    """Give the worker the items it wants (see _Worker.items_wanted) in one message, within
+    the pipe's share for queued items (a large item only when the worker is idle).
+
+    One message for several items is pickled once: the objects they share (a job's output
+    root and dataset folder, its field names) are written and rebuilt once, and the pipe is
+    written and read once. Results still come back one per item, so the limit and a dead
+    worker are charged to the item it was working on."""
+    count = min(worker.items_wanted() - len(worker.in_hand), len(waiting))
+    while count > 0:
+        batch = [waiting[position] for position in range(count)]
+        message = _ItemPickler.dumps([(index, items[index]) for index in batch])
+        if not worker.in_hand or worker.queued_bytes() + len(message) <= _QUEUE_BYTES:
+            break
+        count //= 2  # fewer items fit the pipe's share; none when even one does not
+    if count <= 0:
+        return
+    for _ in batch:
         waiting.popleft()
-        if not worker.in_hand and worker.started:
-            worker.deadline = time.monotonic() + seconds
-        worker.in_hand.append(index)
-        worker.message_bytes.append(len(message))
-        try:
-            worker.connection.send_bytes(message)
-        except OSError:
-            # The worker died (before the pipe's other end was read): the wait sees its end
-            # and records that against this item, so a worker that cannot start at all
-            # uses up items instead of being restarted for ever.
-            return
+    if not worker.in_hand and worker.started:
+        worker.deadline = time.monotonic() + seconds
+    worker.in_hand.extend(batch)
+    # Each item's share of the message: what leaves the pipe once its batch is read.
+    share, extra = divmod(len(message), len(batch))
+    worker.message_bytes.extend([share] * (len(batch) - 1) + [share + extra])
+    try:
+        worker.connection.send_bytes(message)
+    except OSError:
+        # The worker died (before the pipe's other end was read): the wait sees its end
+        # and records that against its first item, so a worker that cannot start at all
+        # uses up items instead of being restarted for ever.
+        return
 
 
 def _drain(

@@ -278,18 +278,21 @@ class ImageJob:
         if self.mask_relative is not None:
             mask = resize_mask(read_mask_png(self.union_mask_file), geometry)
             write_mask_png(self.output_root / self.mask_relative, mask, key)
-        tags = {
-            "orig_height": str(decoded.source_height),
-            "orig_width": str(decoded.source_width),
-            "scale": repr(geometry.scale_x),
-            "pad_top": str(geometry.pad_top),
-            "pad_left": str(geometry.pad_left),
+        values = {
+            "orig_height": int(decoded.source_height),
+            "orig_width": int(decoded.source_width),
+            "scale": float(geometry.scale_x),
+            "pad_top": int(geometry.pad_top),
+            "pad_left": int(geometry.pad_left),
             "source_sha256": hashlib.sha256(content).hexdigest(),
             **content_fingerprints(pixels, geometry),
         }
+        # Each value as its text tag (str() of a float is its shortest exact form), which
+        # header_values reads back to the same values when the outputs are re-used.
+        tags = {name: str(value) for name, value in values.items()}
         # Written whatever the file holds: _reuse found it missing, damaged or of other inputs.
         publish_tagged_png(self.output_root / self.image_relative, pixels, key, tags)
-        return self._row(header_values(tags), key, decoded=True), pixels
+        return self._row(values, key, decoded=True), pixels
 
     def _reuse(self, key: str) -> tuple[ImageRow, np.ndarray] | None:
         """The row and pixels from the existing outputs when they carry `key`, else None."""
