@@ -7,9 +7,9 @@ queued (so it never waits for the parent between items), and it reports every re
 parent collects results at most every COLLECT_SECONDS, and queues enough items to cover that
 interval at each worker's own pace. It kills a worker whose current item exceeds the limit
 (or that died), records `on_timeout(item, reason)` for that item, puts the items queued
-behind it back in line and starts a fresh worker. Handing out single items, not fixed
-chunks, also keeps every worker busy until the last item (no chunk left running on one
-worker at the end).
+behind it back in line and starts a fresh worker. Handing out as many items as each worker
+wants at the time, not fixed chunks, also keeps every worker busy until the last item (no
+chunk left running on one worker at the end).
 
 Workers are multiprocessing children, or, in a daemonic process (a stock Dask worker), which
 multiprocessing forbids to have children, plain subprocesses of the same interpreter
