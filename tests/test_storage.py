@@ -336,6 +336,26 @@ def test_an_output_whose_pixels_were_altered_under_its_key_is_decoded_and_writte
         assert pixels_sha256(np.asarray(image)) == first[0].pixels_sha256
 
 
+def test_a_write_that_lost_the_race_to_make_its_folder_is_tried_again(tmp_path):
+    # Two workers write their first images into a new shard folder at the same moment: both
+    # find it missing, the other one makes it, and this one's write must still succeed.
+    target = tmp_path / "images" / "cc" / "one.png"
+    attempts = []
+
+    def write_as_the_other_worker_makes_the_folder(temp):
+        attempts.append(temp)
+        if len(attempts) == 1:
+            target.parent.mkdir(parents=True)  # the other worker, between the two looks
+            raise FileNotFoundError(2, "No such file or directory", str(temp))
+        temp.write_bytes(b"pixels")
+
+    write_atomically(target, write_as_the_other_worker_makes_the_folder)
+
+    assert target.read_bytes() == b"pixels"
+    assert len(attempts) == 2
+    assert [path.name for path in target.parent.iterdir()] == ["one.png"]
+
+
 def test_a_file_written_atomically_makes_its_missing_folders_and_leaves_nothing_on_failure(
     tmp_path,
 ):

@@ -90,14 +90,15 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
 
     A missing folder is made when the first write into it fails, not checked before every
     write: the `images` stage writes each of a partition's images into a folder that is there
-    after its first."""
+    after its first. The write is then tried once more even when the folder is there by the
+    time this looks: the pool's workers start writing into a new shard folder at the same
+    moment, and the one that lost the race to make it must not fail its image. A write that
+    fails for another reason (an input it reads is missing) fails again and is raised."""
     temp = temporary_sibling(path)
     try:
         try:
             write(temp)
         except FileNotFoundError:
-            if path.parent.is_dir():
-                raise
             path.parent.mkdir(parents=True, exist_ok=True)
             write(temp)
         os.replace(temp, path)
