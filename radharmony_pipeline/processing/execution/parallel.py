@@ -142,8 +142,8 @@ def map_with_time_limit(
     """[function(item) for item in items], each item in one of `workers` supervised processes
     (supervised.py): an item over `time_limit` becomes `time_limit.on_timeout(item, reason)`
     and its process is replaced. Items are handed out as each worker wants them, so there is
-    no chunk size; on_progress(done_items, total_items) comes every `progress_every` items (default:
-    as often as map_in_chunks reports its chunks) and at the end."""
+    no chunk size; on_progress(done_items, total_items) comes every `progress_every` items
+    (default: as often as map_in_chunks reports its chunks) and at the end."""
     size = _chunk_size(len(items), workers, progress_every)
     if not items:
         return []
