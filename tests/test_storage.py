@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import socket
+import threading
 from dataclasses import replace
 from pathlib import PurePosixPath
 
@@ -354,6 +355,33 @@ def test_a_write_that_lost_the_race_to_make_its_folder_is_tried_again(tmp_path):
     assert target.read_bytes() == b"pixels"
     assert len(attempts) == 2
     assert [path.name for path in target.parent.iterdir()] == ["one.png"]
+
+
+def test_many_writers_making_the_same_new_folders_at_once_all_succeed(tmp_path):
+    # Threads released together write into shared folders none of them finds: whichever
+    # makes a folder, every write lands and no temporary file is left.
+    folders = [tmp_path / "images" / f"{shard:02x}" / "deeper" for shard in range(6)]
+    start = threading.Barrier(12)
+    failures = []
+
+    def writer(number):
+        start.wait()
+        for round_ in range(5):
+            target = folders[(number + round_) % len(folders)] / f"{number}-{round_}.png"
+            try:
+                write_atomically(target, lambda temp: temp.write_bytes(b"%d" % number))
+            except OSError as error:
+                failures.append(error)
+
+    threads = [threading.Thread(target=writer, args=(number,)) for number in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert failures == []
+    written = sorted(path.name for folder in folders for path in folder.iterdir())
+    assert written == sorted(f"{n}-{r}.png" for n in range(12) for r in range(5))
 
 
 def test_a_file_written_atomically_makes_its_missing_folders_and_leaves_nothing_on_failure(

@@ -18,6 +18,7 @@ multiprocessing forbids to have children, plain subprocesses of the same interpr
 
 from __future__ import annotations
 
+import itertools
 import math
 import multiprocessing
 import os
@@ -319,7 +320,7 @@ def _hand_out(worker: _Worker, items: Sequence, waiting: deque[int], seconds: fl
     worker are charged to the item it was working on."""
     count = min(worker.items_wanted() - len(worker.in_hand), len(waiting))
     while count > 0:
-        batch = [waiting[position] for position in range(count)]
+        batch = list(itertools.islice(waiting, count))
         message = _ItemPickler.dumps([(index, items[index]) for index in batch])
         if not worker.in_hand or worker.queued_bytes() + len(message) <= _QUEUE_BYTES:
             break
