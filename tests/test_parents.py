@@ -290,6 +290,27 @@ def test_fingerprints_are_reused_per_image(tmp_path):
     )
 
 
+def test_parent_images_are_read_only_inside_the_parent_root(tmp_path):
+    root, elsewhere = tmp_path / "nih", tmp_path / "elsewhere"
+    _radiographs(root, 2, seed=4)
+    _radiographs(elsewhere, 1, seed=5)
+    images = root / "images"
+    (images / "00000007_000.png").symlink_to(elsewhere / "images" / "00000000_000.png")
+    (images / "00000008_000.png").symlink_to("00000001_000.png")  # stays inside: read
+    jobs = parent_image_jobs(root, tree_states(root, (".png",)), 64, "letterbox")
+    table, decoded = fingerprint_parent_images(jobs, None, workers=1)
+    rows = table.set_index("parent_image_id")
+    assert decoded == 4
+    assert rows.loc["00000007_000.png", "status"] == "error"
+    assert "outside the image folder" in rows.loc["00000007_000.png", "error"]
+    assert pd.isna(rows.loc["00000007_000.png", "pixels_sha256"])
+    assert (rows.drop(index="00000007_000.png")["status"] == "ok").all()
+    assert (
+        rows.loc["00000008_000.png", "pixels_sha256"]
+        == rows.loc["00000001_000.png", "pixels_sha256"]
+    )
+
+
 def test_ambiguous_when_two_parents_hold_the_same_pixels():
     children = pd.DataFrame(
         {

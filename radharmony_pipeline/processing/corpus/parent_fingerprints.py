@@ -13,7 +13,7 @@ import pandas as pd
 from radharmony_pipeline.processing.execution.parallel import Progress, map_in_chunks
 from radharmony_pipeline.processing.imaging.decode import DecodeError, decode_grayscale
 from radharmony_pipeline.processing.imaging.geometry import GEOMETRIES, resize_image
-from radharmony_pipeline.processing.imaging.image_files import NamedSource
+from radharmony_pipeline.processing.imaging.image_files import confined_source
 from radharmony_pipeline.processing.jobs.image_jobs import (
     IMAGE_CODE_VERSION,
     content_fingerprints,
@@ -32,6 +32,7 @@ FINGERPRINT_COLUMNS: tuple[str, ...] = tuple(NIH_FINGERPRINTS.names)
 class ParentImageJob:
     parent_image_id: str
     image_path: str  # relative to the parent's root
+    root: SourcePath  # the parent's root: nothing is read from outside it
     source_file: SourcePath
     state: FileState
     size: int
@@ -62,7 +63,8 @@ class ParentImageJob:
 def fingerprint_parent_image(job: ParentImageJob) -> dict[str, object]:
     """Top-level (picklable): the row of one image, or its error row."""
     try:
-        content = read_source(NamedSource(job.source_file, None, job.state))
+        with confined_source(job.source_file, job.root, job.state) as source:
+            content = read_source(source)
         decoded = decode_grayscale(job.source_file, target_size=job.size, content=content)
         geometry = GEOMETRIES[job.resize](decoded.source_height, decoded.source_width, job.size)
         pixels = resize_image(decoded.pixels, geometry)
@@ -79,7 +81,9 @@ def parent_image_jobs(
 ) -> list[ParentImageJob]:
     """One job per image file; the id is the file name (NIH's Image Index)."""
     return [
-        ParentImageJob(posixpath.basename(relative), relative, root / relative, state, size, resize)
+        ParentImageJob(
+            posixpath.basename(relative), relative, root, root / relative, state, size, resize
+        )
         for relative, state in sorted(states.items())
     ]
 
