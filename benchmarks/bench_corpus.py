@@ -352,6 +352,9 @@ def rerun_train(data: Path, output: Path, env: dict, size_dir: Path) -> Iterator
     sources = [Path(line) for line in (data / TRAIN_SOURCES).read_text().splitlines()]
     changed = bench_reruns.change_sources(sources, CHANGED_SHARE, 0)
     yield counted(run_step(f"re-run train, {changed} changed", command, env, output, log), env)
+    # The exports are measured by now and a second build of train needs their room: at the
+    # full count they hold 12 GB, and with them the disk filled before the kill.
+    shutil.rmtree(output / layout.EXPORTS, ignore_errors=True)
     resumed = size_dir / "resumed"
     resumed_env = {**env, "RADHARMONY_OUTPUT_ROOT": str(resumed)}
     killed = bench_reruns.launch_and_kill_halfway(resumed_env, resumed, len(sources))

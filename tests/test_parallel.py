@@ -331,6 +331,17 @@ def test_quick_items_are_collected_in_batches_not_one_wake_up_each(monkeypatch) 
     assert len(waits) < len(items) / 4, f"{len(waits)} wake-ups for {len(items)} items"
 
 
+def test_items_of_microseconds_are_handed_out_hundreds_at_a_time(monkeypatch) -> None:
+    # A worker must hold enough of them to stay busy between the parent's wake-ups (an
+    # image a killed build already wrote takes a tenth of a millisecond): with a few dozen
+    # in hand, it waits for the parent most of the time.
+    waits = count_waits(monkeypatch)
+    items = list(range(20_000))
+    roomy = TimeLimit(60.0, LIMIT.on_timeout)
+    assert run_supervised(abs, items, 1, roomy, process_context()) == items
+    assert len(waits) < len(items) / 100, f"{len(waits)} wake-ups for {len(items)} items"
+
+
 def test_quick_items_travel_to_a_worker_several_per_message(monkeypatch) -> None:
     # Items handed out together are pickled and written into the pipe as one message.
     messages: list[int] = []

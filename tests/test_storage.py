@@ -337,6 +337,60 @@ def test_an_output_whose_pixels_were_altered_under_its_key_is_decoded_and_writte
         assert pixels_sha256(np.asarray(image)) == first[0].pixels_sha256
 
 
+@pytest.mark.parametrize("owner", ["", "999999999@" + socket.gethostname() + "-" + "0" * 32])
+def test_a_killed_builds_rows_are_kept_and_only_the_rest_is_looked_at_again(
+    tmp_path, monkeypatch, owner
+):
+    # A first build killed after four of six images: their PNGs and array rows are written,
+    # one of those rows is stale (other pixels under the same key), the last two are not.
+    sources = write_sources(tmp_path / "sources", 6)[:6]
+    root = tmp_path / "out"
+    packed = root / layout.packed_images("p")
+    first = build_packed_images(image_jobs(sources, root), packed, SIZE, LocalPool(1))
+    expected = np.load(packed)
+    left = np.load(packed)
+    left[1] ^= 0x33
+    left[4:] = 0
+    orphan = packed.with_name(f"{TEMP_MARKER}{owner}-{packed.name}")
+    np.save(orphan, left)
+    for leftover in packed.parent.glob(f"{packed.name}*"):
+        leftover.unlink()  # the build never published its array, keys or record
+    for row in first[4:]:
+        (root / row.image_path).unlink()
+    looked_at = []
+    reuse = ImageJob._reuse
+    monkeypatch.setattr(
+        ImageJob, "_reuse", lambda job, key: looked_at.append(job.row) or reuse(job, key)
+    )
+
+    again = build_packed_images(image_jobs(sources, root), packed, SIZE, LocalPool(1))
+
+    assert looked_at == [1, 4, 5]  # 0, 2, 3 taken from the array as the build left them
+    assert [row.decoded for row in again] == [False, False, False, False, True, True]
+    assert [replace(row, decoded=False) for row in again] == [
+        replace(row, decoded=False) for row in first
+    ]
+    np.testing.assert_array_equal(np.load(packed), expected)
+    assert not list(packed.parent.glob(f"{TEMP_MARKER}*"))
+
+
+def test_a_leftover_array_of_another_shape_is_not_taken_for_the_build(tmp_path):
+    sources = write_sources(tmp_path / "sources", 3)[:3]
+    root = tmp_path / "out"
+    packed = root / layout.packed_images("p")
+    first = build_packed_images(image_jobs(sources, root), packed, SIZE, LocalPool(1))
+    expected = np.load(packed)
+    for leftover in packed.parent.glob(f"{packed.name}*"):
+        leftover.unlink()
+    # A build of another size left its array, whose first rows hold other pixels.
+    np.save(packed.with_name(f"{TEMP_MARKER}-{packed.name}"), np.ones((3, 16, 16), np.uint8))
+
+    again = build_packed_images(image_jobs(sources, root), packed, SIZE, LocalPool(1))
+
+    assert again == [replace(row, decoded=False) for row in first]
+    np.testing.assert_array_equal(np.load(packed), expected)
+
+
 def test_a_write_that_lost_the_race_to_make_its_folder_is_tried_again(tmp_path):
     # Two workers write their first images into a new shard folder at the same moment: both
     # find it missing, the other one makes it, and this one's write must still succeed.

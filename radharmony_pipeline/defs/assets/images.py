@@ -94,7 +94,8 @@ def images(
     folder = root / resized_image_folder(context.partition_key)
     packed = root / packed_images(context.partition_key)
     make_folder(folder)
-    _remove_interrupted_writes(folder, packed)
+    # The array a killed build was assembling stays: the build resumes from its rows.
+    remove_orphaned_temporaries(folder)
     unions = _union_masks(masks, root)
     base = source.image_dir(split)
     errors = raw_index["error"] if "error" in raw_index else pd.Series(pd.NA, index=raw_index.index)
@@ -133,7 +134,7 @@ def images(
     limit = run_settings.time_limit(image_job_stopped)
     executor = run_settings.executor()
     update = update_packed_images(jobs, packed, config.size, executor, progress.update, limit)
-    # A killed worker (time limit) leaves its temporary PNG behind.
+    # A killed worker (time limit) leaves its temporary PNG behind, a killed run its arrays.
     _remove_interrupted_writes(folder, packed)
     table = image_table(update.rows)
     fail_if_strict(table, run_settings.strict, "images")
@@ -175,7 +176,7 @@ def _union_masks(masks: pd.DataFrame, root: OutputPath) -> dict[str, OutputPath]
 
 def _remove_interrupted_writes(folder: OutputPath, packed: OutputPath) -> None:
     """A killed run leaves temporary files and shards (never partial outputs); clear those
-    whose writer is gone before resuming. A live writer's (another run of this partition)
+    whose writer is gone. A live writer's (another run of this partition)
     are left alone. Globs list the folder once, on object storage too."""
     remove_orphaned_temporaries(folder)
     for path in glob(packed.parent, f"{TEMP_MARKER}*{packed.name}*"):

@@ -81,9 +81,11 @@ class TimeLimit(Generic[T, R]):
 COLLECT_SECONDS = 0.02
 # Items a worker holds at once: the one it works on and at least the next, so it starts the
 # next as soon as it sends a result instead of waiting for the parent to answer; more for
-# quick items, up to MAX_ITEMS_IN_HAND, so that it is still busy when the parent next looks.
+# quick items, so that it is still busy when the parent next looks. Items of a tenth of a
+# millisecond (an image a killed build had already written) need hundreds per interval: at
+# 16 the workers waited most of the time. The pipe's share (_QUEUE_BYTES) bounds it first.
 MIN_ITEMS_IN_HAND = 2
-MAX_ITEMS_IN_HAND = 16
+MAX_ITEMS_IN_HAND = 1024
 # Queued items may fill at most half a pipe (64 KiB on Linux); a bigger one waits
 # until its worker is idle (reading), so the parent never blocks writing into the pipe of a
 # worker that is stuck on its current item.

@@ -81,7 +81,10 @@ from radharmony_pipeline.processing.storage.packed_journal import (
     replay_interrupted_patch,
     write_keys,
 )
-from radharmony_pipeline.processing.storage.packed_rows import PackedRowWriter
+from radharmony_pipeline.processing.storage.packed_rows import (
+    PackedRowWriter,
+    claim_interrupted_build,
+)
 from radharmony_pipeline.processing.storage.source_store import (
     FileState,
     NotARegularFile,
@@ -263,6 +266,25 @@ class ImageJob:
         """What the row takes from its outputs written with `key`, with their states."""
         return HeaderRecord(self.image_relative, key, states[0], states[1], values)
 
+    def held_row(self, array: PackedRowWriter) -> ImageRow | None:
+        """The row of an image whose outputs carry the current key and whose pixels row
+        `array_row` of `array` already holds, as a killed build left them (checked against
+        the digest in the PNG's header): nothing decoded or written. None: the job runs."""
+        if self.index_error is not None:
+            return None
+        try:
+            with self.source() as source:
+                key = self.key_for(source.state)
+            tags = read_leading_tags(self.output_file(self.image_relative))
+            if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
+                return None
+            values = header_values(tags)
+            if values.get("pixels_sha256") != pixels_sha256(array.read(self.array_row)):
+                return None
+            return self._row(values, key, decoded=False)
+        except (KeyError, OSError, ValueError):  # the job runs and names the problem
+            return None
+
     def _mask_is_current(self, key: str) -> bool:
         return self.mask_relative is None or (
             stored_input_key(self.output_file(self.mask_relative)) == key
@@ -401,6 +423,17 @@ class PackedRows:
         return row, None
 
 
+class ResumedPackedRows(PackedRows):
+    """PackedRows over the array a killed build was assembling: an image whose row that
+    build wrote, with its outputs, is taken as it is (ImageJob.held_row); the others run."""
+
+    def __call__(self, job: ImageJob) -> tuple[ImageRow, None]:
+        if self._writer is None:
+            self._writer = PackedRowWriter(self.scratch)
+        row = job.held_row(self._writer)
+        return (row, None) if row is not None else super().__call__(job)
+
+
 @dataclass(frozen=True)
 class ImageChunk:
     """Consecutive jobs of one partition and the shard their pixels go to (Dask workers do
@@ -460,10 +493,12 @@ def update_packed_images(
     array written in place under a journal (packed_journal: never a half-patched array taken
     for a finished one). Otherwise (a first build, images added or removed, another size, an
     array on object storage) the array is assembled in a local scratch file (current PNGs
-    re-used, the rest decoded) and published once, then its keys recorded. Locally the jobs
-    run in the supervised pool and write straight into the scratch file; on a Dask cluster
-    chunks of jobs write shards that are copied into it one at a time. `time_limit` bounds
-    each image in both places.
+    re-used, the rest decoded) and published once, then its keys recorded. A local build
+    that was killed left its scratch array: the next one takes it over, with every row
+    that matches its current PNG's digest (claim_interrupted_build, ImageJob.held_row).
+    Locally the jobs run in the supervised pool and write straight into the scratch file;
+    on a Dask cluster chunks of jobs write shards that are copied into it one at a time.
+    `time_limit` bounds each image in both places.
     """
     replayed = replay_interrupted_patch(packed) if is_local(packed) else 0
     recorded = _recorded_keys(packed_keys(packed)) if _has_size(packed, len(jobs), size) else None
@@ -498,8 +533,12 @@ def update_packed_images(
             _record_headers(jobs, rows, known, previous, packed)
             return PackedUpdate(rows, written, replayed)
     with local_scratch_file(packed, suffix=".npy") as scratch:
-        allocate_array(scratch, packed, (len(jobs), size, size))
-        rows = _run(jobs, scratch, packed, size, executor, on_progress, time_limit)
+        shape = (len(jobs), size, size)
+        resumed = is_local(packed) and claim_interrupted_build(packed, scratch, shape)
+        if not resumed:
+            allocate_array(scratch, packed, shape)
+        runner = ResumedPackedRows(scratch) if resumed else PackedRows(scratch)
+        rows = _run(jobs, runner, packed, size, executor, on_progress, time_limit)
         publish_file(packed, scratch)
     # The keys the outputs were written with, as each job computed it before reading.
     keys = [row.input_key for row in rows]
@@ -540,7 +579,8 @@ def _patch(
     changed = [replace(jobs[position], scratch_row=slot) for slot, position in enumerate(stale)]
     with local_scratch_file(packed, suffix=".npy") as scratch:
         allocate_array(scratch, packed, (len(changed), size, size))
-        fresh = _run(changed, scratch, packed, size, executor, on_progress, time_limit)
+        runner = PackedRows(scratch)
+        fresh = _run(changed, runner, packed, size, executor, on_progress, time_limit)
         pixels = np.load(scratch)
     for position, row in zip(stale, fresh, strict=True):
         rows[position] = row
@@ -555,19 +595,21 @@ def _patch(
 
 def _run(
     jobs: Sequence[ImageJob],
-    scratch: Path,
+    runner: PackedRows,
     packed: Any,
     size: int,
     executor: Executor,
     on_progress: Progress | None,
     time_limit: TimeLimit | None,
 ) -> list[ImageRow]:
-    """Run `jobs`, each one's pixels written into row `array_row` of the local `scratch`."""
+    """Run `jobs` by `runner` locally, each one's pixels written into row `array_row` of
+    its scratch array; on a Dask cluster the chunks' shards are copied into that array
+    (every row of a chunk: a killed build's rows are not looked at there)."""
     if isinstance(executor, LocalPool):
-        return _run_locally(jobs, scratch, executor.workers, on_progress, time_limit)
+        return _run_locally(jobs, runner, executor.workers, on_progress, time_limit)
     chunk = default_chunk_size(len(jobs), executor.slots())
     chunks = _chunks(jobs, packed, size, chunk, time_limit)
-    return _run_on_dask(chunks, scratch, executor, on_progress)
+    return _run_on_dask(chunks, runner.scratch, executor, on_progress)
 
 
 CurrentRow = tuple[ImageRow, HeaderRecord | None]
@@ -625,13 +667,13 @@ def _written_record(job_row: tuple[ImageJob, ImageRow]) -> HeaderRecord | None:
 
 def _run_locally(
     jobs: Sequence[ImageJob],
-    scratch: Path,
+    runner: PackedRows,
     workers: int,
     on_progress: Progress | None,
     time_limit: TimeLimit | None,
 ) -> list[ImageRow]:
-    """Rows in job order; each worker writes its jobs' pixels straight into `scratch`."""
-    runner = PackedRows(scratch)
+    """Rows in job order; each worker writes its jobs' pixels straight into the runner's
+    scratch array."""
     if time_limit is None:
         results = map_in_chunks(runner, jobs, workers, on_progress=on_progress)
     else:

@@ -21,6 +21,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER, writer_is_gone
 from radharmony_pipeline.processing.storage.store import (
     OutputPath,
     file_size,
@@ -193,7 +194,8 @@ class PackedRowReader:
 
 
 class PackedRowWriter:
-    """Writes rows of one local packed array in place, each run of rows with one `pwrite`.
+    """Writes rows of one local packed array in place, each run of rows with one `pwrite`
+    (and reads one back, `read`).
 
     Not through a memory map: a mapped page written for the first time costs a page fault
     and the file system's bookkeeping per 4 KB, several times a `pwrite` of the same bytes
@@ -201,7 +203,7 @@ class PackedRowWriter:
 
     def __init__(self, path: Path) -> None:
         self.layout = read_layout(path)
-        self._descriptor: int | None = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        self._descriptor: int | None = os.open(path, os.O_RDWR | os.O_CLOEXEC)
 
     def __enter__(self) -> PackedRowWriter:
         return self
@@ -219,6 +221,19 @@ class PackedRowWriter:
         if self._descriptor is None:
             raise ValueError(f"{self.layout.path}: synced after the writer was closed")
         os.fsync(self._descriptor)
+
+    def read(self, row: int) -> np.ndarray:
+        """Row `row` as it is in the file now."""
+        layout = self.layout
+        if self._descriptor is None:
+            raise ValueError(f"{layout.path}: read after the writer was closed")
+        if not 0 <= row < layout.rows:
+            raise IndexError(f"{layout.path}: row {row} outside its {layout.rows}")
+        offset = layout.data_offset + row * layout.row_bytes
+        content = os.pread(self._descriptor, layout.row_bytes, offset)
+        if len(content) != layout.row_bytes:
+            raise OSError(f"{layout.path}: row {row} cut short at byte {offset + len(content):,}")
+        return np.frombuffer(content, layout.dtype).reshape(layout.row_shape)
 
     def write(self, start: int, rows: np.ndarray) -> None:
         """`rows` (the array's row shape, one or more of them) at rows [start, start + n)."""
@@ -242,6 +257,29 @@ class PackedRowWriter:
             if written == 0:  # never for a regular file; guards the loop
                 raise OSError(f"{layout.path}: nothing written at byte {offset:,}")
             view, offset = view[written:], offset + written
+
+
+def claim_interrupted_build(packed: Path, scratch: Path, shape: tuple[int, ...]) -> bool:
+    """Whether the array a killed build of the local `packed` was assembling is now `scratch`:
+    a temporary sibling of `packed` whose writer is gone, of `shape` and of bytes, renamed.
+    Its rows written before the kill are then looked at instead of decoded again (the
+    caller checks each against its PNG's digest); the other leftovers are the clean-up's."""
+    packed = Path(packed)
+    for orphan in packed.parent.glob(f"{TEMP_MARKER}*-{packed.name}"):
+        if orphan == scratch or not writer_is_gone(orphan):
+            continue
+        try:
+            layout = read_layout(orphan)
+        except (OSError, PackedArrayError):
+            continue
+        if layout.shape != shape or layout.dtype != np.uint8:
+            continue
+        try:
+            os.replace(orphan, scratch)
+        except FileNotFoundError:  # another run claimed it first
+            continue
+        return True
+    return False
 
 
 def _object_header_bytes(path: OutputPath) -> bytes:
