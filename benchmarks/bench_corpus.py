@@ -16,8 +16,9 @@ it added under the output root, then near_duplicates' time and hash pairs per si
 projection to 1,000,000 images, and the marginal cost per image between sizes. The datasets
 written whole are rendered once (`--work`/whole_datasets) and hard-linked into each size;
 each size's figures are kept (`--work`/steps_n*.json), so sizes run by separate commands
-combine. Everything lives under `--work` (about 40 GB at the full count with
-`--side 192`); each size is deleted before the next unless `--keep`.
+combine. Everything lives under `--work` (up to about 60 GB at the full count with
+`--side 192`: the render, N's outputs and train's second build, for which N's measured
+exports are deleted); each size is deleted before the next unless `--keep`.
 
     .venv/bin/python benchmarks/bench_corpus.py --work /tmp/rehearsal
     .venv/bin/python benchmarks/bench_corpus.py --work /tmp/r --fractions 0.02 --side 512

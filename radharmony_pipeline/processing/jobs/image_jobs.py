@@ -273,10 +273,13 @@ class ImageJob:
         if self.index_error is not None:
             return None
         try:
+            # The PNG first: an image the build had not reached answers without its source.
+            tags = read_leading_tags(self.output_file(self.image_relative))
+            if INPUT_KEY_TAG not in tags:
+                return None
             with self.source() as source:
                 key = self.key_for(source.state)
-            tags = read_leading_tags(self.output_file(self.image_relative))
-            if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
+            if tags[INPUT_KEY_TAG] != key or not self._mask_is_current(key):
                 return None
             values = header_values(tags)
             if values.get("pixels_sha256") != pixels_sha256(array.read(self.array_row)):
@@ -423,17 +426,6 @@ class PackedRows:
         return row, None
 
 
-class ResumedPackedRows(PackedRows):
-    """PackedRows over the array a killed build was assembling: an image whose row that
-    build wrote, with its outputs, is taken as it is (ImageJob.held_row); the others run."""
-
-    def __call__(self, job: ImageJob) -> tuple[ImageRow, None]:
-        if self._writer is None:
-            self._writer = PackedRowWriter(self.scratch)
-        row = job.held_row(self._writer)
-        return (row, None) if row is not None else super().__call__(job)
-
-
 @dataclass(frozen=True)
 class ImageChunk:
     """Consecutive jobs of one partition and the shard their pixels go to (Dask workers do
@@ -534,11 +526,16 @@ def update_packed_images(
             return PackedUpdate(rows, written, replayed)
     with local_scratch_file(packed, suffix=".npy") as scratch:
         shape = (len(jobs), size, size)
-        resumed = is_local(packed) and claim_interrupted_build(packed, scratch, shape)
-        if not resumed:
+        if is_local(packed) and claim_interrupted_build(packed, scratch, shape):
+            held = _held_rows(jobs, scratch)
+        else:
             allocate_array(scratch, packed, shape)
-        runner = ResumedPackedRows(scratch) if resumed else PackedRows(scratch)
-        rows = _run(jobs, runner, packed, size, executor, on_progress, time_limit)
+            held = [None] * len(jobs)
+        to_run = [position for position, row in enumerate(held) if row is None]
+        ran = _run(
+            [jobs[p] for p in to_run], scratch, packed, size, executor, on_progress, time_limit
+        )
+        rows = _merged(held, to_run, ran)
         publish_file(packed, scratch)
     # The keys the outputs were written with, as each job computed it before reading.
     keys = [row.input_key for row in rows]
@@ -579,8 +576,7 @@ def _patch(
     changed = [replace(jobs[position], scratch_row=slot) for slot, position in enumerate(stale)]
     with local_scratch_file(packed, suffix=".npy") as scratch:
         allocate_array(scratch, packed, (len(changed), size, size))
-        runner = PackedRows(scratch)
-        fresh = _run(changed, runner, packed, size, executor, on_progress, time_limit)
+        fresh = _run(changed, scratch, packed, size, executor, on_progress, time_limit)
         pixels = np.load(scratch)
     for position, row in zip(stale, fresh, strict=True):
         rows[position] = row
@@ -595,21 +591,19 @@ def _patch(
 
 def _run(
     jobs: Sequence[ImageJob],
-    runner: PackedRows,
+    scratch: Path,
     packed: Any,
     size: int,
     executor: Executor,
     on_progress: Progress | None,
     time_limit: TimeLimit | None,
 ) -> list[ImageRow]:
-    """Run `jobs` by `runner` locally, each one's pixels written into row `array_row` of
-    its scratch array; on a Dask cluster the chunks' shards are copied into that array
-    (every row of a chunk: a killed build's rows are not looked at there)."""
+    """Run `jobs`, each one's pixels written into row `array_row` of the local `scratch`."""
     if isinstance(executor, LocalPool):
-        return _run_locally(jobs, runner, executor.workers, on_progress, time_limit)
+        return _run_locally(jobs, scratch, executor.workers, on_progress, time_limit)
     chunk = default_chunk_size(len(jobs), executor.slots())
     chunks = _chunks(jobs, packed, size, chunk, time_limit)
-    return _run_on_dask(chunks, runner.scratch, executor, on_progress)
+    return _run_on_dask(chunks, scratch, executor, on_progress)
 
 
 CurrentRow = tuple[ImageRow, HeaderRecord | None]
@@ -626,6 +620,24 @@ def key_and_current_row(
     if key is None or key != recorded:
         return key, None
     return key, job.current_row(key, record)
+
+
+def _held_rows(jobs: Sequence[ImageJob], scratch: Path) -> list[ImageRow | None]:
+    """ImageJob.held_row of every job over the array a killed build left: one pass over
+    the outputs and sources, on threads while they are cold on disk (as after a build that
+    wrote more than memory holds), before the pool runs the rest."""
+    with PackedRowWriter(scratch) as array:
+        return map_on_file_system(lambda job: job.held_row(array), jobs)
+
+
+def _merged(
+    rows: Sequence[ImageRow | None], positions: Sequence[int], filled: Sequence[ImageRow]
+) -> list[ImageRow]:
+    """`rows` with the row at each of `positions` replaced by the next of `filled`."""
+    merged = list(rows)
+    for position, row in zip(positions, filled, strict=True):
+        merged[position] = row
+    return cast(list[ImageRow], merged)
 
 
 def _record_headers(
@@ -667,13 +679,13 @@ def _written_record(job_row: tuple[ImageJob, ImageRow]) -> HeaderRecord | None:
 
 def _run_locally(
     jobs: Sequence[ImageJob],
-    runner: PackedRows,
+    scratch: Path,
     workers: int,
     on_progress: Progress | None,
     time_limit: TimeLimit | None,
 ) -> list[ImageRow]:
-    """Rows in job order; each worker writes its jobs' pixels straight into the runner's
-    scratch array."""
+    """Rows in job order; each worker writes its jobs' pixels straight into `scratch`."""
+    runner = PackedRows(scratch)
     if time_limit is None:
         results = map_in_chunks(runner, jobs, workers, on_progress=on_progress)
     else:
