@@ -176,8 +176,8 @@ def _union_masks(masks: pd.DataFrame, root: OutputPath) -> dict[str, OutputPath]
 
 def _remove_interrupted_writes(folder: OutputPath, packed: OutputPath) -> None:
     """A killed run leaves temporary files and shards (never partial outputs); clear those
-    whose writer is gone. A live writer's (another run of this partition)
-    are left alone. Globs list the folder once, on object storage too."""
+    whose writer is gone. A live writer's (another run of this partition) are left alone.
+    Globs list the folder once, on object storage too."""
     remove_orphaned_temporaries(folder)
     for path in glob(packed.parent, f"{TEMP_MARKER}*{packed.name}*"):
         if writer_is_gone(path):
