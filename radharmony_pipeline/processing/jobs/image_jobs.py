@@ -267,25 +267,17 @@ class ImageJob:
         return HeaderRecord(self.image_relative, key, states[0], states[1], values)
 
     def held_row(self, array: PackedRowWriter) -> ImageRow | None:
-        """The row of an image whose outputs carry the current key and whose pixels row
-        `array_row` of `array` already holds, as a killed build left them (checked against
-        the digest in the PNG's header): nothing decoded or written. None: the job runs."""
+        """The current row (current_row) of an image whose pixels row `array_row` of `array`
+        already holds, as a killed build left them (checked against the digest in the PNG's
+        header): nothing decoded or written. None: the job runs."""
         if self.index_error is not None:
             return None
         try:
-            # The PNG first: an image the build had not reached answers without its source.
-            tags = read_leading_tags(self.output_file(self.image_relative))
-            if INPUT_KEY_TAG not in tags:
+            found = self.current_row(self.input_key())
+            if found is None or found[0].pixels_sha256 != pixels_sha256(array.read(self.array_row)):
                 return None
-            with self.source() as source:
-                key = self.key_for(source.state)
-            if tags[INPUT_KEY_TAG] != key or not self._mask_is_current(key):
-                return None
-            values = header_values(tags)
-            if values.get("pixels_sha256") != pixels_sha256(array.read(self.array_row)):
-                return None
-            return self._row(values, key, decoded=False)
-        except (KeyError, OSError, ValueError):  # the job runs and names the problem
+            return found[0]
+        except (OSError, ValueError):  # the job runs and names the problem
             return None
 
     def _mask_is_current(self, key: str) -> bool:
@@ -578,8 +570,7 @@ def _patch(
         allocate_array(scratch, packed, (len(changed), size, size))
         fresh = _run(changed, scratch, packed, size, executor, on_progress, time_limit)
         pixels = np.load(scratch)
-    for position, row in zip(stale, fresh, strict=True):
-        rows[position] = row
+    rows[:] = _merged(rows, stale, fresh)
     slots = [
         slot
         for slot, (position, row) in enumerate(zip(stale, fresh, strict=True))
