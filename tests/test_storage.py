@@ -337,12 +337,11 @@ def test_an_output_whose_pixels_were_altered_under_its_key_is_decoded_and_writte
         assert pixels_sha256(np.asarray(image)) == first[0].pixels_sha256
 
 
-@pytest.mark.parametrize("owner", ["", "999999999@" + socket.gethostname() + "-" + "0" * 32])
-def test_a_killed_builds_rows_are_kept_and_only_the_rest_is_looked_at_again(
-    tmp_path, monkeypatch, owner
-):
-    # A first build killed after four of six images: their PNGs and array rows are written,
-    # one of those rows is stale (other pixels under the same key), the last two are not.
+def killed_build(tmp_path, owner=""):
+    """A first build killed after four of six images: their PNGs and array rows are written,
+    one of those rows is stale (other pixels under the same key), the last two are not.
+    The sources, the output root, the packed array's path, the rows and array of an
+    uninterrupted build."""
     sources = write_sources(tmp_path / "sources", 6)[:6]
     root = tmp_path / "out"
     packed = root / layout.packed_images("p")
@@ -351,12 +350,28 @@ def test_a_killed_builds_rows_are_kept_and_only_the_rest_is_looked_at_again(
     left = np.load(packed)
     left[1] ^= 0x33
     left[4:] = 0
-    orphan = packed.with_name(f"{TEMP_MARKER}{owner}-{packed.name}")
-    np.save(orphan, left)
+    np.save(packed.with_name(f"{TEMP_MARKER}{owner}-{packed.name}"), left)
     for leftover in packed.parent.glob(f"{packed.name}*"):
         leftover.unlink()  # the build never published its array, keys or record
     for row in first[4:]:
         (root / row.image_path).unlink()
+    return sources, root, packed, first, expected
+
+
+def assert_resumed_as_built(again, first, packed, expected):
+    assert [row.decoded for row in again] == [False, False, False, False, True, True]
+    assert [replace(row, decoded=False) for row in again] == [
+        replace(row, decoded=False) for row in first
+    ]
+    np.testing.assert_array_equal(np.load(packed), expected)
+    assert not list(packed.parent.glob(f"{TEMP_MARKER}*"))
+
+
+@pytest.mark.parametrize("owner", ["", "999999999@" + socket.gethostname() + "-" + "0" * 32])
+def test_a_killed_builds_rows_are_kept_and_only_the_rest_is_looked_at_again(
+    tmp_path, monkeypatch, owner
+):
+    sources, root, packed, first, expected = killed_build(tmp_path, owner)
     looked_at = []
     reuse = ImageJob._reuse
     monkeypatch.setattr(
@@ -366,12 +381,15 @@ def test_a_killed_builds_rows_are_kept_and_only_the_rest_is_looked_at_again(
     again = build_packed_images(image_jobs(sources, root), packed, SIZE, LocalPool(1))
 
     assert looked_at == [1, 4, 5]  # 0, 2, 3 taken from the array as the build left them
-    assert [row.decoded for row in again] == [False, False, False, False, True, True]
-    assert [replace(row, decoded=False) for row in again] == [
-        replace(row, decoded=False) for row in first
-    ]
-    np.testing.assert_array_equal(np.load(packed), expected)
-    assert not list(packed.parent.glob(f"{TEMP_MARKER}*"))
+    assert_resumed_as_built(again, first, packed, expected)
+
+
+def test_a_killed_builds_rows_are_checked_in_the_pools_worker_processes(tmp_path):
+    sources, root, packed, first, expected = killed_build(tmp_path)
+
+    again = build_packed_images(image_jobs(sources, root), packed, SIZE, LocalPool(2))
+
+    assert_resumed_as_built(again, first, packed, expected)
 
 
 def test_a_leftover_array_of_another_shape_is_not_taken_for_the_build(tmp_path):

@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Self, cast
 
 import numpy as np
 import pandas as pd
@@ -393,29 +393,51 @@ def run_image_job(job: ImageJob) -> tuple[ImageRow, np.ndarray | None]:
     return job.run()
 
 
-class PackedRows:
-    """The local pool's (picklable) job runner: each job's pixels go into row `job.array_row`
-    of the local scratch array, and it returns what run_image_job does, the pixels already
-    packed (None), so that image_job_stopped bounds it as it bounds run_image_job.
-
-    The scratch file is on this machine, so every worker process opens it once (the open
-    file is not pickled) and writes its rows in place (the page cache is shared); an image
-    stopped by the time limit leaves its row zero."""
+class _OnScratchArray:
+    """A picklable runner of image jobs over the local scratch array: the file is on this
+    machine, so every worker process opens it once (an open file is not pickled) and reads
+    or writes its rows in place (the page cache is shared)."""
 
     def __init__(self, scratch: Path) -> None:
         self.scratch = scratch
-        self._writer: PackedRowWriter | None = None
+        self._array: PackedRowWriter | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"scratch": self.scratch, "_writer": None}
+        return {"scratch": self.scratch, "_array": None}
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Close the array where this process opened it (running the jobs itself)."""
+        if self._array is not None:
+            self._array.close()
+            self._array = None
+
+    def array(self) -> PackedRowWriter:
+        if self._array is None:
+            self._array = PackedRowWriter(self.scratch)
+        return self._array
+
+
+class PackedRows(_OnScratchArray):
+    """The local pool's job runner: each job's pixels go into row `job.array_row` of the
+    scratch array, and it returns what run_image_job does, the pixels already packed (None),
+    so that image_job_stopped bounds it as it bounds run_image_job (an image stopped by the
+    time limit leaves its row zero)."""
 
     def __call__(self, job: ImageJob) -> tuple[ImageRow, None]:
         row, pixels = job.run()
         if pixels is not None:
-            if self._writer is None:
-                self._writer = PackedRowWriter(self.scratch)
-            self._writer.write(job.array_row, pixels)
+            self.array().write(job.array_row, pixels)
         return row, None
+
+
+class HeldRows(_OnScratchArray):
+    """ImageJob.held_row of each job over the scratch array a killed build left."""
+
+    def __call__(self, job: ImageJob) -> ImageRow | None:
+        return job.held_row(self.array())
 
 
 @dataclass(frozen=True)
@@ -519,7 +541,7 @@ def update_packed_images(
     with local_scratch_file(packed, suffix=".npy") as scratch:
         shape = (len(jobs), size, size)
         if is_local(packed) and claim_interrupted_build(packed, scratch, shape):
-            held = _held_rows(jobs, scratch)
+            held = _held_rows(jobs, scratch, executor)
         else:
             allocate_array(scratch, packed, shape)
             held = [None] * len(jobs)
@@ -613,12 +635,18 @@ def key_and_current_row(
     return key, job.current_row(key, record)
 
 
-def _held_rows(jobs: Sequence[ImageJob], scratch: Path) -> list[ImageRow | None]:
-    """ImageJob.held_row of every job over the array a killed build left: one pass over
-    the outputs and sources, on threads while they are cold on disk (as after a build that
-    wrote more than memory holds), before the pool runs the rest."""
-    with PackedRowWriter(scratch) as array:
-        return map_on_file_system(lambda job: job.held_row(array), jobs)
+def _held_rows(
+    jobs: Sequence[ImageJob], scratch: Path, executor: Executor
+) -> list[ImageRow | None]:
+    """ImageJob.held_row of every job over the array a killed build left, before the pool
+    runs the rest: on the local pool's processes (the array is on this machine, so in this
+    process beside a Dask cluster). A look costs ~0.1 ms of CPU where the killed build left
+    its files in the page cache (a source's state, a PNG's first KB, a row read and
+    hashed): split over processes it takes a few seconds at train's count, where threads
+    of one process took several times that, trading the GIL at every call."""
+    workers = executor.workers if isinstance(executor, LocalPool) else 1
+    with HeldRows(scratch) as held:
+        return map_in_chunks(held, jobs, workers)
 
 
 def _merged(
@@ -676,11 +704,11 @@ def _run_locally(
     time_limit: TimeLimit | None,
 ) -> list[ImageRow]:
     """Rows in job order; each worker writes its jobs' pixels straight into `scratch`."""
-    runner = PackedRows(scratch)
-    if time_limit is None:
-        results = map_in_chunks(runner, jobs, workers, on_progress=on_progress)
-    else:
-        results = map_with_time_limit(runner, jobs, workers, time_limit, on_progress)
+    with PackedRows(scratch) as runner:
+        if time_limit is None:
+            results = map_in_chunks(runner, jobs, workers, on_progress=on_progress)
+        else:
+            results = map_with_time_limit(runner, jobs, workers, time_limit, on_progress)
     return [row for row, _packed in results]
 
 
