@@ -7,18 +7,19 @@ size's share of 273,004 and 112,120 films, rendered in parallel by the project's
 distinct, look-alike radiographs of about `--side` pixels), then runs, each as its own
 command under `/usr/bin/time`: check-data, the observation job, every partition's
 `all_stages`, the corpus joins (`manifest`), every partition's `exports`, the card and
-`radharmony verify`; at the largest size, ReXGradient train's re-runs (unchanged, 1 % of
-its sources changed, and resumed after a kill -9 halfway through a first build). It prints
+`radharmony verify` (on a cold page cache when run as root); at the largest size,
+ReXGradient train's re-runs (unchanged, 1 % of its sources changed, and resumed after a
+kill -9 halfway through a first build). It prints
 per step: wall, CPU (busy CPU seconds of the machine while the step runs: the rehearsal runs
 alone, and pool workers forked by a fork server are never the command's reaped children),
 peak RSS and the bytes
 it added under the output root, then near_duplicates' time and hash pairs per size with a
 projection to 1,000,000 images, and the marginal cost per image between sizes. The datasets
 written whole are rendered once (`--work`/whole_datasets) and hard-linked into each size;
-each size's figures are kept (`--work`/steps_n*.json), so sizes run by separate commands
-combine. Everything lives under `--work` (up to about 60 GB at the full count with
-`--side 192`: the render, N's outputs and train's second build, for which N's measured
-exports are deleted); each size is deleted before the next unless `--keep`.
+each size's figures and its commands' output are kept (`--work`/steps_n*.json, .log), so
+sizes run by separate commands combine. Everything lives under `--work` (up to about 60 GB
+at the full count with `--side 192`: the render, N's outputs and train's second build, for
+which N's measured exports are deleted); each size is deleted before the next unless `--keep`.
 
     .venv/bin/python benchmarks/bench_corpus.py --work /tmp/rehearsal
     .venv/bin/python benchmarks/bench_corpus.py --work /tmp/r --fractions 0.02 --side 512
@@ -235,6 +236,12 @@ def partitions() -> list[str]:
     return [f"{key}.{split}" for key, source in SOURCE_TYPES.items() for split in source.splits]
 
 
+# Steps timed on a cold page cache (as root; warm otherwise): verify reads every output once,
+# and how much of that the exports left in memory depends on the size (all of it at N/4, a
+# part at N), which would otherwise decide its marginal cost instead of the reading.
+COLD_STEPS = ("verify",)
+
+
 def commands() -> list[tuple[str, list[str]]]:
     radharmony, dg = str(BIN / "radharmony"), str(BIN / "dg")
     launch = [dg, "launch", "--config-json", QUIET, "--job"]
@@ -315,6 +322,7 @@ def rehearse(
         "RADHARMONY_WORKERS": str(workers),
     }
     figures: dict = {"counts": counts, "steps": [], "search": {}, "ui": {}}
+    log = log_file(work, fraction)
 
     def keep(step: Step | None = None) -> None:
         """Every figure is kept as soon as it is measured: a run cut short loses none."""
@@ -323,7 +331,9 @@ def rehearse(
         results_file(work, fraction).write_text(json.dumps(figures))
 
     for name, command in commands():
-        step = run_step(name, command, env, output, size_dir / "steps.log")
+        if name in COLD_STEPS and os.geteuid() == 0:
+            bench_reruns.drop_page_cache()
+        step = run_step(name, command, env, output, log)
         print(f"  {_row(step)}", flush=True)
         keep(step)
     figures["search"] = near_duplicate_search(home)
@@ -332,22 +342,21 @@ def rehearse(
         print(f"  UI pages not timed: no {CHROMIUM} (apt-get install chromium)")
     else:
         try:
-            figures["ui"] = dict(time_ui_pages(env, size_dir / "steps.log"))
+            figures["ui"] = dict(time_ui_pages(env, log))
         except Exception as error:  # the re-runs below are still worth measuring
-            print(f"  UI pages not timed: {error!r} (see steps.log)", flush=True)
+            print(f"  UI pages not timed: {error!r} (see {log})", flush=True)
         for path, seconds in figures["ui"].items():
             print(f"  UI {path:<46} network idle after {seconds:5.2f} s", flush=True)
     keep()
     if fraction == largest:
-        for step in rerun_train(data, output, env, size_dir):
+        for step in rerun_train(data, output, env, size_dir, log):
             keep(step)
 
 
-def rerun_train(data: Path, output: Path, env: dict, size_dir: Path) -> Iterator[Step]:
+def rerun_train(data: Path, output: Path, env: dict, size_dir: Path, log: Path) -> Iterator[Step]:
     """ReXGradient train launched again as issue 30 item 4 budgets it: unchanged, after 1 % of
     its sources changed, and on a fresh output root killed (SIGKILL) once half its PNGs are
     written, then launched again; with what each decoded and rewrote."""
-    log = size_dir / "steps.log"
     command = bench_reruns.launch_command()
     yield counted(run_step("re-run train, unchanged", command, env, output, log), env)
     sources = [Path(line) for line in (data / TRAIN_SOURCES).read_text().splitlines()]
@@ -471,7 +480,7 @@ def _wait_for(url: str, timeout: float) -> None:
 
 
 def _row(step: Step) -> str:
-    flag = "" if step.ok else "  FAILED (see steps.log)"
+    flag = "" if step.ok else "  FAILED (see steps_n<size>.log)"
     return (
         f"{step.name:<34} wall {step.wall:8.1f} s  cpu {step.cpu:8.1f} s  "
         f"peak {step.peak_rss_mb:7.0f} MB  +{step.added_bytes / 1e9:6.2f} GB{flag}"
@@ -521,6 +530,11 @@ def table(results: list[tuple[float, list[Step]]], images: dict[float, int]) -> 
 def results_file(work: Path, fraction: float) -> Path:
     """Each size's steps outlive its data, so sizes run by separate commands combine."""
     return work / f"steps_n{fraction:g}.json"
+
+
+def log_file(work: Path, fraction: float) -> Path:
+    """Each size's commands' output (progress lines, failures), kept beside its figures."""
+    return results_file(work, fraction).with_suffix(".log")
 
 
 def stored_results(work: Path) -> tuple[list[tuple[float, list[Step]]], dict[float, int]]:

@@ -211,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench-reruns-"))
     try:
         data, home = work / "data", work / "dagster_home"
-        shutil.rmtree(work / "output", ignore_errors=True)
+        for previous in ("output", "resumed"):  # a kept folder's earlier runs
+            shutil.rmtree(work / previous, ignore_errors=True)
         shutil.rmtree(home, ignore_errors=True)
         home.mkdir(parents=True)
         shutil.copy(REPOSITORY / "dagster_home" / "dagster.yaml", home)
