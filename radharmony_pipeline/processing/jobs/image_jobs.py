@@ -639,11 +639,10 @@ def _held_rows(
     jobs: Sequence[ImageJob], scratch: Path, executor: Executor
 ) -> list[ImageRow | None]:
     """ImageJob.held_row of every job over the array a killed build left, before the pool
-    runs the rest: on the local pool's processes (the array is on this machine, so in this
-    process beside a Dask cluster). A look costs ~0.1 ms of CPU where the killed build left
-    its files in the page cache (a source's state, a PNG's first KB, a row read and
-    hashed): split over processes it takes a few seconds at train's count, where threads
-    of one process took several times that, trading the GIL at every call."""
+    runs the rest: on the local pool's processes (the array is on this machine; beside a
+    Dask cluster, in this process). A look (a source's state, a PNG's first KB, a row read
+    and hashed) is mostly CPU on files the killed build left in the page cache, which
+    processes share out where threads of one process trade the GIL at every call."""
     workers = executor.workers if isinstance(executor, LocalPool) else 1
     with HeldRows(scratch) as held:
         return map_in_chunks(held, jobs, workers)
