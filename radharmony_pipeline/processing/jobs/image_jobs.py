@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Self, cast
+from typing import Any, Generic, Self, TypeVar, cast
 
 import numpy as np
 import pandas as pd
@@ -82,8 +82,10 @@ from radharmony_pipeline.processing.storage.packed_journal import (
     write_keys,
 )
 from radharmony_pipeline.processing.storage.packed_rows import (
+    PackedRowReader,
     PackedRowWriter,
     claim_interrupted_build,
+    read_layout,
 )
 from radharmony_pipeline.processing.storage.source_store import (
     FileState,
@@ -266,7 +268,7 @@ class ImageJob:
         """What the row takes from its outputs written with `key`, with their states."""
         return HeaderRecord(self.image_relative, key, states[0], states[1], values)
 
-    def held_row(self, array: PackedRowWriter) -> ImageRow | None:
+    def held_row(self, array: PackedRowReader) -> ImageRow | None:
         """The current row (current_row) of an image whose pixels row `array_row` of `array`
         already holds, as a killed build left them (checked against the digest in the PNG's
         header): nothing decoded or written. None: the job runs."""
@@ -274,7 +276,8 @@ class ImageJob:
             return None
         try:
             found = self.current_row(self.input_key())
-            if found is None or found[0].pixels_sha256 != pixels_sha256(array.read(self.array_row)):
+            row = self.array_row
+            if found is None or found[0].pixels_sha256 != pixels_sha256(array.read(row, row + 1)):
                 return None
             return found[0]
         except (OSError, ValueError):  # the job runs and names the problem
@@ -393,14 +396,18 @@ def run_image_job(job: ImageJob) -> tuple[ImageRow, np.ndarray | None]:
     return job.run()
 
 
-class _OnScratchArray:
+# How a runner uses the scratch array: writing rows (the pool) or reading them (held rows).
+ScratchAccess = TypeVar("ScratchAccess", PackedRowWriter, PackedRowReader)
+
+
+class _OnScratchArray(Generic[ScratchAccess]):
     """A picklable runner of image jobs over the local scratch array: the file is on this
     machine, so every worker process opens it once (an open file is not pickled) and reads
     or writes its rows in place (the page cache is shared)."""
 
     def __init__(self, scratch: Path) -> None:
         self.scratch = scratch
-        self._array: PackedRowWriter | None = None
+        self._array: ScratchAccess | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"scratch": self.scratch, "_array": None}
@@ -414,17 +421,23 @@ class _OnScratchArray:
             self._array.close()
             self._array = None
 
-    def array(self) -> PackedRowWriter:
+    def array(self) -> ScratchAccess:
         if self._array is None:
-            self._array = PackedRowWriter(self.scratch)
+            self._array = self._open()
         return self._array
 
+    def _open(self) -> ScratchAccess:
+        raise NotImplementedError
 
-class PackedRows(_OnScratchArray):
+
+class PackedRows(_OnScratchArray[PackedRowWriter]):
     """The local pool's job runner: each job's pixels go into row `job.array_row` of the
     scratch array, and it returns what run_image_job does, the pixels already packed (None),
     so that image_job_stopped bounds it as it bounds run_image_job (an image stopped by the
     time limit leaves its row zero)."""
+
+    def _open(self) -> PackedRowWriter:
+        return PackedRowWriter(self.scratch)
 
     def __call__(self, job: ImageJob) -> tuple[ImageRow, None]:
         row, pixels = job.run()
@@ -433,8 +446,11 @@ class PackedRows(_OnScratchArray):
         return row, None
 
 
-class HeldRows(_OnScratchArray):
+class HeldRows(_OnScratchArray[PackedRowReader]):
     """ImageJob.held_row of each job over the scratch array a killed build left."""
+
+    def _open(self) -> PackedRowReader:
+        return PackedRowReader(read_layout(self.scratch))
 
     def __call__(self, job: ImageJob) -> ImageRow | None:
         return job.held_row(self.array())

@@ -194,8 +194,7 @@ class PackedRowReader:
 
 
 class PackedRowWriter:
-    """Writes rows of one local packed array in place, each run of rows with one `pwrite`
-    (and reads one back, `read`).
+    """Writes rows of one local packed array in place, each run of rows with one `pwrite`.
 
     Not through a memory map: a mapped page written for the first time costs a page fault
     and the file system's bookkeeping per 4 KB, several times a `pwrite` of the same bytes
@@ -203,7 +202,7 @@ class PackedRowWriter:
 
     def __init__(self, path: Path) -> None:
         self.layout = read_layout(path)
-        self._descriptor: int | None = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        self._descriptor: int | None = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
 
     def __enter__(self) -> PackedRowWriter:
         return self
@@ -221,19 +220,6 @@ class PackedRowWriter:
         if self._descriptor is None:
             raise ValueError(f"{self.layout.path}: synced after the writer was closed")
         os.fsync(self._descriptor)
-
-    def read(self, row: int) -> np.ndarray:
-        """Row `row` as it is in the file now."""
-        layout = self.layout
-        if self._descriptor is None:
-            raise ValueError(f"{layout.path}: read after the writer was closed")
-        if not 0 <= row < layout.rows:
-            raise IndexError(f"{layout.path}: row {row} outside its {layout.rows}")
-        offset = layout.data_offset + row * layout.row_bytes
-        content = os.pread(self._descriptor, layout.row_bytes, offset)
-        if len(content) != layout.row_bytes:
-            raise OSError(f"{layout.path}: row {row} cut short at byte {offset + len(content):,}")
-        return np.frombuffer(content, layout.dtype).reshape(layout.row_shape)
 
     def write(self, start: int, rows: np.ndarray) -> None:
         """`rows` (the array's row shape, one or more of them) at rows [start, start + n)."""
