@@ -7,14 +7,16 @@ size's share of 273,004 and 112,120 films, rendered in parallel by the project's
 distinct, look-alike radiographs of about `--side` pixels), then runs, each as its own
 command under `/usr/bin/time`: check-data, the observation job, every partition's
 `all_stages`, the corpus joins (`manifest`), every partition's `exports`, the card and
-`radharmony verify` (on a cold page cache when run as root); at the largest size,
-ReXGradient train's re-runs (unchanged, 1 % of its sources changed, and resumed after a
-kill -9 halfway through a first build). It prints
-per step: wall, CPU (busy CPU seconds of the machine while the step runs: the rehearsal runs
-alone, and pool workers forked by a fork server are never the command's reaped children),
-peak RSS and the bytes
-it added under the output root, then near_duplicates' time and hash pairs per size with a
-projection to 1,000,000 images, and the marginal cost per image between sizes. The datasets
+`radharmony verify`; at the largest size, ReXGradient train's re-runs (unchanged, 1 % of
+its sources changed, and resumed after a kill -9 halfway through a first build). Run as root,
+it drops the page cache before each command, so every size meets its files as a user's first
+command after a download does (otherwise N/4 would be read from memory and N partly from
+the disk). It prints per step: wall, CPU (busy CPU seconds of the machine while the step
+runs: the rehearsal runs alone, and pool workers forked by a fork server are never the
+command's reaped children), peak RSS and the bytes it added under the output root, with the
+seconds of each stage of a launched job (from the instance); then near_duplicates' time and
+hash pairs per size with a projection to 1,000,000 images, and the marginal cost per image
+between sizes, per step and per stage. The datasets
 written whole are rendered once (`--work`/whole_datasets) and hard-linked into each size;
 each size's figures and its commands' output are kept (`--work`/steps_n*.json, .log), so
 sizes run by separate commands combine. Everything lives under `--work` (up to about 60 GB
@@ -44,7 +46,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from unittest import mock
 
@@ -90,6 +92,8 @@ class Step:
     peak_rss_mb: float
     added_bytes: int
     ok: bool
+    # A launched job's stages (Dagster step keys) and their seconds, from the instance.
+    stages: dict[str, float] = field(default_factory=dict)
 
 
 # --- the corpus ------------------------------------------------------------------------------
@@ -236,10 +240,9 @@ def partitions() -> list[str]:
     return [f"{key}.{split}" for key, source in SOURCE_TYPES.items() for split in source.splits]
 
 
-# Steps timed on a cold page cache (as root; warm otherwise): verify reads every output once,
-# and how much of that the exports left in memory depends on the size (all of it at N/4, a
-# part at N), which would otherwise decide its marginal cost instead of the reading.
-COLD_STEPS = ("verify",)
+# A step or stage whose time grows less than this from the smallest size to the largest is
+# fixed-cost: its marginal ratio is this machine's timing noise (±0.6 s a step measured).
+FIXED_COST_SECONDS = 1.0
 
 
 def commands() -> list[tuple[str, list[str]]]:
@@ -331,12 +334,15 @@ def rehearse(
         results_file(work, fraction).write_text(json.dumps(figures))
 
     for name, command in commands():
-        if name in COLD_STEPS and os.geteuid() == 0:
+        if os.geteuid() == 0:
             bench_reruns.drop_page_cache()
         step = run_step(name, command, env, output, log)
+        if Path(command[0]).name == "dg" and step.ok:
+            step.stages = bench_reruns.summary(env)["steps"]
         print(f"  {_row(step)}", flush=True)
         keep(step)
-    figures["search"] = near_duplicate_search(home)
+        if name == "manifest":
+            figures["search"] = near_duplicate_search(home, step)
     print(f"  near_duplicates: {json.dumps(figures['search'])}", flush=True)
     if not Path(CHROMIUM).exists():
         print(f"  UI pages not timed: no {CHROMIUM} (apt-get install chromium)")
@@ -383,9 +389,9 @@ def counted(step: Step, env: dict) -> Step:
     return step
 
 
-def near_duplicate_search(home: Path) -> dict:
-    """The near_duplicates step of the latest `manifest` run: its seconds (step start to
-    success, from the instance's event log) and the search's figures from its metadata."""
+def near_duplicate_search(home: Path, manifest: Step) -> dict:
+    """The near_duplicates stage of the `manifest` run just measured: its seconds and the
+    search's figures from its latest materialization's metadata."""
     import dagster as dg
 
     # The instance's dagster.yaml places its storage by the variable, as the steps saw it.
@@ -399,18 +405,8 @@ def near_duplicate_search(home: Path) -> dict:
         metadata = event.asset_materialization.metadata
         wanted = ("images_compared", "hash_pairs_compared", "hash_candidates", "groups")
         figures = {key: metadata[key].value for key in wanted if key in metadata}
-        times = {
-            record.dagster_event.event_type: record.timestamp
-            for record in instance.all_logs(
-                event.run_id,
-                of_type={dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_SUCCESS},
-            )
-            if record.step_key == "near_duplicates"
-        }
-    if len(times) == 2:
-        figures["seconds"] = round(
-            times[dg.DagsterEventType.STEP_SUCCESS] - times[dg.DagsterEventType.STEP_START], 1
-        )
+    if "near_duplicates" in manifest.stages:
+        figures["seconds"] = manifest.stages["near_duplicates"]
     return figures
 
 
@@ -488,20 +484,35 @@ def _row(step: Step) -> str:
 
 
 def marginal(results: list[tuple[float, list[Step]]], images: dict[float, int]) -> None:
-    """Per step, the wall and CPU per 1,000 corpus images between consecutive sizes, and the
-    ratio of the last two (1.0: linear)."""
+    """Per step, then per stage of each launched job, the wall (and the step's CPU) per 1,000
+    corpus images between consecutive sizes, and the ratio of the last two (1.0: linear);
+    "fixed-cost" where the time grows by less than FIXED_COST_SECONDS over all sizes."""
     print("\nmarginal cost per 1,000 images between sizes (wall | CPU), ratio of the last two")
     by_name = [{step.name: step for step in steps} for _, steps in results]
+    added = [(images[f1] - images[f0]) / 1000 for f0, f1 in itertools.pairwise(images)]
     for name in by_name[0]:
         if not all(name in steps for steps in by_name):
             continue  # not measured at every size (a run cut short)
-        walls, cpus = [], []
-        for (f0, s0), (f1, s1) in itertools.pairwise(zip(images, by_name, strict=True)):
-            added = (images[f1] - images[f0]) / 1000
-            walls.append((s1[name].wall - s0[name].wall) / added)
-            cpus.append((s1[name].cpu - s0[name].cpu) / added)
+        steps = [steps[name] for steps in by_name]
+        walls = _per_thousand([step.wall for step in steps], added)
+        cpus = _per_thousand([step.cpu for step in steps], added)
         shown = "  ".join(f"{w:7.2f} | {c:7.2f} s" for w, c in zip(walls, cpus, strict=True))
-        print(f"  {name:<34} {shown}   ratio {_ratio(walls)} | {_ratio(cpus)}")
+        verdict = _verdict([step.wall for step in steps], walls)
+        print(f"  {name:<44} {shown}   {verdict} | {_ratio(cpus)}")
+        for stage in steps[0].stages:
+            seconds = [step.stages.get(stage) for step in steps]
+            if None not in seconds:
+                walls = _per_thousand(seconds, added)
+                shown = "  ".join(f"{w:7.2f} s{'':11}" for w in walls)
+                print(f"    {stage:<42} {shown}   {_verdict(seconds, walls)}")
+
+
+def _per_thousand(seconds: list[float], added: list[float]) -> list[float]:
+    return [(t1 - t0) / a for (t0, t1), a in zip(itertools.pairwise(seconds), added, strict=True)]
+
+
+def _verdict(seconds: list[float], costs: list[float]) -> str:
+    return "fixed-cost" if seconds[-1] - seconds[0] < FIXED_COST_SECONDS else _ratio(costs)
 
 
 def _ratio(costs: list[float]) -> str:

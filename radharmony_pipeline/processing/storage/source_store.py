@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 
 from upath import UPath
 
+from radharmony_pipeline.processing.execution.parallel import map_on_file_system
 from radharmony_pipeline.processing.storage.fingerprint import file_sha256
 from radharmony_pipeline.processing.storage.store import (
     DEFAULT_RETRY_POLICY,
@@ -300,18 +301,29 @@ def tree_states(folder: SourcePath, suffixes: Iterable[str]) -> dict[str, FileSt
 
 
 def named_states(folder: SourcePath, names: Iterable[str]) -> dict[str, FileState]:
-    """The files among `names` (relative to `folder`) that exist: a stat each locally, one
+    """The files among `names` (relative to `folder`) that exist: a stat each locally (on
+    threads while the disk is read: a tree not in memory, 350-650 µs a stat in sequence), one
     listing of `folder` on a store instead of a request per name."""
     if is_remote(folder):
         listed = _listing(folder)
         return {name: listed[name] for name in names if name in listed}
-    states = {}
-    for name in names:
-        path = Path(folder) / name
-        if path.exists():
-            stat = os.stat(path)
-            states[name] = (stat.st_size, stat.st_mtime_ns)
-    return states
+    names = list(names)
+    states = map_on_file_system(_local_state, [os.path.join(folder, name) for name in names])
+    return {name: state for name, state in zip(names, states, strict=True) if state is not None}
+
+
+def _local_state(path: str) -> FileState | None:
+    """Size and modification time; none where nothing is (as Path.exists answers)."""
+    try:
+        stat = os.stat(path)
+    except OSError as error:
+        if error.errno in _NOTHING_THERE:
+            return None
+        raise
+    return (stat.st_size, stat.st_mtime_ns)
+
+
+_NOTHING_THERE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
 
 
 def existing_names(folder: SourcePath, names: Iterable[str]) -> set[str]:
@@ -331,14 +343,17 @@ def existing_names(folder: SourcePath, names: Iterable[str]) -> set[str]:
         if name.partition("/")[0] in top:
             by_folder.setdefault(name.rpartition("/")[0], []).append(name)
     found = set()
+    stated = []
     for parent, members in by_folder.items():
         if len(members) < LISTED_FOLDER_MIN_NAMES:
-            found.update(name for name in members if os.path.isfile(os.path.join(folder, name)))
+            stated += members
             continue
         # Names directly in `folder` (ChestX-Det) are answered by the listing above.
         entries = top if parent == "" else _folder_entries(os.path.join(folder, parent))
         found.update(name for name in members if entries.get(name.rpartition("/")[2]) is False)
-    return found
+    # On threads while the disk is read (see named_states).
+    files = map_on_file_system(os.path.isfile, [os.path.join(folder, name) for name in stated])
+    return found.union(name for name, is_file in zip(stated, files, strict=True) if is_file)
 
 
 def _folder_entries(folder: SourcePath) -> dict[str, bool]:
