@@ -489,6 +489,9 @@ def marginal(results: list[tuple[float, list[Step]]], images: dict[float, int]) 
     "fixed-cost" where the time grows by less than FIXED_COST_SECONDS over all sizes."""
     print("\nmarginal cost per 1,000 images between sizes (wall | CPU), ratio of the last two")
     by_name = [{step.name: step for step in steps} for _, steps in results]
+    width = 2 + max(
+        len(name) for steps in by_name for s in steps.values() for name in (s.name, *s.stages)
+    )
     added = [(images[f1] - images[f0]) / 1000 for f0, f1 in itertools.pairwise(images)]
     for name in by_name[0]:
         if not all(name in steps for steps in by_name):
@@ -498,13 +501,13 @@ def marginal(results: list[tuple[float, list[Step]]], images: dict[float, int]) 
         cpus = _per_thousand([step.cpu for step in steps], added)
         shown = "  ".join(f"{w:7.2f} | {c:7.2f} s" for w, c in zip(walls, cpus, strict=True))
         verdict = _verdict([step.wall for step in steps], walls)
-        print(f"  {name:<44} {shown}   {verdict} | {_ratio(cpus)}")
+        print(f"  {name:<{width}} {shown}   {verdict} | {_ratio(cpus)}")
         for stage in steps[0].stages:
             seconds = [step.stages.get(stage) for step in steps]
             if None not in seconds:
                 walls = _per_thousand(seconds, added)
                 shown = "  ".join(f"{w:7.2f} s{'':11}" for w in walls)
-                print(f"    {stage:<42} {shown}   {_verdict(seconds, walls)}")
+                print(f"    {stage:<{width - 2}} {shown}   {_verdict(seconds, walls)}")
 
 
 def _per_thousand(seconds: list[float], added: list[float]) -> list[float]:
