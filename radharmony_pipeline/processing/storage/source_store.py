@@ -302,8 +302,8 @@ def tree_states(folder: SourcePath, suffixes: Iterable[str]) -> dict[str, FileSt
 
 def named_states(folder: SourcePath, names: Iterable[str]) -> dict[str, FileState]:
     """The files among `names` (relative to `folder`) that exist: a stat each locally (on
-    threads while the disk is read: a tree not in memory, 350-650 µs a stat in sequence), one
-    listing of `folder` on a store instead of a request per name."""
+    threads while the tree is read from the disk, see map_on_file_system), one listing of
+    `folder` on a store instead of a request per name."""
     if is_remote(folder):
         listed = _listing(folder)
         return {name: listed[name] for name in names if name in listed}
@@ -312,8 +312,12 @@ def named_states(folder: SourcePath, names: Iterable[str]) -> dict[str, FileStat
     return {name: state for name, state in zip(names, states, strict=True) if state is not None}
 
 
+# The errors by which a stat says nothing is there (those Path.exists answers False for).
+_NOTHING_THERE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
+
+
 def _local_state(path: str) -> FileState | None:
-    """Size and modification time; none where nothing is (as Path.exists answers)."""
+    """Size and modification time; none where nothing is."""
     try:
         stat = os.stat(path)
     except OSError as error:
@@ -321,9 +325,6 @@ def _local_state(path: str) -> FileState | None:
             return None
         raise
     return (stat.st_size, stat.st_mtime_ns)
-
-
-_NOTHING_THERE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
 
 
 def existing_names(folder: SourcePath, names: Iterable[str]) -> set[str]:
