@@ -7,18 +7,18 @@ size's share of 273,004 and 112,120 films, rendered in parallel by the project's
 distinct, look-alike radiographs of about `--side` pixels), then runs, each as its own
 command under `/usr/bin/time`: check-data, the observation job, every partition's
 `all_stages`, the corpus joins (`manifest`), every partition's `exports`, the card and
-`radharmony verify`; at the largest size, ReXGradient train's re-runs (unchanged, 1 % of
-its sources changed, and resumed after a kill -9 halfway through a first build). Run as root,
-it drops the page cache before each command, so every size meets its files as a user's first
-command after a download does (otherwise N/4 would be read from memory and N partly from
-the disk). It prints per step: wall, CPU (busy CPU seconds of the machine while the step
-runs: the rehearsal runs alone, and pool workers forked by a fork server are never the
-command's reaped children), peak RSS and the bytes it added under the output root, with the
-seconds of each stage of a launched job (from the instance); then near_duplicates' time and
-hash pairs per size with a projection to 1,000,000 images, and the marginal cost per image
-between sizes, per step and per stage. The datasets
-written whole are rendered once (`--work`/whole_datasets) and hard-linked into each size;
-each size's figures and its commands' output are kept (`--work`/steps_n*.json, .log), so
+`radharmony verify`; at the largest size, ReXGradient train's re-runs (unchanged, 1 % of its
+sources changed, and resumed after a kill -9 halfway through a first build). Run as root, it
+drops the page cache before each of those commands but the re-runs (which follow the builds as
+a user's next launch does), so every size meets its files as a user's first command after a
+download does (otherwise N/4 would be read from memory and N partly from the disk). It prints
+per step: wall, CPU (busy CPU seconds of the machine while the step runs: the rehearsal runs
+alone, and pool workers forked by a fork server are never the command's reaped children), peak
+RSS and the bytes it added under the output root, with the seconds of each stage of a launched
+job (from the instance); then near_duplicates' time and hash pairs per size with a projection
+to 1,000,000 images, and the marginal cost per image between sizes, per step and per stage.
+The datasets written whole are rendered once (`--work`/whole_datasets) and hard-linked into
+each size; each size's figures and its commands' output are kept (`--work`/steps_n*.json, .log), so
 sizes run by separate commands combine. Everything lives under `--work` (up to about 60 GB
 at the full count with `--side 192`: the render, N's outputs and train's second build, for
 which N's measured exports are deleted); each size is deleted before the next unless `--keep`.
