@@ -490,13 +490,16 @@ def marginal(results: list[tuple[float, list[Step]]], images: dict[float, int]) 
     print("\nmarginal cost per 1,000 images between sizes (wall | CPU), ratio of the last two")
     by_name = [{step.name: step for step in steps} for _, steps in results]
     width = 2 + max(
-        len(name) for steps in by_name for s in steps.values() for name in (s.name, *s.stages)
+        len(name)
+        for named in by_name
+        for step in named.values()
+        for name in (step.name, *step.stages)
     )
     added = [(images[f1] - images[f0]) / 1000 for f0, f1 in itertools.pairwise(images)]
     for name in by_name[0]:
-        if not all(name in steps for steps in by_name):
+        if not all(name in named for named in by_name):
             continue  # not measured at every size (a run cut short)
-        steps = [steps[name] for steps in by_name]
+        steps = [named[name] for named in by_name]
         walls = _per_thousand([step.wall for step in steps], added)
         cpus = _per_thousand([step.cpu for step in steps], added)
         shown = "  ".join(f"{w:7.2f} | {c:7.2f} s" for w, c in zip(walls, cpus, strict=True))

@@ -104,7 +104,7 @@ def slow_on_threads(monkeypatch: pytest.MonkeyPatch, module: object, name: str) 
 def test_names_alone_in_their_folders_are_stated_on_threads_while_the_disk_is_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # ReXGradient's layout: one image per study folder, a stat each (350-650 µs cold).
+    # ReXGradient's layout: one image per study folder, a stat each.
     names = [f"p{index}/s/{index}.png" for index in range(3000)]
     for name in names[::2]:
         touch(tmp_path, name)
