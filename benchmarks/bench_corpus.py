@@ -8,21 +8,24 @@ distinct, look-alike radiographs of about `--side` pixels), then runs, each as i
 command under `/usr/bin/time`: a stat of each ReXGradient train image by coreutils (the
 disk's own cost of finding them, beside the steps that do), check-data, the observation job,
 every partition's `all_stages`, the corpus joins (`manifest`), every partition's `exports`,
-the card and `radharmony verify`; at the largest size, ReXGradient train's re-runs (unchanged, 1 % of its
-sources changed, and resumed after a kill -9 halfway through a first build). Run as root, it
-drops the page cache before each of those commands but the re-runs (which follow the builds as
-a user's next launch does), so every size meets its files as a user's first command after a
-download does (otherwise N/4 would be read from memory and N partly from the disk). It prints
-per step: wall, CPU (busy CPU seconds of the machine while the step runs: the rehearsal runs
-alone, and pool workers forked by a fork server are never the command's reaped children), peak
-RSS and the bytes it added under the output root, with the seconds of each stage of a launched
-job (from the instance); then near_duplicates' time and hash pairs per size with a projection
-to 1,000,000 images, and the marginal cost per image between sizes, per step and per stage.
-The datasets written whole are rendered once (`--work`/whole_datasets) and hard-linked into
-each size; each size's figures and its commands' output are kept (`--work`/steps_n*.json, .log), so
-sizes run by separate commands combine. Everything lives under `--work` (up to about 60 GB
-at the full count with `--side 192`: the render, N's outputs and train's second build, for
-which N's measured exports are deleted); each size is deleted before the next unless `--keep`.
+the card and `radharmony verify`; at the largest size, ReXGradient train's re-runs
+(unchanged, 1 % of its sources changed, and resumed after a kill -9 halfway through a first
+build). Run as root, it drops the page cache before each of those commands but the re-runs
+(which follow the builds as a user's next launch does), so every size meets its files as a
+user's first command after a download does (otherwise N/4 would be read from memory and N
+partly from the disk). It prints per step: wall, CPU (busy CPU seconds of the machine while
+the step runs: the rehearsal runs alone, and pool workers forked by a fork server are never
+the command's reaped children), peak RSS, the bytes it added under the output root and the
+reads the disk completed (on a cold cache a step's wall is its reads times the disk's
+latency, which varies over the day on this machine), with the seconds of each stage of a
+launched job (from the instance); then near_duplicates' time and hash pairs per size with a
+projection to 1,000,000 images, and the marginal cost per image between sizes, per step and
+per stage. The datasets written whole are rendered once (`--work`/whole_datasets) and
+hard-linked into each size; each size's figures and its commands' output are kept
+(`--work`/steps_n*.json, .log), so sizes run by separate commands combine. Everything lives
+under `--work` (up to about 60 GB at the full count with `--side 192`: the render, N's
+outputs and train's second build, for which N's measured exports are deleted); each size is
+deleted before the next unless `--keep`.
 
     .venv/bin/python benchmarks/bench_corpus.py --work /tmp/rehearsal
     .venv/bin/python benchmarks/bench_corpus.py --work /tmp/r --fractions 0.02 --side 512
@@ -95,6 +98,8 @@ class Step:
     ok: bool
     # A launched job's stages (Dagster step keys) and their seconds, from the instance.
     stages: dict[str, float] = field(default_factory=dict)
+    # Reads the disk under the output root completed while the step ran (all processes).
+    disk_reads: int = 0
 
 
 # --- the corpus ------------------------------------------------------------------------------
@@ -268,7 +273,7 @@ def commands(data: Path) -> list[tuple[str, list[str]]]:
 def run_step(name: str, command: list[str], env: dict, output: Path, log: Path) -> Step:
     before = _tree_bytes(output)
     stats = log.with_suffix(".time")
-    busy = machine_busy_seconds()
+    busy, reads = machine_busy_seconds(), disk_reads(output)
     start = time.perf_counter()
     with log.open("ab") as sink:
         sink.write(f"\n=== {name}: {' '.join(command)}\n".encode())
@@ -290,6 +295,7 @@ def run_step(name: str, command: list[str], env: dict, output: Path, log: Path) 
         int(rss_kb) / 1024,
         _tree_bytes(output) - before,
         code == 0,
+        disk_reads=disk_reads(output) - reads,
     )
 
 
@@ -298,6 +304,17 @@ def machine_busy_seconds() -> float:
     fields = [int(value) for value in Path("/proc/stat").read_text().split("\n")[0].split()[1:8]]
     user, nice, system, _idle, _iowait, irq, softirq = fields
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def disk_reads(folder: Path) -> int:
+    """Reads completed since boot by the block device holding `folder` (its nearest existing
+    folder), 0 where the kernel keeps no such count (a virtual file system): what the
+    device's rate, not the code, decides in a cold step is its reads times their latency."""
+    while not folder.exists():
+        folder = folder.parent
+    device = os.stat(folder).st_dev
+    counts = Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}/stat")
+    return int(counts.read_text().split()[0]) if counts.exists() else 0
 
 
 def _tree_bytes(folder: Path) -> int:
@@ -486,7 +503,9 @@ def _row(step: Step) -> str:
     flag = "" if step.ok else "  FAILED (see steps_n<size>.log)"
     return (
         f"{step.name:<34} wall {step.wall:8.1f} s  cpu {step.cpu:8.1f} s  "
-        f"peak {step.peak_rss_mb:7.0f} MB  +{step.added_bytes / 1e9:6.2f} GB{flag}"
+        f"peak {step.peak_rss_mb:7.0f} MB  +{step.added_bytes / 1e9:6.2f} GB  "
+        f"reads {step.disk_reads / 1e3:7.0f} K ({step.disk_reads / step.wall / 1e3:5.1f} K/s)"
+        f"{flag}"
     )
 
 
