@@ -308,8 +308,8 @@ def machine_busy_seconds() -> float:
 
 def disk_reads(folder: Path) -> int:
     """Reads completed since boot by the block device holding `folder` (its nearest existing
-    folder), 0 where the kernel keeps no such count (a virtual file system): what the
-    device's rate, not the code, decides in a cold step is its reads times their latency."""
+    folder), 0 where the kernel keeps no such count (a virtual file system): a cold step's
+    wall is its reads (the code's part) times their latency (the disk's part)."""
     while not folder.exists():
         folder = folder.parent
     device = os.stat(folder).st_dev
