@@ -251,6 +251,11 @@ def partitions() -> list[str]:
 FIXED_COST_SECONDS = 1.0
 
 
+# A step whose disk reads grow less than this from the smallest size to the largest reads
+# what every size holds alike (the small datasets, the code): no per-image reads to compare.
+FIXED_COST_READS = 10_000
+
+
 # The disk's own cost of finding train's images, beside the steps that do (check-data and
 # raw_index_and_labels): a cold stat of each, in sequence, by coreutils, no Python.
 STAT_FLOOR = "disk: stat each train image"
@@ -406,10 +411,13 @@ def rerun_train(data: Path, output: Path, env: dict, size_dir: Path, log: Path) 
 
 
 def counted(step: Step, env: dict) -> Step:
-    """The step, after printing its line and what its images stage decoded and wrote."""
+    """The step with its stages' seconds, after printing its line and what its images stage
+    decoded and wrote."""
     print(f"  {_row(step)}", flush=True)
-    images = bench_reruns.summary(env)["counts"].get("images", {})
-    print(f"    images: {json.dumps(images)}", flush=True)
+    launched = bench_reruns.summary(env)
+    step.stages = launched["steps"]
+    print(f"    stages: {json.dumps(step.stages)}", flush=True)
+    print(f"    images: {json.dumps(launched['counts'].get('images', {}))}", flush=True)
     return step
 
 
@@ -514,14 +522,13 @@ def marginal(results: list[tuple[float, list[Step]]], images: dict[float, int]) 
     corpus images between consecutive sizes, and the ratio of the last two (1.0: linear);
     "fixed-cost" where the time grows by less than FIXED_COST_SECONDS over all sizes."""
     print("\nmarginal cost per 1,000 images between sizes (wall | CPU), ratio of the last two")
-    by_name = [{step.name: step for step in steps} for _, steps in results]
+    by_name, added = _by_size(results, images)
     width = 2 + max(
         len(name)
         for named in by_name
         for step in named.values()
         for name in (step.name, *step.stages)
     )
-    added = [(images[f1] - images[f0]) / 1000 for f0, f1 in itertools.pairwise(images)]
     for name in by_name[0]:
         if not all(name in named for named in by_name):
             continue  # not measured at every size (a run cut short)
@@ -539,8 +546,32 @@ def marginal(results: list[tuple[float, list[Step]]], images: dict[float, int]) 
                 print(f"    {stage:<{width - 2}} {shown}   {_verdict(seconds, walls)}")
 
 
-def _per_thousand(seconds: list[float], added: list[float]) -> list[float]:
-    return [(t1 - t0) / a for (t0, t1), a in zip(itertools.pairwise(seconds), added, strict=True)]
+def marginal_reads(results: list[tuple[float, list[Step]]], images: dict[float, int]) -> None:
+    """Per step that reads the disk, its reads per 1,000 corpus images between consecutive
+    sizes and their ratio: the code's part of a cold step's scaling, whatever the disk's
+    latency did meanwhile; steps whose reads grow by fewer than FIXED_COST_READS are left out."""
+    print("\ndisk reads per 1,000 images between sizes, ratio of the last two")
+    by_name, added = _by_size(results, images)
+    for name in by_name[0]:
+        if all(name in named for named in by_name):
+            reads = [named[name].disk_reads for named in by_name]
+            if reads[-1] - reads[0] >= FIXED_COST_READS:
+                costs = _per_thousand(reads, added)
+                shown = "  ".join(f"{cost:9,.0f}" for cost in costs)
+                print(f"  {name:<34} {shown}   {_ratio(costs)}")
+
+
+def _by_size(
+    results: list[tuple[float, list[Step]]], images: dict[float, int]
+) -> tuple[list[dict[str, Step]], list[float]]:
+    """Each size's steps by name, and the thousands of images each size adds to the last."""
+    by_name = [{step.name: step for step in steps} for _, steps in results]
+    added = [(images[f1] - images[f0]) / 1000 for f0, f1 in itertools.pairwise(images)]
+    return by_name, added
+
+
+def _per_thousand(totals: list[float], added: list[float]) -> list[float]:
+    return [(t1 - t0) / a for (t0, t1), a in zip(itertools.pairwise(totals), added, strict=True)]
 
 
 def _verdict(seconds: list[float], costs: list[float]) -> str:
@@ -631,6 +662,7 @@ def main() -> None:
     table(results, images)
     if len(results) > 1:
         marginal(results, images)
+        marginal_reads(results, images)
     project_search(args.work)
 
 
