@@ -264,7 +264,7 @@ STAT_FLOOR = "disk: stat each train image"
 def commands(data: Path) -> list[tuple[str, list[str]]]:
     radharmony, dg = str(BIN / "radharmony"), str(BIN / "dg")
     launch = [dg, "launch", "--config-json", QUIET, "--job"]
-    stat_each = ["xargs", "-d", "\\n", "-a", str(data / TRAIN_SOURCES), "stat", "--printf="]
+    stat_each = bench_reruns.stat_each_command(data / TRAIN_SOURCES)
     steps = [(STAT_FLOOR, stat_each), ("check-data", [radharmony, "check-data"])]
     steps.append(("observe", [*launch, "observe_source_files"]))
     steps += [(f"all_stages {p}", [*launch, "all_stages", "--partition", p]) for p in partitions()]

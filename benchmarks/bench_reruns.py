@@ -11,7 +11,8 @@ the cost), then, on a persistent instance and output root of its own:
    written, then the same job launched again (the resume).
 
 With `--cold` (as root) the page cache is dropped before each unchanged re-run, as a build
-that wrote more than memory leaves it.
+that wrote more than memory leaves it, and before that a cold stat of each train source in
+sequence by coreutils is timed: the disk's own cost of the look an unchanged re-run must take.
 
 Each line gives the wall time of the whole `dg launch` (start-up included), the steps'
 durations, and the counts the stages report: images decoded, packed rows written (all N on
@@ -162,6 +163,20 @@ def launch_and_kill_halfway(env: dict[str, str], output: Path, images: int) -> f
     return time.perf_counter() - start
 
 
+def stat_each_command(listed: Path) -> list[str]:
+    """A stat of each file `listed` (one path a line) in sequence by coreutils, no Python:
+    on a cold cache, the disk's own cost of looking at each source once."""
+    return ["xargs", "-d", "\\n", "-a", str(listed), "stat", "--printf="]
+
+
+def cold_stat_floor(listed: Path) -> float:
+    """Seconds of stat_each_command after the page cache is dropped (root only)."""
+    drop_page_cache()
+    start = time.perf_counter()
+    subprocess.run(stat_each_command(listed), check=True)
+    return time.perf_counter() - start
+
+
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
 
@@ -231,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         describe("first build", first, None, env)
         for round_number in range(args.repeats):
             if args.cold:
+                floor = cold_stat_floor(listed)
+                print(f"disk: stat each train source, cold, in sequence: {floor:.1f} s")
                 drop_page_cache()
             describe("unchanged re-run", launch(env), first, env)
             changed = change_sources(sources, args.changed, round_number)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import select
 import subprocess
 import sys
@@ -433,11 +434,23 @@ def test_file_system_map_stays_on_the_calling_thread_while_answers_are_cached() 
     assert len(threads) > 2
 
 
-def test_file_system_map_starts_threads_for_time_outside_python_and_leaves_them_when_cached(
-    monkeypatch,
-):
+def test_file_system_map_starts_threads_for_sleeps_and_leaves_them_when_cached():
     here = threading.get_ident()
     ran_on: dict[int, int] = {}
+    zeros = os.open("/dev/zero", os.O_RDONLY)
+
+    def busy_in_the_kernel(item: int) -> int:
+        # CPU in system calls without a sleep, as cached lookups are: more system time per
+        # item than a cold stat waits, which tick-sampled CPU time counted as a wait.
+        ran_on[item] = threading.get_ident()
+        return len(os.read(zeros, 4 << 20))
+
+    try:
+        items = list(range(1000))
+        assert map_on_file_system(busy_in_the_kernel, items) == [4 << 20] * len(items)
+    finally:
+        os.close(zeros)
+    assert set(ran_on.values()) == {here}
 
     def slow_first(item: int) -> int:
         ran_on[item] = threading.get_ident()
@@ -445,16 +458,8 @@ def test_file_system_map_starts_threads_for_time_outside_python_and_leaves_them_
             time.sleep(0.0003)
         return item
 
-    # Time the thread spent in Python itself (as a garbage collection is) starts no thread:
-    # here every second of the slow chunk is reported as user time.
-    monkeypatch.setattr(parallel, "_user_time", time.perf_counter)
-    items = list(range(2000))
-    assert map_on_file_system(slow_first, items) == items
-    assert set(ran_on.values()) == {here}
-
-    # Waiting (as on a cold disk) does: the next chunks run on the threads, and the first
+    # Sleeping (as on a cold disk) does: the next chunks run on the threads, and the first
     # chunk in sequence after them, which answers from memory, brings the rest back here.
-    monkeypatch.undo()
     ran_on.clear()
     items = list(range(60_000))
     assert map_on_file_system(slow_first, items) == items
@@ -463,9 +468,11 @@ def test_file_system_map_starts_threads_for_time_outside_python_and_leaves_them_
     assert max(threaded) < 40_000 and all(ran_on[item] == here for item in range(40_000, 60_000))
 
 
-def test_user_time_counts_python_work_not_sleep():
-    before = parallel._user_time()
-    time.sleep(0.05)
-    slept = parallel._user_time() - before
-    sum(number * number for number in range(2_000_000))  # about 0.1 s of Python, loaded or not
-    assert slept < 0.02 and parallel._user_time() - before - slept > 0.03
+@pytest.mark.parametrize("scope", ["thread", "process"])
+def test_a_chunk_in_sequence_is_waiting_when_it_slept_not_when_it_computed(monkeypatch, scope):
+    if scope == "process":  # a kernel that keeps no count per thread
+        monkeypatch.setattr(parallel, "_SLEEP_COUNT", resource.RUSAGE_SELF)
+    items = list(range(20))
+    assert parallel._in_sequence(lambda item: time.sleep(0.001) or item, items) == (items, True)
+    busy = parallel._in_sequence(lambda item: sum(range(item * 10_000)), items)
+    assert busy == ([sum(range(item * 10_000)) for item in items], False)

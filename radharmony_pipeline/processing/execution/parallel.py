@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import multiprocessing
 import resource
-import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import TypeVar
@@ -88,15 +87,20 @@ def map_in_chunks(
 # (a stat, a PNG header) and the tree is not in the page cache (a first run on a download, or
 # after a build wrote more than memory): each is then a disk read, and the disk serves many
 # at a time. On a cached tree threads cost more than they save (the GIL changes hands at
-# every call: an unchanged re-run's look at 238,968 images took three times as long on 16
-# threads as in sequence), so chunks run in sequence, and only a chunk that spent its time
-# outside Python (waiting on the disk, or in the kernel filling its caches, which on this
-# project's virtual machine is mostly system CPU time; not a garbage collection, which is
-# user time) sends the next ones to the threads, until a chunk run in sequence again shows
-# the tree answering from memory.
+# every call: a look at 60,000 cached sources took three times as long on 16 threads as in
+# sequence), so chunks run in sequence, and only a chunk whose thread went to sleep waiting
+# (a disk read, a network file system's reply) sends the next ones to the threads, until a
+# chunk run in sequence again shows the tree answering from memory. Sleeps are counted, not
+# timed: the kernel splits a thread's CPU time into user and system time by sampling it at
+# each tick, which at a chunk's few milliseconds read a cached chunk's system calls as time
+# outside Python often enough to send most of an unchanged re-run's look to the threads.
 FILE_SYSTEM_THREADS = 16
 _THREAD_CHUNK = 256  # items per task: a future per item would cost more than a cached stat
-_OUTSIDE_SECONDS_PER_ITEM = 5e-5  # a cold stat here: 350-650 µs; a cached one: 5-10 µs
+# A cold stat of a ReXGradient image sleeps about 5 times here (one per block read); a
+# cached one never does. Counted for the thread where the kernel keeps a count per thread
+# (Linux), else for the process, whose other threads sleep far less often than that.
+_SLEEPS_PER_ITEM = 0.5
+_SLEEP_COUNT = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
 _CHUNKS_BETWEEN_PROBES = 128  # threaded between two chunks in sequence: ~3 % of a cold pass
 
 
@@ -110,25 +114,24 @@ def map_on_file_system(function: Callable[[T], R], items: Sequence[T]) -> list[R
     # Threads start with the first task submitted: a cached tree never starts one.
     with ThreadPoolExecutor(FILE_SYSTEM_THREADS) as pool:
         while position < len(chunks):
-            chunk = chunks[position]
+            done, slept = _in_sequence(function, chunks[position])
+            results.extend(done)
             position += 1
-            wall, user = time.perf_counter(), _user_time()
-            results.extend(function(item) for item in chunk)
-            outside = (time.perf_counter() - wall) - (_user_time() - user)
-            if outside / len(chunk) > _OUTSIDE_SECONDS_PER_ITEM:
+            if slept:
                 batch = chunks[position : position + _CHUNKS_BETWEEN_PROBES]
                 position += len(batch)
-                done = pool.map(lambda rest: [function(item) for item in rest], batch)
-                results.extend(result for rest in done for result in rest)
+                threaded = pool.map(lambda rest: [function(item) for item in rest], batch)
+                results.extend(result for rest in threaded for result in rest)
     return results
 
 
-def _user_time() -> float:
-    """This thread's user CPU seconds (Linux), else its whole CPU time: what Python itself
-    spent, a garbage collection included."""
-    if hasattr(resource, "RUSAGE_THREAD"):
-        return resource.getrusage(resource.RUSAGE_THREAD).ru_utime
-    return time.thread_time()
+def _in_sequence(function: Callable[[T], R], items: Sequence[T]) -> tuple[list[R], bool]:
+    """[function(item) for item in items] on this thread, and whether it mostly slept
+    waiting (its voluntary context switches; a preemption is not one)."""
+    before = resource.getrusage(_SLEEP_COUNT).ru_nvcsw
+    results = [function(item) for item in items]
+    sleeps = resource.getrusage(_SLEEP_COUNT).ru_nvcsw - before
+    return results, sleeps > _SLEEPS_PER_ITEM * len(items)
 
 
 def map_with_time_limit(
