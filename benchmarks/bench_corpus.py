@@ -251,6 +251,9 @@ def partitions() -> list[str]:
 FIXED_COST_SECONDS = 1.0
 
 
+STEP_NAME_WIDTH = 34  # the step column of the printed lines
+
+
 # A step whose disk reads grow less than this from the smallest size to the largest reads
 # what every size holds alike (the small datasets, the code): no per-image reads to compare.
 FIXED_COST_READS = 10_000
@@ -510,7 +513,7 @@ def _wait_for(url: str, timeout: float) -> None:
 def _row(step: Step) -> str:
     flag = "" if step.ok else "  FAILED (see steps_n<size>.log)"
     return (
-        f"{step.name:<34} wall {step.wall:8.1f} s  cpu {step.cpu:8.1f} s  "
+        f"{step.name:<{STEP_NAME_WIDTH}} wall {step.wall:8.1f} s  cpu {step.cpu:8.1f} s  "
         f"peak {step.peak_rss_mb:7.0f} MB  +{step.added_bytes / 1e9:6.2f} GB  "
         f"reads {step.disk_reads / 1e3:7.0f} K ({step.disk_reads / step.wall / 1e3:5.1f} K/s)"
         f"{flag}"
@@ -558,7 +561,7 @@ def marginal_reads(results: list[tuple[float, list[Step]]], images: dict[float, 
             if reads[-1] - reads[0] >= FIXED_COST_READS:
                 costs = _per_thousand(reads, added)
                 shown = "  ".join(f"{cost:9,.0f}" for cost in costs)
-                print(f"  {name:<34} {shown}   {_ratio(costs)}")
+                print(f"  {name:<{STEP_NAME_WIDTH}} {shown}   {_ratio(costs)}")
 
 
 def _by_size(
