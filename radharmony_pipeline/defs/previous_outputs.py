@@ -32,6 +32,12 @@ INPUT_FINGERPRINT = "input_fingerprint"
 REUSED = "reused"
 
 
+def reuse_marks(fingerprint: str | None, reused: bool) -> dict[str, Any]:
+    """The metadata a stage's next run compares (its inputs' fingerprint) and the user reads
+    (whether this run re-used the last tables)."""
+    return {INPUT_FINGERPRINT: fingerprint, REUSED: reused}
+
+
 def stage_fingerprint(
     code_version: str,
     partition: str,

@@ -1,10 +1,13 @@
-"""The decorator of a per-partition stage whose checks run in its own step."""
+"""The decorator of a per-partition stage whose checks run in its own step, and what such
+a stage does on the way in and out."""
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
 
+from ..processing.storage.layout_migration import migrate_stage_outputs
+from ..processing.storage.store import OutputPath
 from ..processing.tables.table_schemas import TableSchema
 from .automation import REBUILD_WHEN_CHANGED
 from .metadata import definition_metadata, table_code_version
@@ -52,3 +55,22 @@ def checked_stage(
         can_subset=True,
         pool=pool,
     )
+
+
+def selected_output(
+    context: dg.AssetExecutionContext, name: str, value: Any, metadata: Mapping[str, Any]
+) -> Iterator[dg.Output]:
+    """The stage's output `name`, unless the run selected only its checks."""
+    if dg.AssetKey(name) in context.selected_asset_keys:
+        yield dg.Output(value, output_name=name, metadata=metadata)
+
+
+def output_root_in_shards(
+    context: dg.AssetExecutionContext, root: OutputPath, stage: str
+) -> OutputPath:
+    """`root`, with this partition's files of `stage` in a root of the flat layout first moved
+    into shard folders: renamed, nothing computed again."""
+    migrated = migrate_stage_outputs(root, stage, context.partition_key)
+    if migrated.changed:
+        context.log.info(migrated.describe())
+    return root

@@ -17,17 +17,16 @@ from ..groups import ANNOTATIONS
 from ..metadata import status_counts, table_code_version
 from ..previews import box_preview
 from ..previous_outputs import (
-    INPUT_FINGERPRINT,
-    REUSED,
     input_table,
     previous_tables,
+    reuse_marks,
     stage_fingerprint,
     stage_metadata,
 )
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
-from ..stages import checked_stage
+from ..stages import checked_stage, selected_output
 
 CODE_VERSION = "1"
 BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")
@@ -74,9 +73,8 @@ def bboxes(
     else:  # the same boxes from the same files: the table and sheet of the last run
         table, metadata = previous["bboxes"][0], stage_metadata(previous["bboxes"][1])
     fail_if_strict(table, run_settings.strict, "bboxes")
-    metadata.update({INPUT_FINGERPRINT: fingerprint, REUSED: previous is not None})
-    if dg.AssetKey("bboxes") in context.selected_asset_keys:
-        yield dg.Output(table, output_name="bboxes", metadata=metadata)
+    metadata.update(reuse_marks(fingerprint, previous is not None))
+    yield from selected_output(context, "bboxes", table, metadata)
     yield from check_results(
         context.selected_asset_check_keys,
         source,

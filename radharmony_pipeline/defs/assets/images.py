@@ -18,7 +18,6 @@ from ...processing.jobs.image_jobs import (
     update_packed_images,
 )
 from ...processing.storage.atomic import TEMP_MARKER, remove_orphaned_temporaries, writer_is_gone
-from ...processing.storage.layout_migration import migrate_stage_outputs
 from ...processing.storage.output_layout import (
     packed_images,
     resized_image,
@@ -37,7 +36,7 @@ from ..metadata import status_counts
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_mostly_unreadable, fail_if_strict
 from ..run_settings import RunSettingsResource, from_environment
-from ..stages import HEAVY_POOL, checked_stage
+from ..stages import HEAVY_POOL, checked_stage, output_root_in_shards, selected_output
 
 
 class ImagesConfig(dg.Config):
@@ -86,11 +85,7 @@ def images(
 ) -> Iterator[dg.Output | dg.AssetCheckResult]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
-    root = outputs.root()
-    # A root of the flat layout moves into shard folders first: renamed, nothing decoded.
-    migrated = migrate_stage_outputs(root, "images", context.partition_key)
-    if migrated.changed:
-        context.log.info(migrated.describe())
+    root = output_root_in_shards(context, outputs.root(), "images")
     folder = root / resized_image_folder(context.partition_key)
     packed = root / packed_images(context.partition_key)
     make_folder(folder)
@@ -145,10 +140,11 @@ def images(
         f"Run `radharmony check-data` for the likely cause and the setting to change "
         f"({UNREADABLE_LIMIT_VARIABLE} sets the share of unreadable images that is tolerated).",
     )
-    output = dg.Output(
+    yield from selected_output(
+        context,
+        "images",
         table.drop(columns=[field.name for field in IMAGE_WORKING_FIELDS]),
-        output_name="images",
-        metadata={
+        {
             "images": len(table),
             "decoded": int(table["decoded"].sum()),
             "reused": int((~table["decoded"] & (table["status"] == STATUS_OK)).sum()),
@@ -161,8 +157,6 @@ def images(
             "resize": config.resize,
         },
     )
-    if dg.AssetKey("images") in context.selected_asset_keys:
-        yield output
     yield from check_results(context.selected_asset_check_keys, table, run_settings.strict)
 
 

@@ -33,10 +33,11 @@ from ..checks.index_and_labels import (
 from ..groups import ANNOTATIONS
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
-from ..previous_outputs import INPUT_FINGERPRINT, REUSED, previous_tables, stage_fingerprint
+from ..previous_outputs import previous_tables, reuse_marks, stage_fingerprint
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
+from ..stages import selected_output
 from .source_files import source_files
 
 CODE_VERSION = "3"  # 2: status and error columns (issue 9); 3: parent identity (issue 21)
@@ -121,11 +122,9 @@ def raw_index_and_labels(
             outputs_metadata["raw_index"][1]["images_present"] = dg.MetadataValue.int(present)
         context.log.info(f"{context.partition_key}: {len(tables.index)} images, {metrics}")
         for name in _OUTPUT_ORDER:
-            if dg.AssetKey(name) in context.selected_asset_keys:
-                value, metadata = outputs_metadata[name]
-                metadata[INPUT_FINGERPRINT] = fingerprint
-                metadata[REUSED] = previous is not None
-                yield dg.Output(value, output_name=name, metadata=metadata)
+            value, metadata = outputs_metadata[name]
+            metadata.update(reuse_marks(fingerprint, previous is not None))
+            yield from selected_output(context, name, value, metadata)
         yield from check_results(
             context.selected_asset_check_keys,
             source,

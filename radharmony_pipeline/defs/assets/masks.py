@@ -18,7 +18,6 @@ from ...processing.jobs.mask_jobs import (
     run_mask_job,
 )
 from ...processing.storage.atomic import remove_orphaned_temporaries
-from ...processing.storage.layout_migration import migrate_stage_outputs
 from ...processing.storage.output_layout import image_mask_folder, mask_folder, table_file
 from ...processing.storage.store import OutputPath, listing
 from ...processing.tables.table_schemas import MASKS, RAW_INDEX
@@ -29,16 +28,15 @@ from ..groups import ANNOTATIONS
 from ..metadata import status_counts, table_code_version
 from ..previews import mask_preview
 from ..previous_outputs import (
-    INPUT_FINGERPRINT,
-    REUSED,
     previous_tables,
+    reuse_marks,
     stage_fingerprint,
     stage_metadata,
 )
 from ..resources import DatasetsResource, OutputsResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
-from ..stages import HEAVY_POOL, checked_stage
+from ..stages import HEAVY_POOL, checked_stage, output_root_in_shards, selected_output
 
 
 @checked_stage(
@@ -71,11 +69,7 @@ def masks(
 ) -> Iterator[dg.Output | dg.AssetCheckResult]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
-    root = outputs.root()
-    # A root of the flat layout moves into shard folders first: renamed, nothing rewritten.
-    migrated = migrate_stage_outputs(root, "masks", context.partition_key)
-    if migrated.changed:
-        context.log.info(migrated.describe())
+    root = output_root_in_shards(context, outputs.root(), "masks")
     folder = mask_folder(context.partition_key)
     remove_orphaned_temporaries(root / folder)
     # Where the masks go is part of the table (mask_path): another layout, other rows.
@@ -98,9 +92,8 @@ def masks(
     else:  # the same images from the same files: the masks and sheet of the last run
         table, metadata = previous["masks"][0], stage_metadata(previous["masks"][1])
         fail_if_strict(table, run_settings.strict, "masks")
-    metadata.update({INPUT_FINGERPRINT: fingerprint, REUSED: previous is not None})
-    if dg.AssetKey("masks") in context.selected_asset_keys:
-        yield dg.Output(table, output_name="masks", metadata=metadata)
+    metadata.update(reuse_marks(fingerprint, previous is not None))
+    yield from selected_output(context, "masks", table, metadata)
     yield from check_results(
         context.selected_asset_check_keys,
         source,

@@ -16,11 +16,10 @@ from ..groups import CORPUS
 from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions, every_partition_of
 from ..previous_outputs import (
-    INPUT_FINGERPRINT,
-    REUSED,
     files_fingerprint,
     input_table,
     previous_tables,
+    reuse_marks,
     stage_metadata,
 )
 from ..resources import OutputsResource
@@ -73,8 +72,7 @@ def partition_profile(
         output.metadata["report_label_prevalence"] = dg.MetadataValue.json(
             report_label_prevalence(tables.report_labels)
         )
-    output.metadata[INPUT_FINGERPRINT] = fingerprint
-    output.metadata[REUSED] = reused
+    output.metadata.update(reuse_marks(fingerprint, reused))
     return output
 
 

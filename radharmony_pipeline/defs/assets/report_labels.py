@@ -26,7 +26,7 @@ from ...sources import DatasetSource, SourceError, parse_partition_key
 from ..checks.report_labels import CHECK_SPECS, check_results
 from ..groups import ANNOTATIONS
 from ..resources import DatasetsResource, OutputsResource
-from ..stages import checked_stage
+from ..stages import checked_stage, selected_output
 
 if TYPE_CHECKING:
     from ...processing.reports.labeler import ReportReading
@@ -84,8 +84,7 @@ def report_labels(
     context.log.info(
         f"{context.partition_key}: report labels for {len(table)} images ({reports} reports)"
     )
-    if dg.AssetKey(ASSET) in context.selected_asset_keys:
-        yield dg.Output(table, output_name=ASSET, metadata=metadata)
+    yield from selected_output(context, ASSET, table, metadata)
     yield from check_results(context.selected_asset_check_keys, table, expected)
 
 
