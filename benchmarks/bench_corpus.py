@@ -262,6 +262,9 @@ FIXED_COST_READS = 10_000
 # The disk's own cost of finding train's images, beside the steps that do (check-data and
 # raw_index_and_labels): a cold stat of each, in sequence, by coreutils, no Python.
 STAT_FLOOR = "disk: stat each train image"
+# What `--step` names the UI pages' timing and ReXGradient train's re-runs by.
+UI_STEP = "UI"
+RERUNS = "re-run train"
 
 
 def commands(data: Path) -> list[tuple[str, list[str]]]:
@@ -333,10 +336,22 @@ def _tree_bytes(folder: Path) -> int:
 
 
 def rehearse(
-    work: Path, fraction: float, largest: float, side: int, seed: int, workers: int
+    work: Path,
+    fraction: float,
+    largest: float,
+    side: int,
+    seed: int,
+    workers: int,
+    only: tuple[str, ...] = (),
 ) -> None:
     """One size written (once) and every step run on it, the re-runs too at the `largest`
-    size of the run; its figures go to results_file."""
+    size of the run; its figures go to results_file. With `only`, just the steps whose names
+    begin with one of them (UI_STEP for the pages, RERUNS for the re-runs); the others keep
+    the figures last kept for this size."""
+
+    def wanted(name: str) -> bool:
+        return not only or name.startswith(only)
+
     size_dir = work / f"n{fraction:g}"
     data, output, home = size_dir / "data", size_dir / "output", size_dir / "dagster_home"
     home.mkdir(parents=True, exist_ok=True)
@@ -357,15 +372,22 @@ def rehearse(
         "RADHARMONY_WORKERS": str(workers),
     }
     figures: dict = {"counts": counts, "steps": [], "search": {}, "ui": {}}
+    if only and results_file(work, fraction).exists():
+        figures = {**json.loads(results_file(work, fraction).read_text()), "counts": counts}
     log = log_file(work, fraction)
 
     def keep(step: Step | None = None) -> None:
-        """Every figure is kept as soon as it is measured: a run cut short loses none."""
+        """Every figure is kept as soon as it is measured (in place of the same step's last
+        one): a run cut short loses none."""
         if step is not None:
-            figures["steps"].append(asdict(step))
+            by_name = {kept["name"]: kept for kept in figures["steps"]}
+            by_name[step.name] = asdict(step)
+            figures["steps"] = list(by_name.values())
         results_file(work, fraction).write_text(json.dumps(figures))
 
     for name, command in commands(data):
+        if not wanted(name):
+            continue
         if os.geteuid() == 0:
             bench_reruns.drop_page_cache()
         step = run_step(name, command, env, output, log)
@@ -376,19 +398,27 @@ def rehearse(
         if name == "manifest":
             figures["search"] = near_duplicate_search(home, step)
     print(f"  near_duplicates: {json.dumps(figures['search'])}", flush=True)
-    if not Path(CHROMIUM).exists():
-        print(f"  UI pages not timed: no {CHROMIUM} (apt-get install chromium)")
-    else:
-        try:
-            figures["ui"] = dict(time_ui_pages(env, log))
-        except Exception as error:  # the re-runs below are still worth measuring
-            print(f"  UI pages not timed: {error!r} (see {log})", flush=True)
-        for path, seconds in figures["ui"].items():
-            print(f"  UI {path:<46} network idle after {seconds:5.2f} s", flush=True)
+    if wanted(UI_STEP):
+        figures["ui"] = ui_pages(env, log)
     keep()
-    if fraction == largest:
+    if fraction == largest and wanted(RERUNS):
         for step in rerun_train(data, output, env, size_dir, log):
             keep(step)
+
+
+def ui_pages(env: dict, log: Path) -> dict[str, float]:
+    """The UI pages' seconds to network idle, each printed; none where they cannot be timed."""
+    if not Path(CHROMIUM).exists():
+        print(f"  UI pages not timed: no {CHROMIUM} (apt-get install chromium)")
+        return {}
+    try:
+        pages = dict(time_ui_pages(env, log))
+    except Exception as error:  # the re-runs after it are still worth measuring
+        print(f"  UI pages not timed: {error!r} (see {log})", flush=True)
+        return {}
+    for path, seconds in pages.items():
+        print(f"  UI {path:<46} network idle after {seconds:5.2f} s", flush=True)
+    return pages
 
 
 def rerun_train(data: Path, output: Path, env: dict, size_dir: Path, log: Path) -> Iterator[Step]:
@@ -654,11 +684,26 @@ def main() -> None:
     parser.add_argument(
         "--report", action="store_true", help="only print the figures kept under --work"
     )
+    parser.add_argument(
+        "--step",
+        action="append",
+        default=[],
+        help=f"run only the steps whose names begin so (repeatable; {UI_STEP!r}: the UI pages, "
+        f"{RERUNS!r}: the re-runs); the others keep the figures last kept per size",
+    )
     args = parser.parse_args()
     fractions = [] if args.report else [float(f) for f in args.fractions.split(",")]
     for fraction in fractions:
         print(f"size {fraction:g} of the documented counts (side {args.side}):", flush=True)
-        rehearse(args.work, fraction, max(fractions), args.side, args.seed, args.workers)
+        rehearse(
+            args.work,
+            fraction,
+            max(fractions),
+            args.side,
+            args.seed,
+            args.workers,
+            tuple(args.step),
+        )
         if not args.keep:
             shutil.rmtree(args.work / f"n{fraction:g}", ignore_errors=True)
     results, images = stored_results(args.work)
