@@ -29,6 +29,8 @@ deleted before the next unless `--keep`.
 
     .venv/bin/python benchmarks/bench_corpus.py --work /tmp/rehearsal
     .venv/bin/python benchmarks/bench_corpus.py --work /tmp/r --fractions 0.02 --side 512
+    .venv/bin/python benchmarks/bench_corpus.py --work /tmp/rehearsal --step check-data \
+        --step "all_stages rexgradient"      # a few steps again, on the corpus already written
 
 It is a benchmark, not a test (most of an hour at the full count on 2 cores).
 """
