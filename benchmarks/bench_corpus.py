@@ -24,13 +24,19 @@ per stage. The datasets written whole are rendered once (`--work`/whole_datasets
 hard-linked into each size; each size's figures and its commands' output are kept
 (`--work`/steps_n*.json, .log), so sizes run by separate commands combine. Everything lives
 under `--work` (up to about 60 GB at the full count with `--side 192`: the render, N's
-outputs and train's second build, for which N's measured exports are deleted); each size is
-deleted before the next unless `--keep`.
+outputs and train's second build, for which N's measured exports are deleted). Every pass
+over a size starts from an empty output root and instance (a step chosen by `--step` is a
+first build and needs what it reads chosen too: every `all_stages` before `manifest`) and
+deletes them after, unless `--keep`; a size's data go after its last pass. With `--passes K` the sizes are run K times,
+in turn (N/4, N/2, N, N, N/2, N/4, …), and each step's figures are its medians, with the
+range of each ratio over the passes: on this machine one cold step's wall moves by tens of
+percent between runs.
 
     .venv/bin/python benchmarks/bench_corpus.py --work /tmp/rehearsal
     .venv/bin/python benchmarks/bench_corpus.py --work /tmp/r --fractions 0.02 --side 512
     .venv/bin/python benchmarks/bench_corpus.py --work /tmp/rehearsal --step check-data \
         --step "all_stages rexgradient"      # a few steps again, on the corpus already written
+    .venv/bin/python benchmarks/bench_corpus.py --work /tmp/rehearsal --passes 3 --step check-data
 
 It is a benchmark, not a test (most of an hour at the full count on 2 cores).
 """
@@ -46,6 +52,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -345,18 +352,21 @@ def rehearse(
     seed: int,
     workers: int,
     only: tuple[str, ...] = (),
+    first_pass: bool = True,
 ) -> None:
-    """One size written (once) and every step run on it, the re-runs too at the `largest`
-    size of the run; its figures go to results_file. With `only`, just the steps whose names
-    begin with one of them (UI_STEP for the pages, RERUNS for the re-runs); the others keep
-    the figures last kept for this size."""
+    """One size written (once) and every step run on it, from an empty output root and
+    instance, the re-runs too at the `largest` size of the run; each step's figures are
+    added to its runs in results_file, whose runs of the steps measured again are dropped on
+    the `first_pass` of a command. With `only`, just the steps whose names begin with one of
+    them (UI_STEP for the pages, RERUNS for the re-runs); the others keep their runs."""
 
     def wanted(name: str) -> bool:
         return not only or name.startswith(only)
 
     size_dir = work / f"n{fraction:g}"
     data, output, home = size_dir / "data", size_dir / "output", size_dir / "dagster_home"
-    home.mkdir(parents=True, exist_ok=True)
+    clear_outputs(size_dir)  # every pass builds from nothing, as a user's first launches do
+    home.mkdir(parents=True)
     shutil.copyfile(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
     counts_file = size_dir / "corpus_counts.json"
     if not counts_file.exists():
@@ -373,18 +383,17 @@ def rehearse(
         "DAGSTER_HOME": str(home),
         "RADHARMONY_WORKERS": str(workers),
     }
-    figures: dict = {"counts": counts, "steps": [], "search": {}, "ui": {}}
-    if only and results_file(work, fraction).exists():
+    figures: dict = {"counts": counts, "runs": {}, "search": {}, "ui": {}}
+    if results_file(work, fraction).exists():
         figures = {**json.loads(results_file(work, fraction).read_text()), "counts": counts}
+    if first_pass:
+        figures["runs"] = {name: runs for name, runs in figures["runs"].items() if not wanted(name)}
     log = log_file(work, fraction)
 
     def keep(step: Step | None = None) -> None:
-        """Every figure is kept as soon as it is measured (in place of the same step's last
-        one): a run cut short loses none."""
+        """Every figure is kept as soon as it is measured: a run cut short loses none."""
         if step is not None:
-            by_name = {kept["name"]: kept for kept in figures["steps"]}
-            by_name[step.name] = asdict(step)
-            figures["steps"] = list(by_name.values())
+            figures["runs"].setdefault(step.name, []).append(asdict(step))
         results_file(work, fraction).write_text(json.dumps(figures))
 
     for name, command in commands(data):
@@ -406,6 +415,12 @@ def rehearse(
     if fraction == largest and wanted(RERUNS):
         for step in rerun_train(data, output, env, size_dir, log):
             keep(step)
+
+
+def clear_outputs(size_dir: Path) -> None:
+    """A size's output root and instance deleted; its data stay."""
+    for folder in ("output", "dagster_home"):
+        shutil.rmtree(size_dir / folder, ignore_errors=True)
 
 
 def ui_pages(env: dict, log: Path) -> dict[str, float]:
@@ -440,7 +455,7 @@ def rerun_train(data: Path, output: Path, env: dict, size_dir: Path, log: Path) 
     killed = bench_reruns.launch_and_kill_halfway(resumed_env, resumed, len(sources))
     written = len(list(resumed.glob(layout.resized_png_glob(bench_reruns.PARTITION))))
     print(f"  first build of train killed after {killed:.1f} s, {written} PNGs written")
-    resume = run_step("train resumed after kill -9", command, resumed_env, resumed, log)
+    resume = run_step(f"{RERUNS}, resumed after kill -9", command, resumed_env, resumed, log)
     yield counted(resume, resumed_env)
     shutil.rmtree(resumed, ignore_errors=True)
 
@@ -552,10 +567,34 @@ def _row(step: Step) -> str:
     )
 
 
-def marginal(results: list[tuple[float, list[Step]]], images: dict[float, int]) -> None:
+# A size's steps, each by name with its runs (one per pass over the size, in order).
+Runs = dict[str, list[Step]]
+
+
+def typical(runs: list[Step]) -> Step:
+    """One step's runs at one size as one: the median of each figure and of each stage's
+    seconds, the largest peak RSS (the bound that matters), ok only if every run was."""
+    return Step(
+        runs[0].name,
+        statistics.median(run.wall for run in runs),
+        statistics.median(run.cpu for run in runs),
+        max(run.peak_rss_mb for run in runs),
+        round(statistics.median(run.added_bytes for run in runs)),
+        all(run.ok for run in runs),
+        {
+            stage: statistics.median(run.stages[stage] for run in runs if stage in run.stages)
+            for stage in runs[0].stages
+        },
+        round(statistics.median(run.disk_reads for run in runs)),
+    )
+
+
+def marginal(results: list[tuple[float, Runs]], images: dict[float, int]) -> None:
     """Per step, then per stage of each launched job, the wall (and the step's CPU) per 1,000
     corpus images between consecutive sizes, and the ratio of the last two (1.0: linear);
-    "fixed-cost" where the time grows by less than FIXED_COST_SECONDS over all sizes."""
+    "fixed-cost" where the time grows by less than FIXED_COST_SECONDS over all sizes. Of a
+    step run more than once per size, the medians, then the range of the ratio over the
+    passes (the first run at each size, the second, ...)."""
     print("\nmarginal cost per 1,000 images between sizes (wall | CPU), ratio of the last two")
     by_name, added = _by_size(results, images)
     width = 2 + max(
@@ -572,16 +611,35 @@ def marginal(results: list[tuple[float, list[Step]]], images: dict[float, int]) 
         cpus = _per_thousand([step.cpu for step in steps], added)
         shown = "  ".join(f"{w:7.2f} | {c:7.2f} s" for w, c in zip(walls, cpus, strict=True))
         verdict = _verdict([step.wall for step in steps], walls)
-        print(f"  {name:<{width}} {shown}   {verdict} | {_ratio(cpus)}")
+        spread = "" if verdict == FIXED_COST else _spread(results, name, added)
+        print(f"  {name:<{width}} {shown}   {verdict} | {_ratio(cpus)}{spread}")
         for stage in steps[0].stages:
             seconds = [step.stages.get(stage) for step in steps]
             if None not in seconds:
                 walls = _per_thousand(seconds, added)
                 shown = "  ".join(f"{w:7.2f} s{'':11}" for w in walls)
-                print(f"    {stage:<{width - 2}} {shown}   {_verdict(seconds, walls)}")
+                verdict = _verdict(seconds, walls)
+                spread = "" if verdict == FIXED_COST else _spread(results, name, added, stage)
+                print(f"    {stage:<{width - 2}} {shown}   {verdict}{spread}")
 
 
-def marginal_reads(results: list[tuple[float, list[Step]]], images: dict[float, int]) -> None:
+def _spread(
+    results: list[tuple[float, Runs]], name: str, added: list[float], stage: str | None = None
+) -> str:
+    """The lowest and highest ratio of the last two marginal costs of step `name` (of its
+    `stage`) over the passes with a run of it at every size; nothing if only one has."""
+    passes = min(len(kept.get(name, [])) for _, kept in results)
+    ratios = []
+    for index in range(passes):
+        at_sizes = [kept[name][index] for _, kept in results]
+        values = [run.wall if stage is None else run.stages.get(stage) for run in at_sizes]
+        costs = _per_thousand(values, added) if None not in values else []
+        if len(costs) > 1 and costs[-2] > 0:
+            ratios.append(costs[-1] / costs[-2])
+    return f"   (passes {min(ratios):.2f}–{max(ratios):.2f})" if len(ratios) > 1 else ""
+
+
+def marginal_reads(results: list[tuple[float, Runs]], images: dict[float, int]) -> None:
     """Per step that reads the disk, its reads per 1,000 corpus images between consecutive
     sizes and their ratio: the code's part of a cold step's scaling, whatever the disk's
     latency did meanwhile; steps whose reads grow by fewer than FIXED_COST_READS are left out."""
@@ -597,10 +655,11 @@ def marginal_reads(results: list[tuple[float, list[Step]]], images: dict[float, 
 
 
 def _by_size(
-    results: list[tuple[float, list[Step]]], images: dict[float, int]
+    results: list[tuple[float, Runs]], images: dict[float, int]
 ) -> tuple[list[dict[str, Step]], list[float]]:
-    """Each size's steps by name, and the thousands of images each size adds to the last."""
-    by_name = [{step.name: step for step in steps} for _, steps in results]
+    """Each size's steps by name (their typical run), and the thousands of images each size
+    adds to the last."""
+    by_name = [{name: typical(steps) for name, steps in runs.items()} for _, runs in results]
     added = [(images[f1] - images[f0]) / 1000 for f0, f1 in itertools.pairwise(images)]
     return by_name, added
 
@@ -609,29 +668,35 @@ def _per_thousand(totals: list[float], added: list[float]) -> list[float]:
     return [(t1 - t0) / a for (t0, t1), a in zip(itertools.pairwise(totals), added, strict=True)]
 
 
+FIXED_COST = "fixed-cost"
+
+
 def _verdict(seconds: list[float], costs: list[float]) -> str:
-    return "fixed-cost" if seconds[-1] - seconds[0] < FIXED_COST_SECONDS else _ratio(costs)
+    return FIXED_COST if seconds[-1] - seconds[0] < FIXED_COST_SECONDS else _ratio(costs)
 
 
 def _ratio(costs: list[float]) -> str:
     return f"{costs[-1] / costs[-2]:5.2f}" if len(costs) > 1 and costs[-2] > 0 else "  n/a"
 
 
-def table(results: list[tuple[float, list[Step]]], images: dict[float, int]) -> None:
-    """Every step at every size as one Markdown table (wall / CPU / peak RSS)."""
+def table(results: list[tuple[float, Runs]], images: dict[float, int]) -> None:
+    """Every step at every size as one Markdown table (wall / CPU / peak RSS; of a step run
+    more than once, the medians and the largest peak, with the number of runs)."""
     sizes = [f"{fraction:g} ({images[fraction]:,} images)" for fraction, _ in results]
     print("\n| step | " + " | ".join(sizes) + " |")
     print("|---|" + "---|" * len(results))
-    names = dict.fromkeys(step.name for _, steps in results for step in steps)
+    names = dict.fromkeys(name for _, runs in results for name in runs)
     for name in names:
         cells = []
-        for _, steps in results:
-            step = next((step for step in steps if step.name == name), None)
+        for _, runs in results:
+            if name not in runs:
+                cells.append("–")
+                continue
+            step = typical(runs[name])
             cells.append(
-                "–"
-                if step is None
-                else f"{step.wall:.1f} s / {step.cpu:.1f} s / {step.peak_rss_mb / 1024:.2f} GB"
+                f"{step.wall:.1f} s / {step.cpu:.1f} s / {step.peak_rss_mb / 1024:.2f} GB"
                 + ("" if step.ok else " FAILED")
+                + (f" ({len(runs[name])} runs)" if len(runs[name]) > 1 else "")
             )
         print(f"| {name} | " + " | ".join(cells) + " |")
 
@@ -646,12 +711,13 @@ def log_file(work: Path, fraction: float) -> Path:
     return results_file(work, fraction).with_suffix(".log")
 
 
-def stored_results(work: Path) -> tuple[list[tuple[float, list[Step]]], dict[float, int]]:
+def stored_results(work: Path) -> tuple[list[tuple[float, Runs]], dict[float, int]]:
     results, images = [], {}
     for path in work.glob("steps_n*.json"):
         fraction = float(path.stem.removeprefix("steps_n"))
         stored = json.loads(path.read_text())
-        results.append((fraction, [Step(**step) for step in stored["steps"]]))
+        runs = {name: [Step(**run) for run in kept] for name, kept in stored["runs"].items()}
+        results.append((fraction, runs))
         images[fraction] = sum(stored["counts"].values())
     results.sort(key=lambda result: result[0])
     return results, {fraction: images[fraction] for fraction, _ in results}
@@ -693,10 +759,24 @@ def main() -> None:
         help=f"run only the steps whose names begin so (repeatable; {UI_STEP!r}: the UI pages, "
         f"{RERUNS!r}: the re-runs); the others keep the figures last kept per size",
     )
+    parser.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        help="passes over the sizes (N/4, N/2, N, then N, N/2, N/4, …); each step's figures are "
+        "its medians over the passes, with the range of its ratio",
+    )
     args = parser.parse_args()
     fractions = [] if args.report else [float(f) for f in args.fractions.split(",")]
-    for fraction in fractions:
-        print(f"size {fraction:g} of the documented counts (side {args.side}):", flush=True)
+    # Every other pass runs the sizes largest first: a drift of the host over the passes
+    # then weighs on each size alike.
+    passes = [(index, f) for index in range(args.passes) for f in fractions[:: (-1) ** index]]
+    for index, fraction in passes:
+        print(
+            f"size {fraction:g} of the documented counts (side {args.side}), "
+            f"pass {index + 1} of {args.passes}:",
+            flush=True,
+        )
         rehearse(
             args.work,
             fraction,
@@ -705,9 +785,14 @@ def main() -> None:
             args.seed,
             args.workers,
             tuple(args.step),
+            first_pass=index == 0,
         )
         if not args.keep:
-            shutil.rmtree(args.work / f"n{fraction:g}", ignore_errors=True)
+            # A pass's outputs make room for the next size's; the data serve every pass.
+            size_dir = args.work / f"n{fraction:g}"
+            clear_outputs(size_dir)
+            if index == args.passes - 1:
+                shutil.rmtree(size_dir, ignore_errors=True)
     results, images = stored_results(args.work)
     table(results, images)
     if len(results) > 1:
