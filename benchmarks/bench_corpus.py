@@ -23,12 +23,12 @@ projection to 1,000,000 images, and the marginal cost per image between sizes, p
 per stage. The datasets written whole are rendered once (`--work`/whole_datasets) and
 hard-linked into each size; each size's figures and its commands' output are kept
 (`--work`/steps_n*.json, .log), so sizes run by separate commands combine. Everything lives
-under `--work` (up to about 60 GB at the full count with `--side 192`: the render, N's
-outputs and train's second build, for which N's measured exports are deleted). Every pass
-over a size starts from an empty output root and instance (a step chosen by `--step` is a
-first build and needs what it reads chosen too: every `all_stages` before `manifest`) and
-deletes them after, unless `--keep`; a size's data go after its last pass. With `--passes K` the sizes are run K times,
-in turn (N/4, N/2, N, N, N/2, N/4, …), and each step's figures are its medians, with the
+under `--work` (up to about 60 GB at the full count with `--side 192`: the render, N's outputs
+and train's second build, for which N's measured exports are deleted). Every pass over a size
+starts from an empty output root and instance (a step chosen by `--step` is a first build and
+needs what it reads chosen too: every `all_stages` before `manifest`) and deletes them after,
+unless `--keep`; a size's data go after its last pass. With `--passes K` the sizes are run K
+times, in turn (N/4, N/2, N, N, N/2, N/4, …), and each step's figures are its medians, with the
 range of each ratio over the passes: on this machine one cold step's wall moves by tens of
 percent between runs.
 
@@ -385,7 +385,8 @@ def rehearse(
     }
     figures: dict = {"counts": counts, "runs": {}, "search": {}, "ui": {}}
     if results_file(work, fraction).exists():
-        figures = {**json.loads(results_file(work, fraction).read_text()), "counts": counts}
+        figures = {"runs": {}, **json.loads(results_file(work, fraction).read_text())}
+        figures["counts"] = counts
     if first_pass:
         figures["runs"] = {name: runs for name, runs in figures["runs"].items() if not wanted(name)}
     log = log_file(work, fraction)
