@@ -599,11 +599,14 @@ def marginal(results: list[tuple[float, Runs]], images: dict[float, int]) -> Non
     print("\nmarginal cost per 1,000 images between sizes (wall | CPU), ratio of the last two")
     by_name, added = _by_size(results, images)
     width = 2 + max(
-        len(name)
-        for named in by_name
-        for step in named.values()
-        for name in (step.name, *step.stages)
-    )
+        (
+            len(name)
+            for named in by_name
+            for step in named.values()
+            for name in (step.name, *step.stages)
+        ),
+        default=0,
+    )  # a run with no steps (`--step` naming none: the corpus only) prints no rows
     for name in by_name[0]:
         if not all(name in named for named in by_name):
             continue  # not measured at every size (a run cut short)
