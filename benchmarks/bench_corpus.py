@@ -363,7 +363,7 @@ def rehearse(
     def wanted(name: str) -> bool:
         return not only or name.startswith(only)
 
-    size_dir = work / f"n{fraction:g}"
+    size_dir = size_folder(work, fraction)
     data, output, home = size_dir / "data", size_dir / "output", size_dir / "dagster_home"
     clear_outputs(size_dir)  # every pass builds from nothing, as a user's first launches do
     home.mkdir(parents=True)
@@ -637,9 +637,9 @@ def _spread(
     for index in range(passes):
         at_sizes = [kept[name][index] for _, kept in results]
         values = [run.wall if stage is None else run.stages.get(stage) for run in at_sizes]
-        costs = _per_thousand(values, added) if None not in values else []
-        if len(costs) > 1 and costs[-2] > 0:
-            ratios.append(costs[-1] / costs[-2])
+        ratio = _last_ratio(_per_thousand(values, added)) if None not in values else None
+        if ratio is not None:
+            ratios.append(ratio)
     return f"   (passes {min(ratios):.2f}–{max(ratios):.2f})" if len(ratios) > 1 else ""
 
 
@@ -680,7 +680,13 @@ def _verdict(seconds: list[float], costs: list[float]) -> str:
 
 
 def _ratio(costs: list[float]) -> str:
-    return f"{costs[-1] / costs[-2]:5.2f}" if len(costs) > 1 and costs[-2] > 0 else "  n/a"
+    ratio = _last_ratio(costs)
+    return "  n/a" if ratio is None else f"{ratio:5.2f}"
+
+
+def _last_ratio(costs: list[float]) -> float | None:
+    """The last marginal cost over the one before it; none without a positive one before."""
+    return costs[-1] / costs[-2] if len(costs) > 1 and costs[-2] > 0 else None
 
 
 def table(results: list[tuple[float, Runs]], images: dict[float, int]) -> None:
@@ -703,6 +709,11 @@ def table(results: list[tuple[float, Runs]], images: dict[float, int]) -> None:
                 + (f" ({len(runs[name])} runs)" if len(runs[name]) > 1 else "")
             )
         print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def size_folder(work: Path, fraction: float) -> Path:
+    """A size's data, output root and instance."""
+    return work / f"n{fraction:g}"
 
 
 def results_file(work: Path, fraction: float) -> Path:
@@ -793,7 +804,7 @@ def main() -> None:
         )
         if not args.keep:
             # A pass's outputs make room for the next size's; the data serve every pass.
-            size_dir = args.work / f"n{fraction:g}"
+            size_dir = size_folder(args.work, fraction)
             clear_outputs(size_dir)
             if index == args.passes - 1:
                 shutil.rmtree(size_dir, ignore_errors=True)
