@@ -23,9 +23,11 @@ pytestmark = pytest.mark.build
 REPO = Path(__file__).resolve().parents[1]
 
 
-def materialize(data_root: Path, output: Path, partition: str) -> dg.ExecuteInProcessResult:
-    """raw_index + labels and their checks, as the UI's `index_and_labels` job runs them."""
-    job = build_definitions(data_root, output).resolve_job_def("index_and_labels")
+def materialize(
+    data_root: Path, output: Path, partition: str, job: str = "index_and_labels"
+) -> dg.ExecuteInProcessResult:
+    """A job's assets and their checks (raw_index + labels by default), as the UI runs them."""
+    job = build_definitions(data_root, output).resolve_job_def(job)
     return job.execute_in_process(partition_key=partition, raise_on_error=False)
 
 
@@ -62,24 +64,51 @@ def test_suites_validated_in_a_helper_process_give_the_same_results(
     """As for ReXGradient train at full scale: GX in a helper started before the read."""
     _, results = materialized
     partition = "rexgradient.val"
-    monkeypatch.setattr(suite_validation, "HELPER_SOURCE_BYTES", 0)
-    started = []
-
-    class RecordedValidationProcess(suite_validation.ValidationProcess):
-        def __init__(self) -> None:
-            super().__init__()
-            started.append(self)
-
-    monkeypatch.setattr(suite_validation, "ValidationProcess", RecordedValidationProcess)
+    started = recorded_helpers(monkeypatch)
     helped = materialize(tiny_root, tmp_path, partition)
     assert len(started) == 1, "the step did not validate in a helper"
-    assert started[0].exit_code is not None, "the helper outlived its step"
+    assert started[0].exit_code is not None, "the helper outlived its run"
 
     def evaluations(result):
         return {e.check_name: (e.passed, e.metadata) for e in result.get_asset_check_evaluations()}
 
     assert evaluations(helped) == evaluations(results[partition])
     assert all(passed for passed, _ in evaluations(helped).values())
+
+
+def recorded_helpers(monkeypatch) -> list:
+    """Every helper the next runs start, each with the suites sent to it (`.suites`); every
+    source large enough for one."""
+    monkeypatch.setattr(suite_validation, "HELPER_SOURCE_BYTES", 0)
+    started = []
+
+    class RecordedValidationProcess(suite_validation.ValidationProcess):
+        def __init__(self) -> None:
+            super().__init__()
+            self.suites = []
+            started.append(self)
+
+        def submit(self, frame, suite, *arguments):
+            self.suites.append(suite)
+            return super().submit(frame, suite, *arguments)
+
+    monkeypatch.setattr(suite_validation, "ValidationProcess", RecordedValidationProcess)
+    return started
+
+
+def test_the_later_steps_of_a_run_validate_in_the_helper_its_read_started(
+    tiny_root, tmp_path, monkeypatch
+):
+    """GX is imported once per run: the boxes' and masks' suites of the run whose metadata
+    started a helper go to that helper, which ends with the run."""
+    started = recorded_helpers(monkeypatch)
+    result = materialize(tiny_root, tmp_path, "rexgradient.val", job="all_stages")
+    assert result.success
+    assert len(started) == 1, "a run started more than one helper"
+    assert {"raw_index", "labels", "bboxes", "masks"} <= set(started[0].suites)
+    assert started[0].exit_code is not None, "the helper outlived its run"
+    evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert evaluations["bboxes_suite"] and evaluations["masks_suite"], evaluations
 
 
 def test_tables_round_trip_with_contract_types(materialized):

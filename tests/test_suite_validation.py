@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pandas as pd
 import pyarrow as pa
@@ -20,11 +21,9 @@ from radharmony_pipeline.processing.tables.suite_validation import (
     HELPER_SOURCE_BYTES,
     InProcessValidation,
     KeptReports,
+    SuiteValidation,
     ValidationProcess,
     validate_suite,
-)
-from radharmony_pipeline.processing.tables.suite_validation import (
-    suite_validation as choose_validation,
 )
 
 
@@ -117,12 +116,37 @@ def test_a_table_that_cannot_be_sent_fails_its_suite_with_the_reason():
      (HELPER_SOURCE_BYTES, ValidationProcess)],
 )  # fmt: skip
 def test_only_a_large_source_gets_a_helper(source_bytes, kind):
-    with choose_validation(source_bytes) as validator:
+    run = SuiteValidation()
+    try:
+        validator = run.for_source(source_bytes)
         assert isinstance(validator, kind)
         report = validator.submit(labels_frame(), "labels", LABELS)()
+    finally:
+        run.close()
     assert report.success, report.summary()
     if isinstance(validator, ValidationProcess):
-        assert validator.exit_code is not None, "the helper outlived its block"
+        assert validator.exit_code is not None, "the helper outlived its run"
+
+
+@pytest.mark.slow
+def test_a_run_keeps_one_helper_for_every_later_table_until_it_dies():
+    run = SuiteValidation()
+    try:
+        assert isinstance(run.validator(), InProcessValidation), "no large source yet"
+        helper = run.for_source(HELPER_SOURCE_BYTES)
+        assert run.for_source(HELPER_SOURCE_BYTES) is helper, "a second helper started"
+        assert run.for_source(0) is helper and run.validator() is helper
+        assert run.validator().submit(labels_frame(), "labels", LABELS)().success
+        os.kill(helper.pid, signal.SIGKILL)
+        with within(60, "the killed helper's end"):
+            while helper.exit_code is None:
+                time.sleep(0.01)
+        assert isinstance(run.validator(), InProcessValidation), "a dead helper was chosen"
+        replacement = run.for_source(HELPER_SOURCE_BYTES)
+        assert isinstance(replacement, ValidationProcess) and replacement is not helper
+    finally:
+        run.close()
+    assert replacement.exit_code is not None, "close() left the helper running"
 
 
 def as_arrow(frame: pd.DataFrame, _table: str) -> pa.Table:

@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-from pydantic import Field, create_model
+from pydantic import Field, PrivateAttr, create_model
 
 from ..processing.storage.source_store import is_remote, source_path
 from ..processing.storage.store import DEFAULT_RETRY_POLICY, OutputPath, RetryPolicy, output_path
+from ..processing.tables.suite_validation import SuiteValidation, Validator
 from ..settings import (
     DATA_ROOT_VARIABLE,
     DEFAULT_DATA_ROOT,
@@ -150,6 +151,27 @@ class OutputsResource(dg.ConfigurableResource):
         return output_path(expand_path(self.output_root, os.environ), self.store_retries.policy())
 
 
+class SuiteValidationResource(dg.ConfigurableResource):
+    """Where the run's GX suites are validated (processing/tables/suite_validation.py): one
+    SuiteValidation for the steps the run's process executes (every step, by default), so a
+    helper started by ReXGradient train's read also validates the tables of its later steps
+    rather than GX being imported a second time; the helper stops with the run."""
+
+    _validation: SuiteValidation = PrivateAttr()
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self._validation = SuiteValidation()
+
+    def for_source(self, source_bytes: int) -> Validator:
+        return self._validation.for_source(source_bytes)
+
+    def validator(self) -> Validator:
+        return self._validation.validator()
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        self._validation.close()
+
+
 def pipeline_resources(
     data_root: str | Path | None = None, output_root: str | Path | None = None
 ) -> dict[str, object]:
@@ -168,6 +190,7 @@ def pipeline_resources(
         "datasets": datasets,
         "outputs": outputs,
         "run_settings": RunSettingsResource(),
+        "suite_validation": SuiteValidationResource(),
         "io_manager": parquet_io_manager,
     }
 

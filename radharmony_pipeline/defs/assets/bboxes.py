@@ -23,7 +23,7 @@ from ..previous_outputs import (
     stage_fingerprint,
     stage_metadata,
 )
-from ..resources import DatasetsResource, OutputsResource
+from ..resources import DatasetsResource, OutputsResource, SuiteValidationResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
 from ..stages import checked_stage, selected_output
@@ -55,6 +55,7 @@ def bboxes(
     datasets: DatasetsResource,
     outputs: OutputsResource,
     run_settings: RunSettingsResource,
+    suite_validation: SuiteValidationResource,
 ) -> Iterator[dg.Output | dg.AssetCheckResult]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
@@ -81,7 +82,7 @@ def bboxes(
         split,
         table,
         run_settings.strict,
-        kept_validation(root, context.partition_key),
+        kept_validation(suite_validation.validator(), root, context.partition_key),
     )
 
 

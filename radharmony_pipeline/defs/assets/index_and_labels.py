@@ -9,7 +9,7 @@ import dagster as dg
 import pandas as pd
 
 from ...processing.storage.source_store import file_state
-from ...processing.tables.suite_validation import KeptReports, suite_validation
+from ...processing.tables.suite_validation import KeptReports
 from ...processing.tables.table_schemas import RAW_INDEX
 from ...settings import UNREADABLE_LIMIT_VARIABLE
 from ...sources import (
@@ -34,7 +34,7 @@ from ..groups import ANNOTATIONS
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
 from ..previous_outputs import previous_tables, reuse_marks, stage_fingerprint
-from ..resources import DatasetsResource, OutputsResource
+from ..resources import DatasetsResource, OutputsResource, SuiteValidationResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
 from ..stages import selected_output
@@ -91,6 +91,7 @@ def raw_index_and_labels(
     datasets: DatasetsResource,
     outputs: OutputsResource,
     run_settings: RunSettingsResource,
+    suite_validation: SuiteValidationResource,
 ):
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
@@ -100,40 +101,42 @@ def raw_index_and_labels(
     previous = previous_tables(context, _OUTPUT_ORDER, fingerprint, outputs.root())
     # Re-used tables are not read again: no read for a helper's GX import to overlap.
     source_bytes = 0 if previous is not None else _validated_source_bytes(context, source, split)
-    with suite_validation(source_bytes) as helper:
-        validator = KeptReports(
-            helper, outputs.root(), context.partition_key, stored_in(context.partition_key)
-        )
-        # Counting and summarizing the tables allocate Arrow memory too (hash tables over 239k
-        # ids for ReXGradient train): same allocator as the read, see arrow_system_allocator.
-        with arrow_system_allocator():
-            if previous is None:
-                tables, present = _read_tables(context, source, split, run_settings)
-            else:
-                # The metadata files and the code are as they were: the tables they gave.
-                tables = SplitTables(index=previous["raw_index"][0], labels=previous["labels"][0])
-                present = int(previous["raw_index"][1]["images_present"].value)
-                context.log.info(f"{context.partition_key}: metadata unchanged, tables re-used")
-            # The tables are final: their validation goes on while the rest is summarized.
-            suites = start_suites(context.selected_asset_check_keys, validator, tables)
-            fail_if_strict(tables.index, run_settings.strict, "raw_index")
-            metrics = source.count_metrics(tables)
-            outputs_metadata = _outputs(source, split, tables, metrics)
-            outputs_metadata["raw_index"][1]["images_present"] = dg.MetadataValue.int(present)
-        context.log.info(f"{context.partition_key}: {len(tables.index)} images, {metrics}")
-        for name in _OUTPUT_ORDER:
-            value, metadata = outputs_metadata[name]
-            metadata.update(reuse_marks(fingerprint, previous is not None))
-            yield from selected_output(context, name, value, metadata)
-        yield from check_results(
-            context.selected_asset_check_keys,
-            source,
-            split,
-            tables,
-            metrics,
-            run_settings.strict,
-            suites,
-        )
+    validator = KeptReports(
+        suite_validation.for_source(source_bytes),
+        outputs.root(),
+        context.partition_key,
+        stored_in(context.partition_key),
+    )
+    # Counting and summarizing the tables allocate Arrow memory too (hash tables over 239k
+    # ids for ReXGradient train): same allocator as the read, see arrow_system_allocator.
+    with arrow_system_allocator():
+        if previous is None:
+            tables, present = _read_tables(context, source, split, run_settings)
+        else:
+            # The metadata files and the code are as they were: the tables they gave.
+            tables = SplitTables(index=previous["raw_index"][0], labels=previous["labels"][0])
+            present = int(previous["raw_index"][1]["images_present"].value)
+            context.log.info(f"{context.partition_key}: metadata unchanged, tables re-used")
+        # The tables are final: their validation goes on while the rest is summarized.
+        suites = start_suites(context.selected_asset_check_keys, validator, tables)
+        fail_if_strict(tables.index, run_settings.strict, "raw_index")
+        metrics = source.count_metrics(tables)
+        outputs_metadata = _outputs(source, split, tables, metrics)
+        outputs_metadata["raw_index"][1]["images_present"] = dg.MetadataValue.int(present)
+    context.log.info(f"{context.partition_key}: {len(tables.index)} images, {metrics}")
+    for name in _OUTPUT_ORDER:
+        value, metadata = outputs_metadata[name]
+        metadata.update(reuse_marks(fingerprint, previous is not None))
+        yield from selected_output(context, name, value, metadata)
+    yield from check_results(
+        context.selected_asset_check_keys,
+        source,
+        split,
+        tables,
+        metrics,
+        run_settings.strict,
+        suites,
+    )
 
 
 def _read_tables(

@@ -33,7 +33,7 @@ from ..previous_outputs import (
     stage_fingerprint,
     stage_metadata,
 )
-from ..resources import DatasetsResource, OutputsResource
+from ..resources import DatasetsResource, OutputsResource, SuiteValidationResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
 from ..stages import HEAVY_POOL, checked_stage, output_root_in_shards, selected_output
@@ -66,6 +66,7 @@ def masks(
     datasets: DatasetsResource,
     outputs: OutputsResource,
     run_settings: RunSettingsResource,
+    suite_validation: SuiteValidationResource,
 ) -> Iterator[dg.Output | dg.AssetCheckResult]:
     dataset, split = parse_partition_key(context.partition_key)
     source = datasets.source(dataset)
@@ -101,6 +102,7 @@ def masks(
         {"masks": table, "labels": labels, "raw_index": raw_index},
         root,
         run_settings.strict,
+        suite_validation.validator(),
     )
 
 

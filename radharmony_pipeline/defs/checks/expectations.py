@@ -8,12 +8,7 @@ import pyarrow as pa
 
 from ...processing.storage.store import OutputPath
 from ...processing.tables.suite_reports import SuiteReport
-from ...processing.tables.suite_validation import (
-    InProcessValidation,
-    KeptReports,
-    StoredTable,
-    Validator,
-)
+from ...processing.tables.suite_validation import KeptReports, StoredTable, Validator
 from ...sources import declared_schema
 from ..io_managers import stored_table
 from ..partitions import blocking_partition_check
@@ -33,9 +28,9 @@ def suite_result(
     return report_result(validator.submit(table, suite, *arguments)())
 
 
-def kept_validation(root: OutputPath, partition: str) -> Validator:
-    """Validation in this process, of tables not validated before (KeptReports)."""
-    return KeptReports(InProcessValidation(), root, partition, stored_in(partition))
+def kept_validation(validator: Validator, root: OutputPath, partition: str) -> Validator:
+    """`validator` for the tables not validated before (KeptReports)."""
+    return KeptReports(validator, root, partition, stored_in(partition))
 
 
 def stored_in(partition: str) -> StoredTable:

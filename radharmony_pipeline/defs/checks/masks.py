@@ -9,6 +9,7 @@ import pandas as pd
 
 from ...processing.storage.output_layout import mask_folder
 from ...processing.storage.store import OutputPath, listing
+from ...processing.tables.suite_validation import Validator
 from ...sources import DatasetSource
 from ...sources.counts import MASK_METRICS, compare_counts
 from ...vocabulary import STATUS_ERROR, STATUS_OK, UNION_CLASS
@@ -31,6 +32,7 @@ class _MasksStep:
     tables: dict[str, pd.DataFrame]
     root: OutputPath
     strict: bool
+    validator: Validator
 
     @property
     def masks(self) -> pd.DataFrame:
@@ -72,7 +74,7 @@ CHECKS: list[StepCheck[_MasksStep]] = [
             "every mask file exists, classes in the vocabulary.",
         ),
         lambda step: suite_result(
-            kept_validation(step.root, step.partition),
+            kept_validation(step.validator, step.root, step.partition),
             _with_derived_columns(step.masks, step.root, step.partition),
             "masks",
         ),
@@ -89,9 +91,12 @@ def check_results(
     tables: dict[str, pd.DataFrame],
     root: OutputPath,
     strict: bool,
+    validator: Validator,
 ) -> Iterator[dg.AssetCheckResult]:
-    """The result of every selected check, from `tables` (masks, labels, raw_index) in memory."""
-    yield from step_results(CHECKS, selected, _MasksStep(source, split, tables, root, strict))
+    """The result of every selected check, from `tables` (masks, labels, raw_index) in memory;
+    the suite's table goes to `validator`."""
+    step = _MasksStep(source, split, tables, root, strict, validator)
+    yield from step_results(CHECKS, selected, step)
 
 
 def _counts(

@@ -1,10 +1,11 @@
 """Validating a table against one of its suites: in this process, or in a helper process
 that imports Great Expectations while the step is still reading its source.
 
-GX takes seconds to import. A step whose source takes longer than that to read (ReXGradient's
-train JSON) starts the helper as it begins, so the import overlaps the read and the
-validation overlaps the step's own Parquet writes. Every other step validates in its own
-process, where GX, once imported, stays for the next validation.
+GX takes seconds to import, and a process imports it once. A step whose source takes longer
+than that to read (ReXGradient's train JSON) starts the helper as it begins, so the import
+overlaps the read and the validation overlaps the step's own Parquet writes; the run's later
+steps send their tables to the same helper. A run that reads no such source validates in
+its own process, where GX, once imported, stays for the next validation.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from functools import cache
 from importlib.metadata import version
 from importlib.util import find_spec
@@ -36,9 +37,11 @@ from ..storage.store import OutputPath, publish_bytes, read_bytes
 from .suite_reports import SuiteReport, unfinished_report
 from .table_schemas import SchemaMismatchError
 
-# A source this large takes longer to read and parse than GX takes to import (the train JSON
-# of ReXGradient is ~180 MB; every other split's metadata is a few MB).
-HELPER_SOURCE_BYTES = 64 << 20
+# Before its tables are final a step reads and parses its source and looks up every image it
+# names; from a source this large that takes about as long as GX's import, which the helper
+# then overlaps (benchmarks/README.md, "Where GX is imported"). ReXGradient's train JSON is
+# above it from a quarter of its count up; every other split's metadata is far below.
+HELPER_SOURCE_BYTES = 32 << 20
 # How long a wait for the helper's report goes between checks that the helper is alive.
 _LIVENESS_SECONDS = 1.0
 # How long a helper whose replies cannot be read gets to end before that is reported.
@@ -159,7 +162,7 @@ class ValidationProcess:
         # A fresh interpreter running this module, not multiprocessing's spawn: that would
         # first re-run the main script of whatever process runs the step (a user's own
         # script calling materialize() without a __main__ guard, say). A session of its own:
-        # Ctrl-C in the step's terminal reaches the step, which then stops the helper.
+        # Ctrl-C in the run's terminal reaches the run, which then stops the helper.
         to_child, self._to_helper = os.pipe()
         self._from_helper, from_child = os.pipe()
         try:
@@ -200,7 +203,7 @@ class ValidationProcess:
         return lambda: self._report(request, suite)
 
     def close(self) -> None:
-        """Stop the helper: nothing it could still do is wanted once the step is done with it
+        """Stop the helper: nothing it could still do is wanted once the run is done with it
         (an idle one would only finish importing GX)."""
         try:
             self._process.kill()
@@ -261,7 +264,7 @@ class ValidationProcess:
 
 
 def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
-    """The helper's loop: GX first, then one report per table, until the step's end closes
+    """The helper's loop: GX first, then one report per table, until the run's end closes
     the requests."""
     from . import suites, validation  # noqa: F401  (the import this process exists for)
 
@@ -269,12 +272,13 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
         try:
             request, frame, suite, arguments = pickle.load(requests)
         except (EOFError, pickle.UnpicklingError):
-            # The step is done with this helper, or its process died (mid-table, perhaps).
+            # The run is done with this helper, or its process died (mid-table, perhaps).
             return
         try:
             report = validate_suite(frame, suite, *arguments)
         except Exception as error:  # e.g. an unknown suite: a failed report, not a dead helper
             report = unfinished_report(suite, f"{type(error).__name__}: {error}")
+        del frame  # not kept while the helper waits for the run's next table
         reply = pickle.dumps((request, report), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             replies.write(_LENGTH.pack(len(reply)) + reply)
@@ -301,18 +305,33 @@ def _read_exactly(fd: int, count: int) -> bytes:
     return b"".join(parts)
 
 
-@contextmanager
-def suite_validation(source_bytes: int) -> Iterator[Validator]:
-    """A helper process for tables read from at least HELPER_SOURCE_BYTES of source, else
-    validation in this process."""
-    if source_bytes < HELPER_SOURCE_BYTES:
-        yield InProcessValidation()
-        return
-    helper = ValidationProcess()
-    try:
-        yield helper
-    finally:
-        helper.close()
+class SuiteValidation:
+    """Where one run's tables are validated: in a helper process once a large source has
+    started one (GX is imported there, and every later table goes to it), else in this
+    process. close() stops the helper."""
+
+    def __init__(self) -> None:
+        self._helper: ValidationProcess | None = None
+
+    def for_source(self, source_bytes: int) -> Validator:
+        """The validator for tables read from `source_bytes` of source: a helper started now
+        for a source of at least HELPER_SOURCE_BYTES, unless one already runs."""
+        if source_bytes >= HELPER_SOURCE_BYTES and self._running_helper() is None:
+            self._helper = ValidationProcess()
+        return self.validator()
+
+    def validator(self) -> Validator:
+        """The running helper, else validation in this process (after a helper died too: its
+        owed reports say so, and the next table is validated here)."""
+        return self._running_helper() or InProcessValidation()
+
+    def close(self) -> None:
+        if self._helper is not None:
+            self._helper.close()
+            self._helper = None
+
+    def _running_helper(self) -> ValidationProcess | None:
+        return self._helper if self._helper is not None and self._helper.exit_code is None else None
 
 
 if __name__ == "__main__":
