@@ -58,24 +58,6 @@ def test_every_partition_materializes_with_every_check_passing(materialized, par
     assert not list(layout.tables_folder(output).rglob(".partial-*"))
 
 
-def test_suites_validated_in_a_helper_process_give_the_same_results(
-    materialized, tiny_root, tmp_path, monkeypatch
-):
-    """As for ReXGradient train at full scale: GX in a helper started before the read."""
-    _, results = materialized
-    partition = "rexgradient.val"
-    started = recorded_helpers(monkeypatch)
-    helped = materialize(tiny_root, tmp_path, partition)
-    assert len(started) == 1, "the step did not validate in a helper"
-    assert started[0].exit_code is not None, "the helper outlived its run"
-
-    def evaluations(result):
-        return {e.check_name: (e.passed, e.metadata) for e in result.get_asset_check_evaluations()}
-
-    assert evaluations(helped) == evaluations(results[partition])
-    assert all(passed for passed, _ in evaluations(helped).values())
-
-
 def recorded_helpers(monkeypatch) -> list:
     """Every helper the next runs start, each with the suites sent to it (`.suites`); every
     source large enough for one."""
@@ -94,6 +76,24 @@ def recorded_helpers(monkeypatch) -> list:
 
     monkeypatch.setattr(suite_validation, "ValidationProcess", RecordedValidationProcess)
     return started
+
+
+def test_suites_validated_in_a_helper_process_give_the_same_results(
+    materialized, tiny_root, tmp_path, monkeypatch
+):
+    """As for ReXGradient train at full scale: GX in a helper started before the read."""
+    _, results = materialized
+    partition = "rexgradient.val"
+    started = recorded_helpers(monkeypatch)
+    helped = materialize(tiny_root, tmp_path, partition)
+    assert len(started) == 1, "the step did not validate in a helper"
+    assert started[0].exit_code is not None, "the helper outlived its run"
+
+    def evaluations(result):
+        return {e.check_name: (e.passed, e.metadata) for e in result.get_asset_check_evaluations()}
+
+    assert evaluations(helped) == evaluations(results[partition])
+    assert all(passed for passed, _ in evaluations(helped).values())
 
 
 def test_the_later_steps_of_a_run_validate_in_the_helper_its_read_started(
