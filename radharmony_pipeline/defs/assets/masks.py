@@ -23,6 +23,7 @@ from ...processing.storage.store import OutputPath, listing
 from ...processing.tables.table_schemas import MASKS, RAW_INDEX
 from ...sources import DatasetSource, parse_partition_key
 from ...vocabulary import STATUS_OK
+from ..checks.expectations import kept_validation
 from ..checks.masks import CHECK_SPECS, check_results
 from ..groups import ANNOTATIONS
 from ..metadata import status_counts, table_code_version
@@ -102,7 +103,7 @@ def masks(
         {"masks": table, "labels": labels, "raw_index": raw_index},
         root,
         run_settings.strict,
-        suite_validation.validator(),
+        kept_validation(suite_validation.validator(), root, context.partition_key),
     )
 
 

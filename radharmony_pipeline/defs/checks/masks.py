@@ -16,7 +16,7 @@ from ...vocabulary import STATUS_ERROR, STATUS_OK, UNION_CLASS
 from ..partitions import blocking_partition_check, dataset_split_partitions
 from ..row_errors import error_rows_check, row_errors_result
 from .counts import comparison_result
-from .expectations import kept_validation, suite_check, suite_result
+from .expectations import suite_check, suite_result
 from .in_step import StepCheck, specs_of, step_results
 
 MASKS = dg.AssetKey("masks")
@@ -74,7 +74,7 @@ CHECKS: list[StepCheck[_MasksStep]] = [
             "every mask file exists, classes in the vocabulary.",
         ),
         lambda step: suite_result(
-            kept_validation(step.validator, step.root, step.partition),
+            step.validator,
             _with_derived_columns(step.masks, step.root, step.partition),
             "masks",
         ),
@@ -94,7 +94,7 @@ def check_results(
     validator: Validator,
 ) -> Iterator[dg.AssetCheckResult]:
     """The result of every selected check, from `tables` (masks, labels, raw_index) in memory;
-    the suite's table goes to `validator`."""
+    the suite's table goes to `validator` (kept_validation)."""
     step = _MasksStep(source, split, tables, root, strict, validator)
     yield from step_results(CHECKS, selected, step)
 
