@@ -1,6 +1,6 @@
-"""Which named files exist in a local dataset folder: every answer right, names under a top
-folder the download lacks answered by one listing, not a stat each, and the stats of a tree
-the page cache does not hold made on threads."""
+"""Which files exist in a local dataset folder, named or found by a walk: every answer right,
+names under a top folder the download lacks answered by one listing, not a stat each, and the
+listings and stats of a tree the page cache does not hold made on threads."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from radharmony_pipeline.processing.storage.source_store import (
     LISTED_FOLDER_MIN_NAMES,
     existing_names,
     named_states,
+    tree_states,
 )
 
 
@@ -92,10 +93,10 @@ def slow_on_threads(monkeypatch: pytest.MonkeyPatch, module: object, name: str) 
     threads: set[int] = set()
     real = getattr(module, name)
 
-    def waiting(path: str):
+    def waiting(*args, **kwargs):
         threads.add(threading.get_ident())
         time.sleep(0.0005)
-        return real(path)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(module, name, waiting)
     return threads
@@ -115,3 +116,68 @@ def test_names_alone_in_their_folders_are_stated_on_threads_while_the_disk_is_re
     threads = slow_on_threads(monkeypatch, source_store.os, "stat")
     assert named_states(tmp_path, names).keys() == set(names[::2])
     assert len(threads) > 2
+
+
+def walked_states(root: Path, suffixes: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """What `os.walk` and a stat of each file it lists find (a file gone is not there)."""
+    states = {}
+    for folder, _folders, files in os.walk(root):
+        for name in files:
+            path = Path(folder) / name
+            if path.suffix.lower() in suffixes and path.exists():
+                states[path.relative_to(root).as_posix()] = (
+                    path.stat().st_size,
+                    path.stat().st_mtime_ns,
+                )
+    return states
+
+
+def test_a_tree_walk_finds_what_os_walk_finds(tmp_path: Path) -> None:
+    root = tmp_path / "images"
+    for index, name in enumerate(
+        [
+            "p1/a1/studies/s/series/e/instances/1.png",
+            "p1/a1/studies/s/series/e/instances/2.PNG",  # the suffix in any case
+            "p1/a2/studies/s/series/e/instances/3.png",
+            "p2/4.jpg",
+            "p2/notes.txt",
+            "top.png",
+            "many/.png",  # a hidden file, no suffix
+        ]
+    ):
+        touch(root, name)
+        (root / name).write_bytes(b"x" * index)
+    (root / "empty_patient/studies").mkdir(parents=True)
+    (root / "folder.png").mkdir()  # a folder, not an image
+    outside = tmp_path / "elsewhere"
+    touch(outside, "kept_out.png")
+    (root / "p2/linked_folder").symlink_to(outside)  # not followed, as os.walk does
+    (root / "p2/linked.png").symlink_to(root / "top.png")  # a link to a file is a file
+    (root / "p2/dangling.png").symlink_to(tmp_path / "gone.png")
+    suffixes = (".png", ".jpg")
+    found = tree_states(root, suffixes)
+    assert found == walked_states(root, suffixes)
+    assert set(found) == {
+        "p1/a1/studies/s/series/e/instances/1.png",
+        "p1/a1/studies/s/series/e/instances/2.PNG",
+        "p1/a2/studies/s/series/e/instances/3.png",
+        "p2/4.jpg",
+        "p2/linked.png",
+        "top.png",
+    }
+    assert found["p1/a1/studies/s/series/e/instances/2.PNG"][0] == 1
+    assert tree_states(tmp_path / "not_downloaded", suffixes) == {}
+
+
+def test_a_deep_tree_is_listed_and_stated_on_threads_while_the_disk_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ReXGradient's layout: each image at the end of its own chain of folders.
+    names = [f"p{index}/a/studies/s/{index}.png" for index in range(3000)]
+    for name in names:
+        touch(tmp_path, name)
+    listed_on = slow_on_threads(monkeypatch, source_store.os, "scandir")
+    stated_on = slow_on_threads(monkeypatch, source_store.os, "stat")
+    assert tree_states(tmp_path, (".png",)).keys() == set(names)
+    assert len(listed_on) > 2
+    assert len(stated_on) > 2

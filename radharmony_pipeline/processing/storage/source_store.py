@@ -290,14 +290,46 @@ def tree_states(folder: SourcePath, suffixes: Iterable[str]) -> dict[str, FileSt
             for name, state in _listing(folder).items()
             if posixpath.splitext(name)[1].lower() in suffixes
         }
-    states = {}
-    for dirpath, _dirnames, filenames in os.walk(folder):
-        for name in filenames:
-            if Path(name).suffix.lower() in suffixes:
-                path = Path(dirpath) / name
-                stat = os.stat(path)
-                states[path.relative_to(folder).as_posix()] = (stat.st_size, stat.st_mtime_ns)
-    return states
+    names = [
+        name for name in _local_tree(folder) if posixpath.splitext(name)[1].lower() in suffixes
+    ]
+    states = map_on_file_system(_local_state, [os.path.join(folder, name) for name in names])
+    return {name: state for name, state in zip(names, states, strict=True) if state is not None}
+
+
+def _local_tree(folder: Path) -> list[str]:
+    """The files below `folder` by '/'-separated relative name, as `os.walk` finds them (a
+    symbolic link to a folder is not followed; an unreadable folder is skipped), listed a
+    level at a time so that the folders of one level are read together (map_on_file_system):
+    ReXGradient keeps each image at the end of its own chain of seven folders, each folder a
+    disk read on a cold tree."""
+    files: list[str] = []
+    level = [""]
+    while level:
+        listings = map_on_file_system(_entries, [os.path.join(folder, name) for name in level])
+        next_level = []
+        for parent, (subfolders, names) in zip(level, listings, strict=True):
+            prefix = f"{parent}/" if parent else ""
+            next_level += [prefix + name for name in subfolders]
+            files += [prefix + name for name in names]
+        level = next_level
+    return files
+
+
+def _entries(folder: str) -> tuple[list[str], list[str]]:
+    """The folders (not links to folders) and the other entries of `folder`; none when it
+    cannot be listed."""
+    subfolders, names = [], []
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if not entry.is_dir():
+                    names.append(entry.name)
+                elif not entry.is_symlink():
+                    subfolders.append(entry.name)
+    except OSError:
+        pass
+    return subfolders, names
 
 
 def named_states(folder: SourcePath, names: Iterable[str]) -> dict[str, FileState]:
