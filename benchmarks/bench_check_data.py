@@ -8,7 +8,10 @@ on the same warm tree:
 - `existing_names`: what check-data and raw_index use (on a store one listing of the prefix;
   locally a listing per folder holding many named images, a stat for a name alone in its
   folder, as every ReXGradient image is);
-- full walk: `os.walk` of the whole deid_png/ tree;
+- full walk: `os.walk` of the whole deid_png/ tree and a stat of each file it lists, in
+  sequence (how the observation job found a split's images before), against `tree_states`,
+  what it uses now (the folders of one level listed together, the files stated together, on
+  threads while the disk is read);
 - floor: bare `os.listdir` of each folder holding a named image, nothing else.
 
 and the whole `check_partition` of rexgradient.train (metadata read included) once.
@@ -31,7 +34,7 @@ from pathlib import Path
 
 from bench_reruns import drop_page_cache
 
-from radharmony_pipeline.processing.storage.source_store import existing_names
+from radharmony_pipeline.processing.storage.source_store import existing_names, tree_states
 from radharmony_pipeline.sources import SourceLocation, open_source
 from radharmony_pipeline.sources.preflight import check_partition
 from radharmony_pipeline.synthetic import write_full_scale_rexgradient_metadata
@@ -48,8 +51,13 @@ def per_name_stat(folder: Path, names: list[str]) -> int:
     return found
 
 
-def full_walk(folder: Path) -> int:
-    return sum(len(files) for _, _, files in os.walk(folder))
+def walk_and_stat(folder: Path) -> int:
+    stated = 0
+    for parent, _, files in os.walk(folder):
+        for name in files:
+            os.stat(os.path.join(parent, name))
+            stated += 1
+    return stated
 
 
 def bare_listings(folder: Path, parents: list[str]) -> int:
@@ -96,12 +104,14 @@ def main() -> None:
         cold = args.cold
         stat_s, stat_found = timed(lambda: per_name_stat(folder, names), args.repeats, cold)
         listed_s, listed = timed(lambda: existing_names(folder, names), args.repeats, cold)
-        walk_s, walked = timed(lambda: full_walk(folder), args.repeats, cold)
+        walk_s, walked = timed(lambda: walk_and_stat(folder), args.repeats, cold)
+        tree_s, tree = timed(lambda: tree_states(folder, (".png",)), args.repeats, cold)
         floor_s, _ = timed(lambda: bare_listings(folder, parents), args.repeats, cold)
-        assert stat_found == len(listed) == walked == len(names)
+        assert stat_found == len(listed) == walked == len(tree) == len(names)
         print(f"per-name stat (baseline)  {stat_s:6.2f} s")
         print(f"existing_names            {listed_s:6.2f} s  {listed_s / stat_s:.2f}x baseline")
-        print(f"os.walk of deid_png/      {walk_s:6.2f} s  {walk_s / stat_s:.2f}x baseline")
+        print(f"os.walk + stat of each    {walk_s:6.2f} s  {walk_s / stat_s:.2f}x baseline")
+        print(f"tree_states (observe)     {tree_s:6.2f} s  {tree_s / walk_s:.2f}x os.walk + stat")
         print(
             f"floor: bare listdir       {floor_s:6.2f} s  existing_names is "
             f"{listed_s / floor_s:.2f}x the floor"

@@ -2,7 +2,7 @@
 (`s3://bucket/prefix`, through fsspec). Readers and decoders open, list, fingerprint and
 confine source files through this module only.
 
-A local path keeps the fast path (plain `open`, `os.walk`, real-path confinement). A store
+A local path keeps the fast path (plain `open`, `scandir`, real-path confinement). A store
 path is a `UPath`: it pickles as URL + options, so each worker process (pool or Dask) makes
 its own client — s3fs clients must not cross a fork.
 """
