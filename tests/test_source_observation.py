@@ -10,6 +10,7 @@ import pytest
 
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.defs.jobs import OBSERVE_JOB
+from radharmony_pipeline.processing.storage.output_layout import source_snapshot
 from radharmony_pipeline.processing.storage.source_snapshot import compare, describe_changes
 from radharmony_pipeline.sources import partition_keys
 
@@ -39,6 +40,8 @@ def test_each_partition_observation_lists_its_files_and_what_changed(tiny_copy, 
         list((tiny_copy / "chestx-det" / "train").glob("*.png"))
     )
     assert "first observation" in det.metadata["changes"].value
+    snapshots = {key: tmp_path / "out" / source_snapshot(key) for key in first}
+    written = {key: path.stat().st_mtime_ns for key, path in snapshots.items()}
 
     # One annotation file edited, one image replaced, one added, one removed.
     annotation = tiny_copy / "chestx-det" / "ChestX_Det_train.json"
@@ -63,6 +66,9 @@ def test_each_partition_observation_lists_its_files_and_what_changed(tiny_copy, 
     untouched = second["chestx_det.test"]
     assert untouched.metadata["changes"].value == "unchanged since the previous observation"
     assert untouched.tags == first["chestx_det.test"].tags
+    # Only the changed partition's snapshot is written again.
+    rewritten = {key for key, path in snapshots.items() if path.stat().st_mtime_ns != written[key]}
+    assert rewritten == {"chestx_det.train"}
 
 
 @pytest.mark.build

@@ -138,7 +138,8 @@ def source_files(
                 metadata={**check_metadata(check), **observation_metadata(current, previous)},
             )
         )
-        save_snapshot(current, path)
+        if current != previous:  # an unchanged tree's snapshot stays as it is, unwritten
+            save_snapshot(current, path)
         if previous is not None and previous.data_version() != version:
             changed.append(partition_key)
     context.log.info(

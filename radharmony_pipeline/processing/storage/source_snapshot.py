@@ -13,7 +13,7 @@ import gzip
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
 from radharmony_pipeline.processing.storage.fingerprint import combined_version, entries_fingerprint
 from radharmony_pipeline.processing.storage.source_store import (
@@ -21,7 +21,7 @@ from radharmony_pipeline.processing.storage.source_store import (
     SourcePath,
     annotation_fingerprint,
 )
-from radharmony_pipeline.processing.storage.store import open_for_reading, publish
+from radharmony_pipeline.processing.storage.store import open_for_reading, publish_bytes
 
 ABSENT = "absent"
 SNAPSHOT_FORMAT = 1
@@ -103,6 +103,11 @@ def describe_changes(annotations: FileChanges, images: FileChanges, examples: in
     return "; ".join(parts)
 
 
+# A snapshot is mostly UIDs, which compress little at any level: the fastest level costs a few
+# percent more bytes and a fraction of the time of gzip's default (benchmarks/README.md).
+SNAPSHOT_COMPRESSION = 1
+
+
 def save_snapshot(snapshot: SourceSnapshot, path: Any) -> None:
     payload = {
         "format": SNAPSHOT_FORMAT,
@@ -110,12 +115,8 @@ def save_snapshot(snapshot: SourceSnapshot, path: Any) -> None:
         "images": {name: list(state) for name, state in snapshot.images.items()},
         "image_tree_problem": snapshot.image_tree_problem,
     }
-
-    def write(handle: BinaryIO) -> None:
-        with gzip.open(handle, "wt", encoding="utf-8") as text:
-            json.dump(payload, text, separators=(",", ":"))
-
-    publish(path, write)
+    text = json.dumps(payload, separators=(",", ":")).encode("utf-8")
+    publish_bytes(path, gzip.compress(text, compresslevel=SNAPSHOT_COMPRESSION, mtime=0))
 
 
 def load_snapshot(path: Any) -> SourceSnapshot | None:
