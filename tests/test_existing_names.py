@@ -125,10 +125,8 @@ def walked_states(root: Path, suffixes: tuple[str, ...]) -> dict[str, tuple[int,
         for name in files:
             path = Path(folder) / name
             if path.suffix.lower() in suffixes and path.exists():
-                states[path.relative_to(root).as_posix()] = (
-                    path.stat().st_size,
-                    path.stat().st_mtime_ns,
-                )
+                stat = path.stat()
+                states[path.relative_to(root).as_posix()] = (stat.st_size, stat.st_mtime_ns)
     return states
 
 
@@ -172,8 +170,8 @@ def test_a_tree_walk_finds_what_os_walk_finds(tmp_path: Path) -> None:
 def test_a_deep_tree_is_listed_and_stated_on_threads_while_the_disk_is_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # ReXGradient's layout: each image at the end of its own chain of folders.
-    names = [f"p{index}/a/studies/s/{index}.png" for index in range(3000)]
+    # CheXpert's layout: each study in its own patient and study folders.
+    names = [f"patient{index}/study1/view{index}.png" for index in range(3000)]
     for name in names:
         touch(tmp_path, name)
     listed_on = slow_on_threads(monkeypatch, source_store.os, "scandir")

@@ -301,8 +301,8 @@ def _local_tree(folder: Path) -> list[str]:
     """The files below `folder` by '/'-separated relative name, as `os.walk` finds them (a
     symbolic link to a folder is not followed; an unreadable folder is skipped), listed a
     level at a time so that the folders of one level are read together (map_on_file_system):
-    ReXGradient keeps each image at the end of its own chain of seven folders, each folder a
-    disk read on a cold tree."""
+    CheXpert keeps each study in its own patient and study folders, each folder a disk read
+    on a cold tree."""
     files: list[str] = []
     level = [""]
     while level:
