@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pandas as pd
@@ -129,8 +130,14 @@ def test_only_a_large_source_gets_a_helper(source_bytes, kind):
 
 
 @pytest.mark.slow
+def senders_alive() -> int:
+    """Helpers whose thread still sends them tables (one per helper not yet closed)."""
+    return sum(thread.name == "validation-sender" for thread in threading.enumerate())
+
+
 def test_a_run_keeps_one_helper_for_every_later_table_until_it_dies():
     run = SuiteValidation()
+    senders_before = senders_alive()
     try:
         assert isinstance(run.validator(), InProcessValidation), "no large source yet"
         helper = run.for_source(HELPER_SOURCE_BYTES)
@@ -144,6 +151,7 @@ def test_a_run_keeps_one_helper_for_every_later_table_until_it_dies():
         assert isinstance(run.validator(), InProcessValidation), "a dead helper was chosen"
         replacement = run.for_source(HELPER_SOURCE_BYTES)
         assert isinstance(replacement, ValidationProcess) and replacement is not helper
+        assert senders_alive() == senders_before + 1, "the dead helper was not closed"
     finally:
         run.close()
     assert replacement.exit_code is not None, "close() left the helper running"

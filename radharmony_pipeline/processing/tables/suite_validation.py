@@ -317,6 +317,7 @@ class SuiteValidation:
         """The validator for tables read from `source_bytes` of source: a helper started now
         for a source of at least HELPER_SOURCE_BYTES, unless one already runs."""
         if source_bytes >= HELPER_SOURCE_BYTES and self._running_helper() is None:
+            self.close()  # a helper that died still holds its pipe and its sender thread
             self._helper = ValidationProcess()
         return self.validator()
 
