@@ -129,12 +129,12 @@ def test_only_a_large_source_gets_a_helper(source_bytes, kind):
         assert validator.exit_code is not None, "the helper outlived its run"
 
 
-@pytest.mark.slow
 def senders_alive() -> int:
     """Helpers whose thread still sends them tables (one per helper not yet closed)."""
     return sum(thread.name == "validation-sender" for thread in threading.enumerate())
 
 
+@pytest.mark.slow
 def test_a_run_keeps_one_helper_for_every_later_table_until_it_dies():
     run = SuiteValidation()
     senders_before = senders_alive()
