@@ -439,13 +439,18 @@ def ui_pages(env: dict, log: Path) -> dict[str, dict[str, float]]:
         print(f"  UI pages not timed: {error!r} (see {log})", flush=True)
         return {}
     pages = {
-        path: {"median": statistics.median(seconds), "min": min(seconds), "max": max(seconds)}
+        path: {
+            "median": statistics.median(seconds),
+            "min": min(seconds),
+            "max": max(seconds),
+            "loads": len(seconds),
+        }
         for path, seconds in loads.items()
     }
     for path, times in pages.items():
         print(
             f"  UI {path:<46} network idle after {times['median']:5.2f} s "
-            f"(median of {UI_LOADS}; {times['min']:.2f}–{times['max']:.2f} s)",
+            f"(median of {times['loads']}; {times['min']:.2f}–{times['max']:.2f} s)",
             flush=True,
         )
     return pages
@@ -752,6 +757,22 @@ def stored_results(work: Path) -> tuple[list[tuple[float, Runs]], dict[float, in
     return results, {fraction: images[fraction] for fraction, _ in results}
 
 
+def report_ui(work: Path) -> None:
+    """Each size's UI pages as kept: the median of their loads, with the range."""
+    for path in sorted(
+        work.glob("steps_n*.json"), key=lambda p: float(p.stem.removeprefix("steps_n"))
+    ):
+        pages = json.loads(path.read_text()).get("ui", {})
+        if not pages or not all("loads" in times for times in pages.values()):
+            continue  # not timed at this size, or kept as single loads by an earlier version
+        print(f"\nUI pages at size {path.stem.removeprefix('steps_n')} (median of the loads)")
+        for page, times in pages.items():
+            print(
+                f"  {page:<46} {times['median']:5.2f} s "
+                f"({times['loads']} loads, {times['min']:.2f}–{times['max']:.2f} s)"
+            )
+
+
 def project_search(work: Path, corpus: int = 1_000_000) -> None:
     """near_duplicates per size, and its time at `corpus` images extrapolated from the two
     largest sizes with the growth exponent they show (t ∝ n^k)."""
@@ -828,6 +849,7 @@ def main() -> None:
         marginal(results, images)
         marginal_reads(results, images)
     project_search(args.work)
+    report_ui(args.work)
 
 
 if __name__ == "__main__":
