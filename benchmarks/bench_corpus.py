@@ -763,7 +763,7 @@ def report_ui(work: Path) -> None:
         work.glob("steps_n*.json"), key=lambda p: float(p.stem.removeprefix("steps_n"))
     ):
         pages = json.loads(path.read_text()).get("ui", {})
-        if not pages or not all("loads" in times for times in pages.values()):
+        if not pages or not all(isinstance(t, dict) and "loads" in t for t in pages.values()):
             continue  # not timed at this size, or kept as single loads by an earlier version
         print(f"\nUI pages at size {path.stem.removeprefix('steps_n')} (median of the loads)")
         for page, times in pages.items():
