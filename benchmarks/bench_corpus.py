@@ -448,11 +448,7 @@ def ui_pages(env: dict, log: Path) -> dict[str, dict[str, float]]:
         for path, seconds in loads.items()
     }
     for path, times in pages.items():
-        print(
-            f"  UI {path:<46} network idle after {times['median']:5.2f} s "
-            f"(median of {times['loads']}; {times['min']:.2f}–{times['max']:.2f} s)",
-            flush=True,
-        )
+        print(f"  {_ui_line(path, times)}", flush=True)
     return pages
 
 
@@ -735,9 +731,12 @@ def size_folder(work: Path, fraction: float) -> Path:
     return work / f"n{fraction:g}"
 
 
+RESULTS_PREFIX = "steps_n"  # results_file's name before the size
+
+
 def results_file(work: Path, fraction: float) -> Path:
     """Each size's steps outlive its data, so sizes run by separate commands combine."""
-    return work / f"steps_n{fraction:g}.json"
+    return work / f"{RESULTS_PREFIX}{fraction:g}.json"
 
 
 def log_file(work: Path, fraction: float) -> Path:
@@ -745,32 +744,40 @@ def log_file(work: Path, fraction: float) -> Path:
     return results_file(work, fraction).with_suffix(".log")
 
 
+def kept_sizes(work: Path) -> list[tuple[float, dict]]:
+    """Every size's kept figures (results_file), smallest size first."""
+    kept = [
+        (float(path.stem.removeprefix(RESULTS_PREFIX)), json.loads(path.read_text()))
+        for path in work.glob(f"{RESULTS_PREFIX}*.json")
+    ]
+    return sorted(kept, key=lambda size: size[0])
+
+
 def stored_results(work: Path) -> tuple[list[tuple[float, Runs]], dict[float, int]]:
     results, images = [], {}
-    for path in work.glob("steps_n*.json"):
-        fraction = float(path.stem.removeprefix("steps_n"))
-        stored = json.loads(path.read_text())
+    for fraction, stored in kept_sizes(work):
         runs = {name: [Step(**run) for run in kept] for name, kept in stored["runs"].items()}
         results.append((fraction, runs))
         images[fraction] = sum(stored["counts"].values())
-    results.sort(key=lambda result: result[0])
-    return results, {fraction: images[fraction] for fraction, _ in results}
+    return results, images
 
 
 def report_ui(work: Path) -> None:
     """Each size's UI pages as kept: the median of their loads, with the range."""
-    for path in sorted(
-        work.glob("steps_n*.json"), key=lambda p: float(p.stem.removeprefix("steps_n"))
-    ):
-        pages = json.loads(path.read_text()).get("ui", {})
+    for fraction, stored in kept_sizes(work):
+        pages = stored.get("ui", {})
         if not pages or not all(isinstance(t, dict) and "loads" in t for t in pages.values()):
             continue  # not timed at this size, or kept as single loads by an earlier version
-        print(f"\nUI pages at size {path.stem.removeprefix('steps_n')} (median of the loads)")
+        print(f"\nUI pages at size {fraction:g}")
         for page, times in pages.items():
-            print(
-                f"  {page:<46} {times['median']:5.2f} s "
-                f"({times['loads']} loads, {times['min']:.2f}–{times['max']:.2f} s)"
-            )
+            print(f"  {_ui_line(page, times)}")
+
+
+def _ui_line(page: str, times: dict) -> str:
+    return (
+        f"UI {page:<46} network idle after {times['median']:5.2f} s "
+        f"(median of {times['loads']}; {times['min']:.2f}–{times['max']:.2f} s)"
+    )
 
 
 def project_search(work: Path, corpus: int = 1_000_000) -> None:
@@ -778,8 +785,8 @@ def project_search(work: Path, corpus: int = 1_000_000) -> None:
     largest sizes with the growth exponent they show (t ∝ n^k)."""
     searches = sorted(
         (s["images_compared"], s["seconds"])
-        for path in work.glob("steps_n*.json")
-        if {"images_compared", "seconds"} <= (s := json.loads(path.read_text())["search"]).keys()
+        for _, stored in kept_sizes(work)
+        if {"images_compared", "seconds"} <= (s := stored["search"]).keys()
     )
     print("\nnear_duplicates (images compared: seconds)")
     for images, seconds in searches:
