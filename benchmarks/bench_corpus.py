@@ -15,9 +15,10 @@ build). Run as root, it drops the page cache before each of those commands but t
 user's first command after a download does (otherwise N/4 would be read from memory and N
 partly from the disk). It prints per step: wall, CPU (busy CPU seconds of the machine while
 the step runs: the rehearsal runs alone, and pool workers forked by a fork server are never
-the command's reaped children), peak RSS, the bytes it added under the output root and the
+the command's reaped children), peak RSS, the bytes it added under the output root, the
 reads the disk completed (on a cold cache a step's wall is its reads times the disk's
-latency, which varies over the day on this machine), with the seconds of each stage of a
+latency, which varies over the day on this machine) and the pages the kernel reclaimed (what
+a step writing more than the free memory holds pays), with the seconds of each stage of a
 launched job (from the instance); then near_duplicates' time and hash pairs per size with a
 projection to 1,000,000 images, and the marginal cost per image between sizes, per step and
 per stage. The datasets written whole are rendered once (`--work`/whole_datasets) and
@@ -112,6 +113,9 @@ class Step:
     stages: dict[str, float] = field(default_factory=dict)
     # Reads the disk under the output root completed while the step ran (all processes).
     disk_reads: int = 0
+    # Pages the kernel reclaimed while the step ran (all processes): what writing more than
+    # the free memory holds costs.
+    pages_reclaimed: int = 0
 
 
 # --- the corpus ------------------------------------------------------------------------------
@@ -296,7 +300,7 @@ def commands(data: Path) -> list[tuple[str, list[str]]]:
 def run_step(name: str, command: list[str], env: dict, output: Path, log: Path) -> Step:
     before = _tree_bytes(output)
     stats = log.with_suffix(".time")
-    busy, reads = machine_busy_seconds(), disk_reads(output)
+    busy, reads, reclaimed = machine_busy_seconds(), disk_reads(output), pages_reclaimed()
     start = time.perf_counter()
     with log.open("ab") as sink:
         sink.write(f"\n=== {name}: {' '.join(command)}\n".encode())
@@ -319,6 +323,7 @@ def run_step(name: str, command: list[str], env: dict, output: Path, log: Path) 
         _tree_bytes(output) - before,
         code == 0,
         disk_reads=disk_reads(output) - reads,
+        pages_reclaimed=pages_reclaimed() - reclaimed,
     )
 
 
@@ -338,6 +343,17 @@ def disk_reads(folder: Path) -> int:
     device = os.stat(folder).st_dev
     counts = Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}/stat")
     return int(counts.read_text().split()[0]) if counts.exists() else 0
+
+
+# The kernel's reclaimers, each counted in /proc/vmstat as pgsteal_<reclaimer>.
+RECLAIMERS = ("kswapd", "direct", "khugepaged", "proactive")
+
+
+def pages_reclaimed() -> int:
+    """Pages the kernel has reclaimed since boot, by every reclaimer: kswapd's cost CPU beside
+    the step, direct reclaim stalls it."""
+    counts = dict(line.split() for line in Path("/proc/vmstat").read_text().splitlines())
+    return sum(int(counts.get(f"pgsteal_{reclaimer}", 0)) for reclaimer in RECLAIMERS)
 
 
 def _tree_bytes(folder: Path) -> int:
@@ -578,7 +594,8 @@ def _row(step: Step) -> str:
     return (
         f"{step.name:<{STEP_NAME_WIDTH}} wall {step.wall:8.1f} s  cpu {step.cpu:8.1f} s  "
         f"peak {step.peak_rss_mb:7.0f} MB  +{step.added_bytes / 1e9:6.2f} GB  "
-        f"reads {step.disk_reads / 1e3:7.0f} K ({step.disk_reads / step.wall / 1e3:5.1f} K/s)"
+        f"reads {step.disk_reads / 1e3:7.0f} K ({step.disk_reads / step.wall / 1e3:5.1f} K/s)  "
+        f"reclaimed {step.pages_reclaimed / 1e3:7.0f} K pages"
         f"{flag}"
     )
 
@@ -602,6 +619,7 @@ def typical(runs: list[Step]) -> Step:
             for stage in runs[0].stages
         },
         round(statistics.median(run.disk_reads for run in runs)),
+        round(statistics.median(run.pages_reclaimed for run in runs)),
     )
 
 
