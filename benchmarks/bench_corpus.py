@@ -350,8 +350,8 @@ RECLAIMERS = ("kswapd", "direct", "khugepaged", "proactive")
 
 
 def pages_reclaimed() -> int:
-    """Pages the kernel has reclaimed since boot, by every reclaimer: kswapd's cost CPU beside
-    the step, direct reclaim stalls it."""
+    """Pages the kernel has reclaimed since boot, by every reclaimer: kswapd's reclaim costs
+    CPU beside the step, direct reclaim stalls it."""
     counts = dict(line.split() for line in Path("/proc/vmstat").read_text().splitlines())
     return sum(int(counts.get(f"pgsteal_{reclaimer}", 0)) for reclaimer in RECLAIMERS)
 
