@@ -763,11 +763,16 @@ def log_file(work: Path, fraction: float) -> Path:
 
 
 def kept_sizes(work: Path) -> list[tuple[float, dict]]:
-    """Every size's kept figures (results_file), smallest size first."""
-    kept = [
-        (float(path.stem.removeprefix(RESULTS_PREFIX)), json.loads(path.read_text()))
-        for path in work.glob(f"{RESULTS_PREFIX}*.json")
-    ]
+    """Every size's kept figures (results_file), smallest size first; a file whose name only
+    begins so (a copy kept aside) is left out, with a note."""
+    kept = []
+    for path in work.glob(f"{RESULTS_PREFIX}*.json"):
+        try:
+            fraction = float(path.stem.removeprefix(RESULTS_PREFIX))
+        except ValueError:
+            print(f"{path}: not a size's figures ({RESULTS_PREFIX}<size>.json), left out")
+            continue
+        kept.append((fraction, json.loads(path.read_text())))
     return sorted(kept, key=lambda size: size[0])
 
 
