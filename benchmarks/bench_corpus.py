@@ -762,7 +762,10 @@ def log_file(work: Path, fraction: float) -> Path:
     return results_file(work, fraction).with_suffix(".log")
 
 
-def kept_sizes(work: Path) -> list[tuple[float, dict]]:
+KeptSizes = list[tuple[float, dict]]  # (size, its kept figures), smallest size first
+
+
+def kept_sizes(work: Path) -> KeptSizes:
     """Every size's kept figures (results_file), smallest size first; a file whose name only
     begins so (a copy kept aside) is left out, with a note."""
     kept = []
@@ -776,18 +779,19 @@ def kept_sizes(work: Path) -> list[tuple[float, dict]]:
     return sorted(kept, key=lambda size: size[0])
 
 
-def stored_results(work: Path) -> tuple[list[tuple[float, Runs]], dict[float, int]]:
+def stored_results(kept: KeptSizes) -> tuple[list[tuple[float, Runs]], dict[float, int]]:
+    """Each kept size's runs per step, and its number of images."""
     results, images = [], {}
-    for fraction, stored in kept_sizes(work):
+    for fraction, stored in kept:
         runs = {name: [Step(**run) for run in kept] for name, kept in stored["runs"].items()}
         results.append((fraction, runs))
         images[fraction] = sum(stored["counts"].values())
     return results, images
 
 
-def report_ui(work: Path) -> None:
+def report_ui(kept: KeptSizes) -> None:
     """Each size's UI pages as kept: the median of their loads, with the range."""
-    for fraction, stored in kept_sizes(work):
+    for fraction, stored in kept:
         pages = stored.get("ui", {})
         if not pages or not all(isinstance(t, dict) and "loads" in t for t in pages.values()):
             continue  # not timed at this size, or kept as single loads by an earlier version
@@ -803,12 +807,12 @@ def _ui_line(page: str, times: dict) -> str:
     )
 
 
-def project_search(work: Path, corpus: int = 1_000_000) -> None:
+def project_search(kept: KeptSizes, corpus: int = 1_000_000) -> None:
     """near_duplicates per size, and its time at `corpus` images extrapolated from the two
     largest sizes with the growth exponent they show (t ∝ n^k)."""
     searches = sorted(
         (s["images_compared"], s["seconds"])
-        for _, stored in kept_sizes(work)
+        for _, stored in kept
         if {"images_compared", "seconds"} <= (s := stored["search"]).keys()
     )
     print("\nnear_duplicates (images compared: seconds)")
@@ -873,13 +877,14 @@ def main() -> None:
             clear_outputs(size_dir)
             if index == args.passes - 1:
                 shutil.rmtree(size_dir, ignore_errors=True)
-    results, images = stored_results(args.work)
+    kept = kept_sizes(args.work)
+    results, images = stored_results(kept)
     table(results, images)
     if len(results) > 1:
         marginal(results, images)
         marginal_reads(results, images)
-    project_search(args.work)
-    report_ui(args.work)
+    project_search(kept)
+    report_ui(kept)
 
 
 if __name__ == "__main__":
