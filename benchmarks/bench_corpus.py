@@ -783,7 +783,9 @@ def stored_results(kept: KeptSizes) -> tuple[list[tuple[float, Runs]], dict[floa
     """Each kept size's runs per step, and its number of images."""
     results, images = [], {}
     for fraction, stored in kept:
-        runs = {name: [Step(**run) for run in kept] for name, kept in stored["runs"].items()}
+        runs = {
+            name: [Step(**run) for run in step_runs] for name, step_runs in stored["runs"].items()
+        }
         results.append((fraction, runs))
         images[fraction] = sum(stored["counts"].values())
     return results, images
