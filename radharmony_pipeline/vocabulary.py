@@ -30,6 +30,12 @@ UNIFIED_LABELS: tuple[str, ...] = (
 
 LABEL_COLUMNS: tuple[str, ...] = tuple(f"label_{name}" for name in UNIFIED_LABELS)
 
+# A report label's values (CheXpert's): null means the observation is not mentioned.
+POSITIVE, NEGATIVE, UNCERTAIN = 1, 0, -1
+REPORT_LABEL_VALUES: tuple[int, ...] = (POSITIVE, NEGATIVE, UNCERTAIN)
+# The label that a read report without any positive or uncertain finding takes.
+NO_FINDING = "no_finding"
+
 # The unified classes the report labeler reads from report text (the report_label_* columns):
 # every class but diffuse nodules, which reports do not tell apart from nodules. Here, not in
 # the labeler, so that declaring the columns does not import spaCy.

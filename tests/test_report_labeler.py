@@ -31,7 +31,11 @@ from radharmony_pipeline.vocabulary import UNIFIED_LABELS
 
 LABELLED = Path(__file__).parent / "data" / "report_labels"
 # The held-out set was committed before the rules were tuned; any edit must fail loudly here.
-HELD_OUT_SHA256 = "bed53bb5ab625b62e6e859cf01804a9ec5c515e159b7ef96d890127470b1a394"
+# (Granulomas re-coded as calcifications only, by issue 58: c96fa4ac...)
+HELD_OUT_SHA256 = "c96fa4ac95b62200bd6ed645d2e2f446b1d3bbefba45cd5e4755eecb6e1f0e24"
+# The real-style set (sentences in the patterns of real reports, hand-coded for the seven
+# ChestX-ray8 diseases, negative and uncertain included) was frozen before any rule was tuned.
+REAL_STYLE_SHA256 = "8409bd0e50d56e4affc6cef24f9f57c0135ad6d753f45bee1a572dc4ed3de2c3"
 TARGETS = {"positive_f1": 0.90, "negation_f1": 0.85, "uncertainty_f1": 0.70, "no_finding_f1": 0.85}
 
 
@@ -162,9 +166,11 @@ def test_read_many_keeps_order_and_reads_repeats_once(labeler):
     assert readings[1].mentioned is False
 
 
-def test_held_out_set_is_unchanged():
-    digest = hashlib.sha256((LABELLED / "held_out.csv").read_bytes()).hexdigest()
-    assert digest == HELD_OUT_SHA256
+@pytest.mark.parametrize(
+    ("name", "digest"), [("held_out.csv", HELD_OUT_SHA256), ("real_style.csv", REAL_STYLE_SHA256)]
+)
+def test_held_out_sets_are_unchanged(name, digest):
+    assert hashlib.sha256((LABELLED / name).read_bytes()).hexdigest() == digest
 
 
 def test_labelled_sets_are_large_enough():
@@ -181,11 +187,21 @@ def test_labelled_sets_are_large_enough():
     assert min(counts.values()) >= 40, counts
 
 
-def test_held_out_agreement_meets_the_targets(labeler):
-    texts, reference = read_labelled_reports(LABELLED / "held_out.csv")
+@pytest.mark.parametrize("name", ["held_out.csv", "real_style.csv"])
+def test_held_out_agreement_meets_the_targets(labeler, name):
+    texts, reference = read_labelled_reports(LABELLED / name)
     scores = agreement_scores(reading_labels(labeler.read_many(texts)), reference)
-    for name, target in TARGETS.items():
-        assert scores[name] >= target, format_agreement(scores)
+    for score, target in TARGETS.items():
+        if score != "no_finding_f1" or "no_finding" in reference.columns:
+            assert scores[score] >= target, format_agreement(scores)
+
+
+def test_real_style_set_has_every_value_of_every_disease():
+    texts, reference = read_labelled_reports(LABELLED / "real_style.csv")
+    assert len(texts) >= 300
+    for disease in reference.columns:
+        counts = reference[disease].value_counts()
+        assert min(counts.get(value, 0) for value in (1, 0, -1)) >= 15, (disease, counts)
 
 
 def frame(**columns) -> pd.DataFrame:

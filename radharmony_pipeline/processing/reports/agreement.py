@@ -7,23 +7,26 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from radharmony_pipeline.processing.reports.labeler import (
+from radharmony_pipeline.vocabulary import (
     NEGATIVE,
     NO_FINDING,
     POSITIVE,
+    REPORT_LABEL_VALUES,
     REPORT_OBSERVATIONS,
     UNCERTAIN,
-    ReportReading,
 )
+
+if TYPE_CHECKING:
+    from radharmony_pipeline.processing.reports.labeler import ReportReading
 
 AGREEMENT_SCORES = ("mention_f1", "negation_f1", "uncertainty_f1", "positive_f1", "no_finding_f1")
 PAIRS = "pairs"
 _NULL = -9  # "not mentioned" while the labels sit in one integer array
-_LABEL_VALUES = frozenset({POSITIVE, NEGATIVE, UNCERTAIN})
 
 
 def agreement_scores(predicted: pd.DataFrame, reference: pd.DataFrame) -> dict[str, float]:
@@ -61,12 +64,39 @@ def agreement_scores(predicted: pd.DataFrame, reference: pd.DataFrame) -> dict[s
     return scores
 
 
+def positive_scores(
+    predicted: pd.DataFrame, gold: pd.DataFrame
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Precision, recall and F1 of positive labels against positive-only gold labels (1
+    present, anything else absent), per column of `gold` and micro over all of them: once
+    with positives only (as the ChestX-ray8 paper scores a labeler) and once counting
+    uncertain as positive."""
+    truth = gold.fillna(0).to_numpy(dtype=np.int64) == POSITIVE
+    said = predicted[list(gold.columns)].astype("Int8").fillna(_NULL).to_numpy(dtype=np.int64)
+    readings = {"positive": said == POSITIVE, "positive_or_uncertain": np.isin(said, [1, -1])}
+    scores: dict[str, dict[str, dict[str, float]]] = {}
+    for name, column in [*((c, i) for i, c in enumerate(gold.columns)), ("micro", None)]:
+        picked = slice(None) if column is None else column
+        scores[name] = {
+            kind: _precision_recall(truth[:, picked], guess[:, picked])
+            for kind, guess in readings.items()
+        }
+    return scores
+
+
+def _precision_recall(truth: np.ndarray, guess: np.ndarray) -> dict[str, float]:
+    hits = int(np.sum(truth & guess))
+    precision = hits / int(guess.sum()) if guess.any() else math.nan
+    recall = hits / int(truth.sum()) if truth.any() else math.nan
+    return {"precision": precision, "recall": recall, "f1": _f1(truth, guess)}
+
+
 def _label_array(frame: pd.DataFrame, columns: list[str], side: str) -> np.ndarray:
     """The columns as integers, null as _NULL; any other value is an error naming it."""
     values = frame[columns].apply(pd.to_numeric, errors="coerce")
     for column in columns:
         original = frame[column]
-        bad = original.notna() & ~values[column].isin(list(_LABEL_VALUES))
+        bad = original.notna() & ~values[column].isin(list(REPORT_LABEL_VALUES))
         if bad.any():
             row = bad.to_numpy().nonzero()[0][0]
             raise ValueError(

@@ -1,13 +1,18 @@
 """The report labeler: each observation of a radiology report text as positive, negative,
 uncertain or not mentioned, with the sentence that decided it (CheXpert labeler semantics on a
-blank spaCy pipeline and negspacy's NegEx)."""
+blank spaCy pipeline and negspacy's NegEx).
+
+The pipeline: the sentencizer; a phrase matcher that puts the mentions in
+`doc.spans["mentions"]` and each kind of cue in a span group of its own; negspacy's `negex` on
+the mentions; the assertions, on each mention's `span._.observations` and `span._.assertion`.
+`nlp(text)._.report_reading` is the text's labels and evidence."""
 
 from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import spacy
@@ -15,24 +20,46 @@ from negspacy.negation import Negex  # noqa: F401  (registers the "negex" factor
 from negspacy.termsets import termset
 from spacy.language import Language
 from spacy.matcher import PhraseMatcher
-from spacy.tokens import Doc, Span
+from spacy.tokens import Doc, Span, SpanGroup
 from spacy.util import filter_spans
 
 from radharmony_pipeline.processing.reports import phrases
 from radharmony_pipeline.processing.reports.sections import read_text, sentence_pieces
-from radharmony_pipeline.vocabulary import REPORT_OBSERVATIONS
+from radharmony_pipeline.vocabulary import (
+    NEGATIVE,
+    NO_FINDING,
+    POSITIVE,
+    REPORT_OBSERVATIONS,
+    UNCERTAIN,
+)
 
-NO_FINDING = "no_finding"
 # Observations whose presence leaves "no finding" standing (as in CheXpert).
 _COMPATIBLE_WITH_NO_FINDING = frozenset({"support_devices", NO_FINDING})
 
 
-POSITIVE, NEGATIVE, UNCERTAIN = 1, 0, -1
 # Several mentions of one observation: positive over uncertain over negative.
 _PRECEDENCE = {POSITIVE: 2, UNCERTAIN: 1, NEGATIVE: 0}
 
+# A mention's assertion (`span._.assertion`) and the label value it gives.
+POSITIVE_ASSERTION = "positive"
+NEGATED = "negated"
+UNCERTAIN_ASSERTION = "uncertain"
+COURSE = "course"  # present, with a course phrase that is no denial ("no change in")
+DEVICE = "device"  # a device named through a part that is not seen: still present
+ASSERTION_VALUES: Mapping[str, int] = MappingProxyType(
+    {
+        POSITIVE_ASSERTION: POSITIVE,
+        COURSE: POSITIVE,
+        DEVICE: POSITIVE,
+        NEGATED: NEGATIVE,
+        UNCERTAIN_ASSERTION: UNCERTAIN,
+    }
+)
+
+# The span group of the mentions.
+MENTIONS = "mentions"
 _MENTIONS_COMPONENT = "radharmony_report_mentions"
-_TRIGGERS = "radharmony_report_triggers"
+_ASSERTIONS_COMPONENT = "radharmony_report_assertions"
 # Kinds of phrase the one mention matcher finds besides mentions.
 _UNCERTAIN_BEFORE = "uncertain_before"
 _UNCERTAIN_AFTER = "uncertain_after"
@@ -42,11 +69,40 @@ _CLAUSE_END = "clause_end"
 _NEGATION_BEFORE = "negation_before"
 _ENLARGED = "enlarged"
 _NORMAL_SIZE = "normal_size"
+_BORDERLINE_SIZE = "borderline_size"
+_QUESTION = "question"
+_HEDGED_ATTRIBUTION = "hedged_attribution"
+_PSEUDO_NEGATION = "pseudo_negation"
+# The findings listed with a subject of normal size ("heart size and vascular engorgement
+# within normal limits").
+_LISTED_WITH_NORMAL_SUBJECT = "listed_with_normal_subject"
 _NOT_UNCERTAIN = "not_uncertain"
 _ATTRIBUTION = "attribution"
 _ARTIFACT = "artifact"
 _DEVICE_PART = "device_part"
 _IGNORED = "ignored"
+_SUBJECT = "subject"
+# Every span group the mention finder writes, so that each exists (empty) on every doc.
+_CUE_GROUPS = (
+    _UNCERTAIN_BEFORE,
+    _UNCERTAIN_AFTER,
+    _UNCERTAIN_AFTER_NEAREST,
+    _ALTERNATIVE,
+    _CLAUSE_END,
+    _NEGATION_BEFORE,
+    _ENLARGED,
+    _NORMAL_SIZE,
+    _BORDERLINE_SIZE,
+    _QUESTION,
+    _HEDGED_ATTRIBUTION,
+    _PSEUDO_NEGATION,
+    _NOT_UNCERTAIN,
+    _ATTRIBUTION,
+    _ARTIFACT,
+    _DEVICE_PART,
+    _SUBJECT,
+    _LISTED_WITH_NORMAL_SUBJECT,
+)
 # Subjects named through their size, and what their enlargement and normal size state.
 _SIZE_SUBJECTS: dict[str, tuple[tuple[str, ...], tuple[str, tuple[str, ...]]]] = {
     "heart": (phrases.HEART_SUBJECTS, ("cardiomegaly", ("cardiomegaly",))),
@@ -62,6 +118,10 @@ _SIZE_SUBJECTS: dict[str, tuple[tuple[str, ...], tuple[str, tuple[str, ...]]]] =
 # Tokens between two sizes of a range ("normal to mildly enlarged").
 _RANGE_GAP = 2
 _NEGATION_WORDS = frozenset({"no", "not", "cannot", "can't", "without"})
+_HEDGES_AFTER_A_DENIAL = frozenset(phrases.HEDGES_AFTER_A_DENIAL)
+# The sentencizer's sentence ends: a question mark is a cue ("?pneumonia"), not an end; the
+# pieces are already cut after one that ends a sentence.
+_SENTENCE_ENDS = [".", "!"]
 _WORD = re.compile(r"[^\W\d_]+")
 # Pieces kept between calls: reports repeat their sentences far more than their texts.
 _PIECE_CACHE_LIMIT = 500_000
@@ -124,8 +184,9 @@ def _mention_labels() -> dict[str, tuple[str, ...]]:
 
 
 class _MentionFinder:
-    """Pipeline component: one phrase-matcher pass that sets the mentions as `doc.ents` (label
-    = the observations it names, joined by '+') and keeps the uncertainty and clause words."""
+    """Pipeline component: one phrase-matcher pass that puts the mentions in
+    `doc.spans["mentions"]` (label = the observations it names, joined by '+', or the size
+    statement) and each kind of cue in the span group of its kind."""
 
     def __init__(self, nlp: Language, clause_ends: list[str], negations_before: list[str]):
         self.matcher = PhraseMatcher(nlp.vocab, attr="LOWER")
@@ -143,9 +204,13 @@ class _MentionFinder:
             key = "+".join(observations) if observations else _IGNORED
             add(key, "mention" if observations else _IGNORED, texts)
         for subject, (texts, _) in _SIZE_SUBJECTS.items():
-            add(f"subject:{subject}", "subject", texts)
+            add(f"subject:{subject}", _SUBJECT, texts)
         add(_ENLARGED, _ENLARGED, phrases.ENLARGED)
         add(_NORMAL_SIZE, _NORMAL_SIZE, phrases.NORMAL_SIZE)
+        add(_BORDERLINE_SIZE, _BORDERLINE_SIZE, phrases.BORDERLINE_SIZE)
+        add(_QUESTION, _QUESTION, phrases.QUESTION_MARKS)
+        add(_HEDGED_ATTRIBUTION, _HEDGED_ATTRIBUTION, phrases.HEDGED_ATTRIBUTIONS)
+        add(_PSEUDO_NEGATION, _PSEUDO_NEGATION, phrases.NOT_NEGATION)
         add(_UNCERTAIN_BEFORE, _UNCERTAIN_BEFORE, phrases.UNCERTAIN_BEFORE)
         add(_UNCERTAIN_AFTER, _UNCERTAIN_AFTER, phrases.UNCERTAIN_AFTER)
         add(_UNCERTAIN_AFTER_NEAREST, _UNCERTAIN_AFTER_NEAREST, phrases.UNCERTAIN_AFTER_NEAREST)
@@ -163,50 +228,112 @@ class _MentionFinder:
         for match_id, start, end in self.matcher(doc):
             kind = self.kind[match_id]
             found.setdefault(kind, []).append(Span(doc, start, end, label=strings[match_id]))
-        mentions = found.get("mention", []) + found.get(_IGNORED, [])
-        if "subject" in found:
-            mentions += _size_mentions(doc, found)
-        doc.ents = [span for span in filter_spans(mentions) if span.label_ != _IGNORED]
-        doc.user_data[_TRIGGERS] = found
+        for kind in _CUE_GROUPS:
+            doc.spans[kind] = SpanGroup(doc, name=kind, spans=found.get(kind, []))
+        named = filter_spans(found.get("mention", []) + found.get(_IGNORED, []))
+        mentions = [span for span in named if span.label_ != _IGNORED]
+        # Size statements may overlap each other ("heart and mediastinum are normal").
+        sizes = _size_mentions(doc, found, named) if _SUBJECT in found else []
+        doc.spans[MENTIONS] = sorted(mentions + sizes, key=lambda span: span.start)
         return doc
 
 
-def _size_mentions(doc: Doc, found: dict[str, list[Span]]) -> list[Span]:
+def _size_mentions(doc: Doc, found: dict[str, list[Span]], others: list[Span]) -> list[Span]:
     """Heart and mediastinum subjects joined to the size attribute nearest them in their
-    sentence: label `size:<observation>` when enlarged, `normal:<observations>` when normal,
-    `borderline:<observation>` when described as both."""
-    attributes = filter_spans(found.get(_ENLARGED, []) + found.get(_NORMAL_SIZE, []))
+    clause: label `size:<observation>` when enlarged, `normal:<observations>` when normal,
+    `borderline:<observation>` when borderline or described as both. An attribute before its
+    subject sits right before it ("mildly enlarged heart"); an attribute belongs to the subject
+    nearest it, or to each of the subjects listed together ("heart and mediastinum are
+    normal")."""
+    attributes = filter_spans(
+        found.get(_ENLARGED, []) + found.get(_NORMAL_SIZE, []) + found.get(_BORDERLINE_SIZE, [])
+    )
     ends = sorted(span.start for span in found.get(_CLAUSE_END, []))
+    subjects = filter_spans(found[_SUBJECT])
+
+    def reaches(subject: Span, attribute: Span) -> bool:
+        reach = phrases.ATTRIBUTE_REACH if attribute.start > subject.start else _RANGE_GAP
+        return (
+            _gap(subject, attribute) <= reach
+            and attribute.sent.start == subject.sent.start
+            and not _clause_end_between(ends, subject, attribute)
+            and not _describes_other(doc, subject, attribute, others)
+        )
+
     sizes = []
-    for subject in found["subject"]:
+    for subject in subjects:
         near = [
             a
             for a in attributes
-            if _gap(subject, a) <= phrases.ATTRIBUTE_REACH
-            and a.sent.start == subject.sent.start
-            and not _clause_end_between(ends, subject, a)
+            if reaches(subject, a)
+            and not any(
+                _gap(other, a) < _gap(subject, a) and not _listed_together(doc, subject, other)
+                for other in subjects
+                if other is not subject and reaches(other, a)
+            )
         ]
         if not near:
             continue
         attribute = min(near, key=lambda a: _gap(subject, a))
-        # "upper limits of normal to mildly enlarged": an attribute of the other kind right
-        # after the nearest one makes the size borderline.
+        kind = attribute.label_
+        if kind == _ENLARGED and _denied(doc, attribute):  # "not significantly enlarged"
+            kind = _NORMAL_SIZE
+        # "upper limits of normal to mildly enlarged": an attribute of the other kind joined
+        # to the nearest one by a range word makes the size borderline.
         other = [
             a
             for a in attributes
-            if a.label_ != attribute.label_ and 0 <= a.start - attribute.end <= _RANGE_GAP
+            if a.label_ != attribute.label_
+            and 0 < a.start - attribute.end <= _RANGE_GAP
+            and any(t.lower_ in phrases.SIZE_RANGE_WORDS for t in doc[attribute.end : a.start])
         ]
         enlarged, normal = _SIZE_SUBJECTS[subject.label_.removeprefix("subject:")][1]
-        if other:
+        if other or kind == _BORDERLINE_SIZE:
             label = f"borderline:{enlarged}"
-            attribute = Span(doc, attribute.start, other[0].end)
-        elif attribute.label_ == _ENLARGED:
+            attribute = Span(doc, attribute.start, other[0].end) if other else attribute
+        elif kind == _ENLARGED:
             label = f"size:{enlarged}"
         else:
             label = f"normal:{'+'.join(normal)}"
-        start, end = min(subject.start, attribute.start), max(subject.end, attribute.end)
-        sizes.append(Span(doc, start, end, label=label))
+        listed = _between(subject, attribute, others)
+        if listed:
+            # The subject alone, so that the findings listed with it stay mentions; they are
+            # as normal as the subject is.
+            if kind == _NORMAL_SIZE:
+                doc.spans[_LISTED_WITH_NORMAL_SUBJECT].extend(listed)
+            sizes.append(Span(doc, subject.start, subject.end, label=label))
+        else:
+            start, end = min(subject.start, attribute.start), max(subject.end, attribute.end)
+            sizes.append(Span(doc, start, end, label=label))
     return sizes
+
+
+def _listed_together(doc: Doc, a: Span, b: Span) -> bool:
+    """Whether only a list word joins two subjects: "heart and mediastinum"."""
+    gap = doc[min(a.end, b.end) : max(a.start, b.start)]
+    return 0 < len(gap) <= 2 and all(t.lower_ in ("and", ",", "the") for t in gap)
+
+
+def _between(a: Span, b: Span, spans: list[Span]) -> list[Span]:
+    low, high = min(a.end, b.end), max(a.start, b.start)
+    return [s for s in spans if low <= s.start and s.end <= high]
+
+
+def _describes_other(doc: Doc, subject: Span, attribute: Span, others: list[Span]) -> bool:
+    """Whether another finding stands between a subject and a size attribute, so that the
+    attribute describes it: "increased density over the heart", "large hiatal hernia behind
+    the heart". After the subject, a finding listed with it ("heart size and vascular
+    engorgement within normal limits") shares its attribute instead."""
+    between = _between(subject, attribute, others)
+    if attribute.start < subject.start or not between:
+        return bool(between)
+    return not any(t.lower_ in ("and", ",") for t in doc[subject.end : between[0].start])
+
+
+def _denied(doc: Doc, attribute: Span) -> bool:
+    """Whether a negation word sits right before an attribute ("not significantly enlarged")."""
+    window = doc[max(attribute.start - _RANGE_GAP - 1, 0) : attribute.start]
+    return any(token.lower_ in _NEGATION_WORDS for token in window)
 
 
 def _gap(a: Span, b: Span) -> int:
@@ -226,68 +353,121 @@ def _make_mention_finder(
     return _MentionFinder(nlp, clause_ends, negations_before)
 
 
-def _observations_of(label: str) -> tuple[tuple[str, ...], int | None]:
-    """A mention label -> (observations, value fixed by the phrase or None)."""
+def _observations_of(label: str) -> tuple[tuple[str, ...], str | None]:
+    """A mention label -> (observations, assertion fixed by a size attribute or None)."""
     if label.startswith("normal:"):
-        return tuple(label.removeprefix("normal:").split("+")), NEGATIVE
+        return tuple(label.removeprefix("normal:").split("+")), NEGATED
     if label.startswith("borderline:"):
-        return tuple(label.removeprefix("borderline:").split("+")), UNCERTAIN
+        return tuple(label.removeprefix("borderline:").split("+")), UNCERTAIN_ASSERTION
     return tuple(label.removeprefix("size:").split("+")), None
 
 
-def _sentence_spans(doc: Doc) -> tuple[list[int], list[str]]:
-    """The start token and the text of each sentence."""
-    sentences = list(doc.sents)
-    if len(sentences) == 1:
-        return [0], [doc.text.strip()]
-    return [s.start for s in sentences], [s.text for s in sentences]
+@dataclass(frozen=True)
+class MentionCues:
+    """What a mention's clause says about it: the inputs of `assertion`."""
+
+    size: str | None = None  # the assertion a size attribute states ("normal heart size")
+    listed_with_normal_subject: bool = False  # "heart size and vascularity are normal"
+    negated: bool = False  # NegEx denies it
+    device_part: bool = False  # named through a part: "the tip of the tube is not seen"
+    hedge_after_denial: bool = False  # "no effusion, possible pneumothorax"
+    explained: str | None = None  # NEGATED when a link explains it away, UNCERTAIN if hedged
+    doubted: bool = False  # an uncertainty cue, a question or an alternative reaches it
+    course: bool = False  # a course phrase that is no denial: "no change in the effusion"
 
 
-def _piece_findings(doc: Doc) -> _PieceFindings:
-    """Each mention of one piece as (observation, value, sentence)."""
-    if not doc.ents:
-        return ()
-    found: dict[str, list[Span]] = doc.user_data[_TRIGGERS]
-    sentence_starts, sentences = _sentence_spans(doc)
-    starts = sorted({*sentence_starts, *(span.start for span in found.get(_CLAUSE_END, []))})
+def assertion(cues: MentionCues) -> str:
+    """A mention's assertion, the first that applies:
 
-    def clause(token: int) -> int:
-        return bisect_right(starts, token)
+    1. a size statement asserts itself (normal: negated; borderline: uncertain);
+    2. a finding listed with a subject of normal size is negated;
+    3. a denial negates, except a device named through a part (still present: `device`) and a
+       finding after a hedge that opens a statement of its own;
+    4. a link to an artifact or benign cause explains the finding away (negated), or doubts
+       it when the link hedges (uncertain);
+    5. a doubt makes it uncertain;
+    6. a course phrase that is no denial leaves it present (`course`);
+    7. positive."""
+    if cues.size is not None:
+        return cues.size
+    if cues.listed_with_normal_subject:
+        return NEGATED
+    if cues.negated and not cues.hedge_after_denial:
+        return DEVICE if cues.device_part else NEGATED
+    if cues.explained is not None:
+        return cues.explained
+    if cues.doubted:
+        return UNCERTAIN_ASSERTION
+    return COURSE if cues.course else POSITIVE_ASSERTION
 
-    neutral = found.get(_NOT_UNCERTAIN, [])
-    before = _outside(found.get(_UNCERTAIN_BEFORE, []), neutral)
-    after = _outside(found.get(_UNCERTAIN_AFTER, []), neutral)
-    negations = found.get(_NEGATION_BEFORE, [])
-    part_ends = {span.end for span in found.get(_DEVICE_PART, [])}
-    ents = list(doc.ents)
-    alternative = _alternatives(ents, found.get(_ALTERNATIVE, []), clause)
-    alternative |= _nearest_before(ents, found.get(_UNCERTAIN_AFTER_NEAREST, []), clause)
-    explained = _explained_away(ents, found, clause)
-    findings = []
-    for index, ent in enumerate(ents):
-        observations, fixed = _observations_of(ent.label_)
-        own = clause(ent.start)
-        cues_before = [t for t in before if t.start < ent.end and clause(t.start) == own]
-        uncertain = (
-            index in alternative
-            or index in explained
-            or bool(cues_before)
-            or any(t.start >= ent.end and clause(t.start) == own for t in after)
+
+def _clauses(doc: Doc, ends: Iterable[Span]) -> Callable[[int], int]:
+    """token index -> the index of its clause (sentences cut at `ends`)."""
+    starts = sorted({*(sentence.start for sentence in doc.sents), *(s.start for s in ends)})
+    return lambda token: bisect_right(starts, token)
+
+
+class _AssertionFinder:
+    """Pipeline component: each mention's observations and assertion on its Span extensions,
+    and the doc's findings (observation, value, sentence)."""
+
+    def __call__(self, doc: Doc) -> Doc:
+        mentions = list(doc.spans[MENTIONS])
+        clause = _clauses(doc, doc.spans[_CLAUSE_END])
+        cues = _mention_cues(doc, mentions, clause)
+        findings = []
+        for mention, mention_cues in zip(mentions, cues, strict=True):
+            observations, _ = _observations_of(mention.label_)
+            mention._.observations = observations
+            mention._.assertion = assertion(mention_cues)
+            # What a finding is explained as does not undo that it is calcified.
+            kept = assertion(replace(mention_cues, explained=None))
+            sentence = mention.sent.text.strip()
+            for name in observations:
+                said = kept if name in phrases.KEPT_WHEN_EXPLAINED else mention._.assertion
+                findings.append((name, ASSERTION_VALUES[said], sentence))
+        doc._.report_findings = tuple(findings)
+        return doc
+
+
+def _mention_cues(
+    doc: Doc, mentions: list[Span], clause: Callable[[int], int]
+) -> list[MentionCues]:
+    """The cues of each mention, in order."""
+    spans = doc.spans
+    neutral = list(spans[_NOT_UNCERTAIN])
+    before = _outside(list(spans[_UNCERTAIN_BEFORE]), neutral) + list(spans[_QUESTION])
+    after = _outside(list(spans[_UNCERTAIN_AFTER]), neutral) + list(spans[_QUESTION])
+    negations = list(spans[_NEGATION_BEFORE])
+    part_ends = {span.end for span in spans[_DEVICE_PART]}
+    listed = {span.start for span in spans[_LISTED_WITH_NORMAL_SUBJECT]}
+    courses = [clause(span.start) for span in spans[_PSEUDO_NEGATION]]
+    doubted = _alternatives(doc, mentions, clause) | _nearest_before(
+        mentions, list(spans[_UNCERTAIN_AFTER_NEAREST]), clause
+    )
+    # A relative clause explains the finding it follows: "nodule, which may be a nipple".
+    relative = _clauses(doc, [e for e in doc.spans[_CLAUSE_END] if e.text.lower() != "which"])
+    explained = _explained_away(doc, mentions, relative)
+    cues = []
+    for index, mention in enumerate(mentions):
+        own = clause(mention.start)
+        cues_before = [t for t in before if t.start < mention.end and clause(t.start) == own]
+        cues_after = [t for t in after if t.start >= mention.end and clause(t.start) == own]
+        cues.append(
+            MentionCues(
+                size=_observations_of(mention.label_)[1],
+                listed_with_normal_subject=mention.start in listed,
+                negated=mention._.negex,
+                device_part=mention.start in part_ends,
+                hedge_after_denial=_hedge_after_denial(
+                    mention, cues_before, negations, mentions, clause
+                ),
+                explained=explained.get(index),
+                doubted=index in doubted or bool(cues_before) or bool(cues_after),
+                course=own in courses,
+            )
         )
-        negated = (
-            ent._.negex
-            and ent.start not in part_ends
-            and not _uncertainty_nearer(ent, cues_before, negations, ents, clause)
-        )
-        if fixed is not None:
-            value = fixed
-        elif negated:
-            value = NEGATIVE
-        else:
-            value = UNCERTAIN if uncertain else POSITIVE
-        sentence = sentences[bisect_right(sentence_starts, ent.start) - 1]
-        findings.extend((name, value, sentence) for name in observations)
-    return tuple(findings)
+    return cues
 
 
 def _outside(cues: list[Span], neutral: list[Span]) -> list[Span]:
@@ -297,55 +477,71 @@ def _outside(cues: list[Span], neutral: list[Span]) -> list[Span]:
     return [c for c in cues if not any(n.start <= c.start < n.end for n in neutral)]
 
 
-def _explained_away(ents: list[Span], found: dict[str, list[Span]], clause) -> set[int]:
-    """Indexes of mentions that their clause attributes to technique or overlying tissue."""
-    links = found.get(_ATTRIBUTION, [])
-    causes = found.get(_ARTIFACT, [])
+def _explained_away(doc: Doc, mentions: list[Span], clause: Callable[[int], int]) -> dict[int, str]:
+    """Mention index -> NEGATED for mentions that a link in their clause attributes to
+    technique, overlying tissue or a benign structure; UNCERTAIN when a hedge sits between the
+    mention and the cause ("likely due to", "may represent")."""
+    causes = list(doc.spans[_ARTIFACT])
+    links = list(doc.spans[_ATTRIBUTION]) + list(doc.spans[_HEDGED_ATTRIBUTION])
     if not links or not causes:
-        return set()
-    return {
-        i
-        for i, e in enumerate(ents)
-        if any(
-            e.end <= link.start < cause.start
-            and clause(link.start) == clause(e.start) == clause(cause.start)
-            for link in links
-            for cause in causes
-        )
-    }
+        return {}
+    hedges = [*doc.spans[_HEDGED_ATTRIBUTION], *doc.spans[_UNCERTAIN_BEFORE]]
+    explained = {}
+    for index, mention in enumerate(mentions):
+        for link in links:
+            for cause in causes:
+                if mention.end <= link.start < cause.start and (
+                    clause(link.start) == clause(mention.start) == clause(cause.start)
+                ):
+                    hedged = any(mention.end <= h.start < cause.start for h in hedges)
+                    explained[index] = UNCERTAIN_ASSERTION if hedged else NEGATED
+    return explained
 
 
-def _alternatives(ents: list[Span], words: list[Span], clause) -> set[int]:
-    """Indexes of mentions on either side of "or" / "versus" close to both."""
+def _alternatives(doc: Doc, mentions: list[Span], clause: Callable[[int], int]) -> set[int]:
+    """Indexes of the two diagnoses on either side of "or" / "versus" close to both. An "or"
+    after a denial or a course phrase in its clause joins a list instead ("no change in the
+    pneumothorax or the effusion"), and a side that only describes ("atelectasis or
+    scarring") leaves the other side standing."""
+    lists = [*doc.spans[_NEGATION_BEFORE], *doc.spans[_PSEUDO_NEGATION]]
     uncertain: set[int] = set()
     reach = phrases.ALTERNATIVE_REACH
-    for word in words:
+    for word in doc.spans[_ALTERNATIVE]:
+        own = clause(word.start)
+        if any(c.start < word.start and clause(c.start) == own for c in lists):
+            continue
         left = [
             i
-            for i, e in enumerate(ents)
-            if e.end <= word.start
-            and word.start - e.end <= reach
-            and clause(e.start) == clause(word.start)
+            for i, e in enumerate(mentions)
+            if e.end <= word.start and word.start - e.end <= reach and clause(e.start) == own
         ]
         right = [
             i
-            for i, e in enumerate(ents)
-            if e.start >= word.end
-            and e.start - word.end <= reach
-            and clause(e.start) == clause(word.start)
+            for i, e in enumerate(mentions)
+            if e.start >= word.end and e.start - word.end <= reach and clause(e.start) == own
         ]
         if left and right:
-            uncertain.update((left[-1], right[0]))
+            sides = (left[-1], right[0])
+            if not any(_describes(mentions[i]) for i in sides):
+                uncertain.update(sides)
     return uncertain
 
 
-def _nearest_before(ents: list[Span], words: list[Span], clause) -> set[int]:
+def _describes(mention: Span) -> bool:
+    """Whether a mention names only observations that describe rather than diagnose."""
+    observations, _ = _observations_of(mention.label_)
+    return set(observations) <= set(phrases.DESCRIPTIVE_OBSERVATIONS)
+
+
+def _nearest_before(
+    mentions: list[Span], words: list[Span], clause: Callable[[int], int]
+) -> set[int]:
     """Indexes of the mention right before each word (in its clause)."""
     nearest = set()
     for word in words:
         before = [
             i
-            for i, e in enumerate(ents)
+            for i, e in enumerate(mentions)
             if e.end <= word.start and clause(e.start) == clause(word.start)
         ]
         if before:
@@ -353,20 +549,44 @@ def _nearest_before(ents: list[Span], words: list[Span], clause) -> set[int]:
     return nearest
 
 
-def _uncertainty_nearer(
-    ent: Span, cues: list[Span], negations: list[Span], ents: list[Span], clause
+def _hedge_after_denial(
+    mention: Span,
+    cues: list[Span],
+    negations: list[Span],
+    mentions: list[Span],
+    clause: Callable[[int], int],
 ) -> bool:
-    """An uncertainty cue that follows another mention after the nearest negation cue wins over
-    the negation ("no effusion, possible pneumothorax" leaves the pneumothorax uncertain; "no
-    suspicious nodules" stays negative)."""
-    if not cues:
+    """Whether a hedge that opens a statement of its own ("possible", "may") follows another
+    mention after the nearest denial: "no effusion, possible pneumothorax" leaves the
+    pneumothorax uncertain, while "no effusion or apparent pneumothorax" and "no suspicious
+    nodules" deny."""
+    hedges = [c.start for c in cues if c.text.lower() in _HEDGES_AFTER_A_DENIAL]
+    if not hedges:
         return False
-    own = clause(ent.start)
-    preceding = [n.start for n in negations if n.start < ent.start and clause(n.start) == own]
+    own = clause(mention.start)
+    preceding = [n.start for n in negations if n.start < mention.start and clause(n.start) == own]
     if not preceding:
         return False
-    negation, cue = max(preceding), max(c.start for c in cues)
-    return cue > negation and any(negation < e.start and e.end <= cue for e in ents)
+    negation, cue = max(preceding), max(hedges)
+    return cue > negation and any(negation < e.start and e.end <= cue for e in mentions)
+
+
+@Language.factory(_ASSERTIONS_COMPONENT)
+def _make_assertion_finder(nlp: Language, name: str) -> _AssertionFinder:
+    return _AssertionFinder()
+
+
+def _register_extensions() -> None:
+    for name, default in (("observations", ()), ("assertion", None)):
+        if not Span.has_extension(name):
+            Span.set_extension(name, default=default)
+    if not Doc.has_extension("report_findings"):
+        Doc.set_extension("report_findings", default=())
+    if not Doc.has_extension("report_reading"):
+        Doc.set_extension("report_reading", getter=lambda doc: _reading([doc._.report_findings]))
+
+
+_register_extensions()
 
 
 class ReportLabeler:
@@ -376,7 +596,7 @@ class ReportLabeler:
     def __init__(self) -> None:
         negation_terms = negation_termset()
         self.nlp = spacy.blank("en")
-        self.nlp.add_pipe("sentencizer")
+        self.nlp.add_pipe("sentencizer", config={"punct_chars": _SENTENCE_ENDS})
         self.nlp.add_pipe(
             _MENTIONS_COMPONENT,
             config={
@@ -384,7 +604,8 @@ class ReportLabeler:
                 "negations_before": negation_terms["preceding_negations"],
             },
         )
-        self.nlp.add_pipe("negex", config={"neg_termset": negation_terms})
+        self.nlp.add_pipe("negex", config={"neg_termset": negation_terms, "span_keys": [MENTIONS]})
+        self.nlp.add_pipe(_ASSERTIONS_COMPONENT)
         # A piece without any of these words mentions nothing and skips the pipeline.
         self._mention_words = frozenset(_mention_words(self.nlp))
         self._pieces: dict[str, _PieceFindings] = {}
@@ -419,7 +640,7 @@ class ReportLabeler:
                 if not self._mention_words.isdisjoint(_WORD.findall(piece.lower())):
                     new.append(piece)
         for piece, doc in zip(new, self.nlp.pipe(new, batch_size=_BATCH_SIZE), strict=True):
-            self._pieces[piece] = _piece_findings(doc)
+            self._pieces[piece] = doc._.report_findings
 
 
 def _pieces_read(text: str) -> list[str] | None:

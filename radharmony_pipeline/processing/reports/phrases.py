@@ -99,13 +99,12 @@ MENTIONS: dict[tuple[str, ...], tuple[str, ...]] = {
         "nodules",
         "micronodule",
         "micronodules",
+    ),
+    # "Nodular" describes the shape of an opacity that the radiologist does not call a nodule;
+    # the hand-coded findings code it as an opacity.
+    ("lung_lesion", "lung_opacity"): (
         "nodular density",
         "nodular densities",
-        "granuloma",
-        "granulomas",
-        "granulomata",
-    ),
-    ("nodule", "lung_lesion", "lung_opacity"): (
         "nodular opacity",
         "nodular opacities",
         "nodular opacification",
@@ -328,18 +327,23 @@ MENTIONS: dict[tuple[str, ...], tuple[str, ...]] = {
         "scars",
         "honeycombing",
     ),
+    # A granuloma seen on a radiograph is a calcification, which the hand-coded findings and
+    # the datasets' classes keep apart from a nodule.
     ("calcification",): (
         "calcification",
         "calcifications",
         "calcified",
         "calcific",
-    ),
-    ("calcification", "nodule", "lung_lesion"): (
+        "granuloma",
+        "granulomas",
+        "granulomata",
         "calcified granuloma",
         "calcified granulomas",
+        "calcified granulomata",
+    ),
+    ("calcification", "nodule", "lung_lesion"): (
         "calcified nodule",
         "calcified nodules",
-        "calcified granulomata",
     ),
     # Words inside these phrases name something outside the lungs and pleura.
     (): (
@@ -358,6 +362,13 @@ MENTIONS: dict[tuple[str, ...], tuple[str, ...]] = {
         "hiatal hernia",
         "heart failure exacerbation",
         "rib deformity",
+        "granulomatous disease",
+        "granulomatous infection",
+        "granulomatous process",
+        "granulomatous change",
+        "granulomatous changes",
+        "granulomatous exposure",
+        "mass effect",
     ),
 }
 
@@ -401,6 +412,7 @@ ENLARGED: tuple[str, ...] = (
     "prominence",
     "increased in size",
     "increased",
+    "increase in",
 )
 NORMAL_SIZE: tuple[str, ...] = (
     "normal",
@@ -419,6 +431,16 @@ NORMAL_SIZE: tuple[str, ...] = (
     "top normal in size",
     "no longer enlarged",
 )
+# A size between normal and enlarged: the observation is uncertain.
+BORDERLINE_SIZE: tuple[str, ...] = (
+    "borderline",
+    "borderline enlarged",
+    "borderline in size",
+    "borderline large",
+)
+# Words between a normal and an enlarged attribute that make the two a range ("upper limits of
+# normal to mildly enlarged", "normal or mildly enlarged").
+SIZE_RANGE_WORDS: tuple[str, ...] = ("to", "or", "-")
 # Tokens an attribute may be from its subject and still describe it ("the heart is mildly
 # enlarged": 2 tokens between; "the cardiomediastinal silhouette, hilar contours and pleural
 # surfaces are normal": 7).
@@ -459,8 +481,6 @@ UNCERTAIN_BEFORE: tuple[str, ...] = (
     "can't exclude",
     "cannot rule out",
     "can not rule out",
-    "cannot be excluded",
-    "not excluded",
     "difficult to exclude",
     "difficult to rule out",
     "differential",
@@ -476,20 +496,46 @@ UNCERTAIN_BEFORE: tuple[str, ...] = (
     "evaluate for",
     "assess for",
     "to exclude",
-    "not entirely excluded",
-    "not be excluded",
-    "not be ruled out",
-    "cannot be ruled out",
-    "can not be ruled out",
-    "not ruled out",
     "atypical",
     "apparent",
     "favor",
     "favors",
-    "favored",
-    "favoured",
     "favoring",
+    # A request is a question, not a finding: "correlate clinically for pneumonia".
+    "correlate for",
+    "correlate clinically for",
+    "clinically correlate for",
+    "clinical correlation for",
+    "correlation for",
+    "in the appropriate clinical setting",
+    "in the right clinical setting",
+    "symptoms of",
+    "to identify",
+    "evaluation for",
+    "question",
+    "suspicion for",
+    "suspicion of",
+    "completely exclude",
 )
+# Of the cues before, those that open a doubtful statement of their own even after a denial in
+# the same clause ("no effusion, possible small pneumothorax"). The others ("suspicious",
+# "apparent", "definite") qualify an item of a denied list: "no effusion or apparent
+# pneumothorax" denies both.
+HEDGES_AFTER_A_DENIAL: tuple[str, ...] = (
+    "possible",
+    "possibly",
+    "probable",
+    "probably",
+    "likely",
+    "most likely",
+    "may",
+    "might",
+    "could",
+    "may represent",
+    "could represent",
+)
+# A question mark doubts the finding on either side of it: "?pneumonia", "pneumonia?".
+QUESTION_MARKS: tuple[str, ...] = ("?",)
 UNCERTAIN_AFTER: tuple[str, ...] = (
     "is possible",
     "are possible",
@@ -514,14 +560,33 @@ UNCERTAIN_AFTER: tuple[str, ...] = (
     "may be present",
     "could be present",
     "is a consideration",
+    "would be a consideration",
     "is not entirely excluded",
-    "?",
 )
 # "atelectasis favored over pneumonia": the preference doubts only the finding it follows.
 UNCERTAIN_AFTER_NEAREST: tuple[str, ...] = ("favored", "favoured", "is favored", "is favoured")
-ALTERNATIVES: tuple[str, ...] = ("or", "versus", "vs", "vs.", "and/or")
+ALTERNATIVES: tuple[str, ...] = (
+    "or",
+    "versus",
+    "vs",
+    "vs.",
+    "and/or",
+    "favored over",
+    "favoured over",
+)
 # How close two mentions sit to an alternative word for both to be uncertain.
 ALTERNATIVE_REACH = 4
+# Observations that describe what is seen rather than diagnose it: "atelectasis or scarring",
+# "effusion versus pleural thickening", "atelectasis versus infiltrate" name one finding and
+# its description, and the hand-coded findings of real reports count the disease as present.
+# An alternative doubts its two sides only when both are diagnoses.
+DESCRIPTIVE_OBSERVATIONS: tuple[str, ...] = (
+    "lung_opacity",
+    "fibrosis",
+    "pleural_thickening",
+    "pleural_other",
+    "calcification",
+)
 
 # Words around "suggest" that deny rather than doubt: "no consolidation to suggest pneumonia".
 NOT_UNCERTAIN: tuple[str, ...] = (
@@ -531,20 +596,28 @@ NOT_UNCERTAIN: tuple[str, ...] = (
     "that would suggest",
     "to account for",
 )
-# A finding explained by how the film was taken or what overlies the lung is uncertain when a
-# linking word comes between them: "opacity likely due to overlying breast tissue".
+# A finding that a linking phrase explains by how the film was taken, by what overlies the lung
+# or by a benign structure is not that finding ("nodular density consistent with a nipple
+# shadow": no nodule) ...
 ATTRIBUTIONS: tuple[str, ...] = (
     "due to",
     "related to",
-    "accentuated by",
-    "exaggerated by",
     "caused by",
     "attributable to",
     "represents",
     "represent",
+    "representing",
     "reflects",
     "reflect",
     "from",
+    "consistent with",
+    "compatible with",
+)
+# ... and it is uncertain when the link only hedges or only partly explains it ("opacity likely
+# due to overlying breast tissue", "cardiomegaly accentuated by AP technique").
+HEDGED_ATTRIBUTIONS: tuple[str, ...] = (
+    "accentuated by",
+    "exaggerated by",
     "likely",
     "probably",
     "may be",
@@ -581,7 +654,13 @@ ARTIFACT_CAUSES: tuple[str, ...] = (
     "vessels",
     "vascular crowding",
     "crowding",
+    "granuloma",
+    "granulomas",
+    "granulomatous",
 )
+# What a finding is explained as does not undo these: "calcified nodules consistent with old
+# granulomatous disease" are calcifications still.
+KEPT_WHEN_EXPLAINED: tuple[str, ...] = ("calcification",)
 # A device named through a part of it keeps its presence when the part is not seen: "the tip of
 # the enteric tube is not visualized".
 DEVICE_PARTS: tuple[str, ...] = (
@@ -610,6 +689,11 @@ CLAUSE_ENDS: tuple[str, ...] = (
     "except",
     "apart from",
     "aside from",
+    # A new clause with its own subject: "no pneumothorax and the heart is enlarged".
+    "and the",
+    "and this",
+    "and these",
+    "and it",
 )
 
 # NegEx terms for reports, beyond negspacy's clinical termset.

@@ -67,9 +67,12 @@ _HEADER = re.compile(
 )
 _READ = frozenset(READ_SECTIONS)
 
-# Pieces: after a sentence's end, at a blank line, or at a line that starts a list item or a
+# Pieces: after a sentence's end (a question mark ends one when it follows a word: "? pneumonia"
+# asks about what follows it), at a blank line, or at a line that starts a list item or a
 # capitalised sentence. A wrapped line (next line in lower case) stays in its sentence.
-_PIECE_BREAK = re.compile(r"(?<=[.!?])\s+|\n[ \t]*\n\s*|\n(?=[ \t]*(?:[-*•]|\d{1,2}[.)]\s|[A-Z]))")
+_PIECE_BREAK = re.compile(
+    r"(?<=[.!])\s+|(?<=\w\?)\s+|\n[ \t]*\n\s*|\n(?=[ \t]*(?:[-*•]|\d{1,2}[.)]\s|[A-Z]))"
+)
 
 
 def read_text(report: str) -> str | None:
