@@ -402,7 +402,12 @@ def _add_label_reports(commands: argparse._SubParsersAction) -> argparse.Argumen
     )
     command.add_argument("--input", type=Path, required=True, help="the reports: .csv or .parquet")
     command.add_argument("--text-column", required=True, help="the column holding the text")
-    command.add_argument("--output", type=Path, required=True, help="the labels: .parquet")
+    command.add_argument(
+        "--output",
+        type=Path,
+        required=True,
+        help="the labels: .parquet, or .csv (the evidence as JSON text)",
+    )
     command.add_argument(
         "--agreement",
         type=Path,
@@ -420,8 +425,10 @@ def _add_label_reports(commands: argparse._SubParsersAction) -> argparse.Argumen
 
 def _label_reports(args: argparse.Namespace) -> int:
     from .operations.label_reports import (
+        ReaderWithProgress,
         ReportInputError,
         labelled_reports,
+        output_format,
         paired_labels,
         read_table,
         reference_labels,
@@ -429,14 +436,19 @@ def _label_reports(args: argparse.Namespace) -> int:
         write_labels,
     )
 
+    def progress(done: int, total: int) -> None:
+        print(f"labelled {done:,} of {total:,} distinct reports", file=sys.stderr, flush=True)
+
     try:
+        output_format(args.output)
         reports = read_table(args.input)
         require_column(reports, args.text_column, args.input, "--text-column")
         reference = reference_labels(args.agreement, args.id_column) if args.agreement else None
         # Imported once the files are known good: spaCy takes seconds to import.
         from .processing.reports.labeler import ReportLabeler
 
-        labels = labelled_reports(reports, args.text_column, args.id_column, ReportLabeler())
+        reader = ReaderWithProgress(ReportLabeler(), progress)
+        labels = labelled_reports(reports, args.text_column, args.id_column, reader)
         pairs = paired_labels(labels, reference, args.id_column) if reference is not None else None
     except ReportInputError as error:
         raise UserError(str(error)) from error

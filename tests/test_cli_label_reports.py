@@ -3,6 +3,7 @@ input row in order, the agreement with labels the user holds, one-line errors.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -157,3 +158,48 @@ def test_user_errors_are_one_line_with_exit_2(reports_csv, tmp_path, capsys, cha
     for name in names:
         assert name in err
     assert not (tmp_path / "out.parquet").exists()
+
+
+def test_the_output_format_follows_its_suffix(reports_csv, tmp_path):
+    assert label(reports_csv, tmp_path / "out.csv") == 0
+    table = pd.read_csv(tmp_path / "out.csv")
+    assert list(table.columns) == ["id", *REPORT_LABEL_COLUMNS, "report_label_evidence"]
+    assert table["id"].tolist() == REPORTS["id"].tolist()
+    assert table["report_label_pleural_effusion"].iloc[0] == 1
+    evidence = json.loads(table["report_label_evidence"].iloc[1])
+    assert [(e["observation"], e["value"]) for e in evidence] == [("pneumonia", -1)]
+    assert label(reports_csv, tmp_path / "out.parquet") == 0
+    check_output(tmp_path / "out.parquet")
+
+
+@pytest.mark.parametrize(
+    ("input_text", "output", "names"),
+    [
+        ("id,text\nr1,No effusion.\n", "out.json", ["out.json", ".parquet", ".csv"]),
+        ("id,text\nr1,No effusion.\n", "out", ["suffix"]),
+        ("", "out.parquet", ["reports.csv", "empty"]),
+        ("id,text\n", "out.parquet", ["reports.csv", "no rows"]),
+    ],
+)
+def test_a_wrong_output_or_empty_input_is_one_line(tmp_path, capsys, input_text, output, names):
+    source = tmp_path / "reports.csv"
+    source.write_text(input_text)
+    assert label(source, tmp_path / output) == 2
+    err = one_line_error(capsys)
+    for name in names:
+        assert name in err
+    assert not (tmp_path / output).exists()
+
+
+def test_many_reports_print_progress(tmp_path, capsys, monkeypatch):
+    from radharmony_pipeline.operations import label_reports
+
+    monkeypatch.setattr(label_reports, "PROGRESS_EVERY", 2)
+    source = tmp_path / "many.csv"
+    texts = [f"Small left effusion number {i}." for i in range(5)]
+    pd.DataFrame({"id": range(5), "text": texts}).to_csv(source, index=False)
+    assert label(source, tmp_path / "out.parquet") == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "labelled" in line]
+    assert lines == [f"labelled {n} of 5 distinct reports" for n in (2, 4, 5)]
+    table = pq.read_table(tmp_path / "out.parquet").to_pandas()
+    assert table["report_label_pleural_effusion"].eq(1).all()

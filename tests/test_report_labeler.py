@@ -249,3 +249,20 @@ def test_agreement_scores_without_a_class_is_nan_and_bad_values_are_named():
     with pytest.raises(ValueError, match="3 rows"):
         agreement_scores(frame(edema=[1, 1, 1]), reference)
     assert "negation F1" in format_agreement(agreement_scores(reference, reference))
+
+
+def test_the_version_follows_every_phrase_rule_and_library():
+    from importlib.metadata import version
+
+    from radharmony_pipeline.processing.reports import labeler_version as module
+
+    here = Path(module.__file__).parent
+    texts = {name: (here / name).read_text() for name in module.RULE_MODULES}
+    libraries = {name: version(name) for name in module.RULE_LIBRARIES}
+    assert module.labeler_version(texts, libraries) == module.LABELER_VERSION
+    edited = dict(texts, **{"phrases.py": texts["phrases.py"].replace('"fx",', '"fx.",')})
+    assert module.labeler_version(edited, libraries) != module.LABELER_VERSION
+    rule = dict(texts, **{"sections.py": texts["sections.py"] + "\n# another rule\n"})
+    assert module.labeler_version(rule, libraries) != module.LABELER_VERSION
+    newer = dict(libraries, negspacy="99.0")
+    assert module.labeler_version(texts, newer) != module.LABELER_VERSION

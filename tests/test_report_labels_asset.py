@@ -4,6 +4,7 @@ table with a note when it is not, and the checks and metadata of each."""
 
 from __future__ import annotations
 
+from importlib.metadata import version as metadata_version
 from pathlib import Path
 
 import dagster as dg
@@ -11,8 +12,15 @@ import pandas as pd
 import pytest
 
 from radharmony_pipeline.definitions import defs
+from radharmony_pipeline.defs.assets import report_labels as report_labels_asset
 from radharmony_pipeline.defs.assets.source_files import source_files
 from radharmony_pipeline.defs.resources import DatasetsResource, pipeline_resources
+from radharmony_pipeline.processing.reports.labeler_version import (
+    LABELER_VERSION,
+    RULE_LIBRARIES,
+    RULE_MODULES,
+    labeler_version,
+)
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.tables.table_schemas import (
     MIMIC_CHEXPERT,
@@ -23,6 +31,7 @@ from radharmony_pipeline.sources.mimic_chexpert import CHEXPERT_NAMES
 from radharmony_pipeline.vocabulary import REPORT_OBSERVATIONS
 
 pytestmark = pytest.mark.build
+RULES = Path(report_labels_asset.__file__).parents[2] / "processing" / "reports"
 
 _ASSETS = [d for d in defs.assets if not isinstance(d, dg.SourceAsset) and d is not source_files]
 # The index and labels without their suites (GX), then the report labels with their checks.
@@ -135,3 +144,20 @@ def test_a_dataset_without_reports_has_an_empty_table(tiny_root, tmp_path):
     result = materialize(tiny_root, tmp_path / "output", "chestx_det.test")
     assert read(tmp_path / "output", "report_labels", "chestx_det.test").empty
     assert "has no reports" in metadata(result)["note"]
+
+
+def test_a_changed_phrase_rereads_every_report_at_the_next_run(tiny_root, tmp_path, monkeypatch):
+    partition = "rexgradient.test"
+    output = tmp_path / "output"
+    first = metadata(materialize(tiny_root, output, partition))
+    assert first["labeler_version"] == LABELER_VERSION
+    # The version of the same rules with one phrase list edited.
+    texts = {name: (RULES / name).read_text() for name in RULE_MODULES}
+    texts["phrases.py"] = texts["phrases.py"].replace('"cardiomegally",', '"cardiomegaly!",')
+    libraries = {name: metadata_version(name) for name in RULE_LIBRARIES}
+    edited = labeler_version(texts, libraries)
+    assert edited != LABELER_VERSION
+    monkeypatch.setattr(report_labels_asset, "LABELER_VERSION", edited)
+    again = metadata(materialize(tiny_root, output, partition))
+    assert (again["labelled"], again["reused"]) == (first["distinct_reports"], 0)
+    assert set(read(output, "report_labels", partition)["report_labeler_version"]) == {edited}

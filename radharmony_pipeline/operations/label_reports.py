@@ -3,7 +3,10 @@ file), and its agreement with labels the user holds for the same reports."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import pyarrow as pa
@@ -19,8 +22,15 @@ from ..processing.reports.report_table import (
 from ..processing.storage.atomic import write_atomically
 from ..processing.tables.table_schemas import REPORT_LABEL_PREFIX
 
+if TYPE_CHECKING:
+    from ..processing.reports.labeler import ReportReading
+
 # Input formats by file suffix (lower case).
 READERS = {".csv": "csv", ".csv.gz": "csv", ".parquet": "parquet", ".pq": "parquet"}
+# Output formats by file suffix (lower case).
+WRITERS = {".parquet": "parquet", ".csv": "csv"}
+# Inputs with more distinct reports than this get a progress line per this many reports.
+PROGRESS_EVERY = 10_000
 
 
 class ReportInputError(ValueError):
@@ -38,10 +48,46 @@ def read_table(path: Path) -> pd.DataFrame:
         raise ReportInputError(f"{path}: no such file")
     try:
         if kind == "csv":
-            return pd.read_csv(path, dtype="string", keep_default_na=False, na_values=[""])
-        return pq.read_table(path).to_pandas()
+            frame = pd.read_csv(path, dtype="string", keep_default_na=False, na_values=[""])
+        else:
+            frame = pq.read_table(path).to_pandas()
+    except pd.errors.EmptyDataError as error:
+        raise ReportInputError(
+            f"{path}: the file is empty; give a header and one row per report"
+        ) from error
     except (pd.errors.ParserError, pa.ArrowInvalid, UnicodeDecodeError, OSError) as error:
         raise ReportInputError(f"{path}: not a readable {kind} file ({error})") from error
+    if frame.empty:
+        raise ReportInputError(f"{path}: no rows under the header; give one row per report")
+    return frame
+
+
+def output_format(path: Path) -> str:
+    """The format the output's suffix names; a one-line error for any other suffix."""
+    kind = next((k for s, k in WRITERS.items() if path.name.lower().endswith(s)), None)
+    if kind is None:
+        raise ReportInputError(
+            f"{path}: the output's suffix names its format; use one of {', '.join(WRITERS)}"
+        )
+    return kind
+
+
+class ReaderWithProgress:
+    """A report reader that reads many texts in slices and reports after each:
+    `progress(done, total)`."""
+
+    def __init__(self, reader: ReportReader, progress: Callable[[int, int], None]):
+        self.reader = reader
+        self.progress = progress
+
+    def read_many(self, texts: Sequence[str]) -> list[ReportReading]:
+        if len(texts) <= PROGRESS_EVERY:
+            return self.reader.read_many(texts)
+        readings: list[ReportReading] = []
+        for first in range(0, len(texts), PROGRESS_EVERY):
+            readings += self.reader.read_many(texts[first : first + PROGRESS_EVERY])
+            self.progress(len(readings), len(texts))
+        return readings
 
 
 def require_column(frame: pd.DataFrame, column: str, path: Path, option: str) -> None:
@@ -66,7 +112,18 @@ def labelled_reports(
 
 
 def write_labels(frame: pd.DataFrame, output: Path) -> None:
-    """The frame as one Parquet file, never visible half-written."""
+    """The frame as one Parquet or CSV file (by the output's suffix; in CSV the evidence as
+    JSON text), never visible half-written."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if output_format(output) == "csv":
+        plain = frame.assign(
+            report_label_evidence=[
+                json.dumps([dict(e) for e in evidence])
+                for evidence in frame["report_label_evidence"]
+            ]
+        )
+        write_atomically(output, lambda temporary: plain.to_csv(temporary, index=False))
+        return
     table = pa.Table.from_pandas(frame, preserve_index=False)
     # pandas cannot read its own name of the evidence's Arrow type back: the pandas metadata
     # of a plain object column instead (the labels keep their nullable Int8).
@@ -74,7 +131,6 @@ def write_labels(frame: pd.DataFrame, output: Path) -> None:
     table = table.replace_schema_metadata(
         pa.Table.from_pandas(plain, preserve_index=False).schema.metadata
     )
-    output.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(output, lambda temporary: pq.write_table(table, temporary))
 
 
