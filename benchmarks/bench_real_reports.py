@@ -23,8 +23,8 @@ from pathlib import Path
 import pandas as pd
 
 from radharmony_pipeline.processing.reports.agreement import positive_scores
+from radharmony_pipeline.processing.reports.label_files import label_columns
 from radharmony_pipeline.processing.reports.labeler import ReportLabeler
-from radharmony_pipeline.processing.reports.report_table import observation_of
 from radharmony_pipeline.vocabulary import NEGATIVE, POSITIVE, UNCERTAIN
 
 # The diseases ChestX-ray8 (Wang et al. 2017, Table 2) scored its labeler on, with its F1.
@@ -58,12 +58,7 @@ def report_text(findings: object, impression: object) -> str:
 
 def gold_labels(frame: pd.DataFrame) -> pd.DataFrame:
     """The gold columns as report observations (1 present, 0 not coded)."""
-    columns = {}
-    for column in frame.columns:
-        if column.startswith(GOLD_PREFIX):
-            observation = observation_of(column.removeprefix(GOLD_PREFIX))
-            if observation is not None:
-                columns[observation] = frame[column].astype(int).to_numpy()
+    columns = label_columns(frame.astype("string"), prefix=GOLD_PREFIX)
     missing = set(CHESTXRAY8_F1) - set(columns)
     if missing:
         raise SystemExit(f"no gold column for {sorted(missing)}: is this the right file?")
@@ -92,7 +87,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the figures (no text) here")
     args = parser.parse_args()
 
-    frame = pd.read_csv(args.reports)
+    frame = pd.read_csv(args.reports, dtype="string", keep_default_na=False, na_values=[""])
     gold = gold_labels(frame)
     texts = [report_text(f, i) for f, i in zip(frame["findings"], frame["impression"], strict=True)]
     readings = ReportLabeler().read_many(texts)

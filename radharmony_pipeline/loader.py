@@ -93,6 +93,7 @@ from radharmony_pipeline.processing.tables.table_schemas import REPORT_LABEL_PRE
 from radharmony_pipeline.sources import SOURCE_TYPES
 from radharmony_pipeline.vocabulary import (
     LABEL_COLUMNS,
+    UNCERTAIN,
     UNIFIED_LABELS,
     snake_case,
     unified_class,
@@ -354,7 +355,7 @@ def _class_matrix(table: pd.DataFrame, labels: str, uncertain: str) -> np.ndarra
     else:
         annotations = _label_matrix(table)
         matrix = np.where(np.isnan(annotations), _report_matrix(table), annotations)
-    return np.where(matrix == -1, np.float32(UNCERTAIN_VALUES[uncertain]), matrix)
+    return np.where(matrix == UNCERTAIN, np.float32(UNCERTAIN_VALUES[uncertain]), matrix)
 
 
 def _checked_index(index: int, length: int) -> int:

@@ -30,6 +30,25 @@ UNIFIED_LABELS: tuple[str, ...] = (
 
 LABEL_COLUMNS: tuple[str, ...] = tuple(f"label_{name}" for name in UNIFIED_LABELS)
 
+# The observation columns of CheXpert's labels (its labeler's, and the files that follow it:
+# CheXpert, CheXlocalize, MIMIC-CXR-JPG), as CheXpert spells them.
+CHEXPERT_COLUMNS: tuple[str, ...] = (
+    "No Finding",
+    "Enlarged Cardiomediastinum",
+    "Cardiomegaly",
+    "Lung Opacity",
+    "Lung Lesion",
+    "Edema",
+    "Consolidation",
+    "Pneumonia",
+    "Atelectasis",
+    "Pneumothorax",
+    "Pleural Effusion",
+    "Pleural Other",
+    "Fracture",
+    "Support Devices",
+)
+
 # A report label's values (CheXpert's): null means the observation is not mentioned.
 POSITIVE, NEGATIVE, UNCERTAIN = 1, 0, -1
 REPORT_LABEL_VALUES: tuple[int, ...] = (POSITIVE, NEGATIVE, UNCERTAIN)

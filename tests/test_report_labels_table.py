@@ -18,14 +18,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from radharmony_pipeline.processing.reports.report_table import (
+from radharmony_pipeline.processing.reports.label_files import (
+    LabelFileError,
     LabelValueError,
-    label_reports,
+    label_columns,
     observation_columns,
+    tri_state_labels,
+)
+from radharmony_pipeline.processing.reports.report_table import (
+    label_reports,
     read_texts,
     report_label_prevalence,
     text_sha256,
-    tri_state_labels,
     unmentioned_share,
 )
 from radharmony_pipeline.processing.tables.table_schemas import (
@@ -200,14 +204,29 @@ def test_prevalence_and_unmentioned_reports_count_distinct_texts():
     ],
 )
 def test_other_labelers_column_names_map_onto_the_observations(column, observation):
-    assert observation_columns([column, "id", "subject_id"]) == {
-        column: f"report_label_{observation}"
+    assert observation_columns([column, "id", "subject_id"]) == {column: observation}
+    assert observation_columns([f"gold_{column}", column], prefix="gold_") == {
+        f"gold_{column}": observation
     }
 
 
 def test_two_columns_naming_one_observation_are_refused():
-    with pytest.raises(ValueError, match=r"Pleural Effusion.*pleural_effusion"):
+    with pytest.raises(LabelFileError, match=r"Pleural Effusion.*pleural_effusion"):
         observation_columns(["Pleural Effusion", "pleural_effusion"])
+
+
+def test_one_parser_reads_every_label_file():
+    table = pd.DataFrame(
+        {"id": ["a", "b"], "Pleural Effusion": ["1.0", ""], "edema": ["-1", "0"]}, dtype="string"
+    )
+    labels = label_columns(table)
+    assert list(labels.columns) == ["pleural_effusion", "edema"]
+    assert labels["pleural_effusion"].tolist() == [1, pd.NA]
+    assert labels["edema"].tolist() == [-1, 0]
+    with pytest.raises(LabelFileError, match="row 3: column 'edema': 'maybe'"):
+        label_columns(table.assign(edema=["1", "maybe"]))
+    with pytest.raises(LabelFileError, match="no observation column"):
+        label_columns(table[["id"]])
 
 
 def test_tri_state_values_as_written_by_chexpert_files():

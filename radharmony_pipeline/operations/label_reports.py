@@ -12,13 +12,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..processing.reports.report_table import (
-    LabelValueError,
-    ReportReader,
-    observation_columns,
-    read_texts,
-    tri_state_labels,
-)
+from ..processing.reports.label_files import LabelFileError, label_columns
+from ..processing.reports.report_table import ReportReader, read_texts
 from ..processing.storage.atomic import write_atomically
 from ..processing.tables.table_schemas import REPORT_LABEL_PREFIX
 
@@ -141,23 +136,9 @@ def reference_labels(path: Path, id_column: str) -> pd.DataFrame:
     table = read_table(path)
     require_column(table, id_column, path, "--id-column")
     try:
-        columns = observation_columns(c for c in table.columns if c != id_column)
-    except ValueError as error:
+        frame = label_columns(table.drop(columns=[id_column])).add_prefix(REPORT_LABEL_PREFIX)
+    except LabelFileError as error:
         raise ReportInputError(f"{path}: {error}") from error
-    if not columns:
-        raise ReportInputError(
-            f"{path}: no observation column (e.g. `Pleural Effusion`, `No Finding`) beside "
-            f"{id_column!r}"
-        )
-    labels = {}
-    for column, target in columns.items():
-        try:
-            labels[target] = tri_state_labels(table[column])
-        except LabelValueError as error:
-            raise ReportInputError(
-                f"{path}: row {error.position + 2}: column {column!r}: {error}"
-            ) from error
-    frame = pd.DataFrame(labels)
     frame.index = pd.Index(table[id_column].astype("string").str.strip(), name=id_column)
     duplicated = frame.index.duplicated()
     if duplicated.any():

@@ -13,7 +13,7 @@ from ..processing.annotations.rle_text import RleTextError, validate_rle
 from ..processing.corpus.parents import parent_identity
 from ..processing.jobs.mask_jobs import MaskTarget, RleMaskJob
 from ..processing.storage.source_store import SourcePath
-from ..vocabulary import snake_case, unified_class
+from ..vocabulary import CHEXPERT_COLUMNS, snake_case, unified_class
 from .base import (
     DatasetSource,
     RowErrors,
@@ -48,22 +48,6 @@ SEGMENTED_PATHOLOGIES: tuple[str, ...] = (
     "Pleural Effusion",
     "Support Devices",
 )
-CHEXPERT_LABELS: tuple[str, ...] = (
-    "No Finding",
-    "Enlarged Cardiomediastinum",
-    "Cardiomegaly",
-    "Lung Opacity",
-    "Lung Lesion",
-    "Edema",
-    "Consolidation",
-    "Pneumonia",
-    "Atelectasis",
-    "Pneumothorax",
-    "Pleural Effusion",
-    "Pleural Other",
-    "Fracture",
-    "Support Devices",
-)
 
 # Everything up to and including the split folder is dropped: `CheXpert-v1.0/valid/` and
 # `test/` prefixes both occur, and image paths are stored relative to the split folder.
@@ -75,7 +59,7 @@ _IMAGE_PATH = r"^(patient\d+)/(study\d+)/(view\d+)_(frontal|lateral)\.jpg$"
 class CheXlocalizeSource(DatasetSource):
     key = "chexlocalize"
     synthetic_generator = "radharmony_pipeline.synthetic.chexlocalize"
-    native_classes = CHEXPERT_LABELS
+    native_classes = CHEXPERT_COLUMNS
     card = SourceCard(
         title="CheXlocalize (CheXpert validation and test images)",
         homepage="https://github.com/rajpurkarlab/cheXlocalize",
@@ -205,8 +189,8 @@ chexlocalize/
         self.require(self.image_dir(split), f"CheXpert {split} image folder")
         csv_path = self.require(self.labels_csv(split), f"CheXpert {split} labels CSV")
         self.require(self.segmentation_json(split), "CheXlocalize segmentation JSON")
-        table = read_csv(csv_path, columns=("Path", *CHEXPERT_LABELS))
-        require_columns(table, ("Path", *CHEXPERT_LABELS), csv_path)
+        table = read_csv(csv_path, columns=("Path", *CHEXPERT_COLUMNS))
+        require_columns(table, ("Path", *CHEXPERT_COLUMNS), csv_path)
         errors = RowErrors(len(table))
         parts = _parse_paths(table["Path"], csv_path, errors)
         segmentation_sizes = _segmentation_sizes(self.read_segmentations(split))
@@ -238,14 +222,14 @@ chexlocalize/
         )
         native = {
             snake_case(name): _label_values(table[name], csv_path, name, errors)
-            for name in CHEXPERT_LABELS
+            for name in CHEXPERT_COLUMNS
         }
         # Uncertain (-1) is not negative: it stays in the native column, null in the unified one.
         unified = {
             f"label_{unified_class(name)}": native[snake_case(name)].mask(
                 native[snake_case(name)] == -1
             )
-            for name in CHEXPERT_LABELS
+            for name in CHEXPERT_COLUMNS
         }
         labels = label_frame(
             index["image_id"],
@@ -331,7 +315,7 @@ chexlocalize/
             "studies": int(index["study_id"].nunique()),
             "images_with_segmentation": int(tables.labels["has_segmentation"].sum()),
             "uncertain_labels": int(
-                sum(tables.labels[snake_case(n)].eq(-1).sum() for n in CHEXPERT_LABELS)
+                sum(tables.labels[snake_case(n)].eq(-1).sum() for n in CHEXPERT_COLUMNS)
             ),
             "entries_without_the_10_pathologies": len(self.irregular_entries(_split_of(index))),
         }

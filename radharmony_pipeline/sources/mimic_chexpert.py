@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..processing.reports.report_table import LabelValueError, observation_columns, tri_state_labels
+from ..processing.reports.label_files import LabelFileError, label_columns
 from ..processing.storage import source_store
 from ..processing.storage.source_store import SourcePath
+from ..processing.tables.table_schemas import REPORT_LABEL_PREFIX
 from .base import read_csv, require_columns
 from .errors import MetadataError
 
@@ -29,17 +30,13 @@ def read_study_labels(path: SourcePath) -> pd.DataFrame:
     Int8: 1, 0, -1, null) per observation the file has."""
     table = read_csv(path, dtype="string", columns=STUDY_COLUMNS)
     require_columns(table, STUDY_COLUMNS, path)
-    observations = observation_columns(c for c in table.columns if c not in STUDY_COLUMNS)
-    if not observations:
-        raise MetadataError(
-            path, "header", "no CheXpert observation column (e.g. `Pleural Effusion`)", _FIX
-        )
-    labels = {"study_id": table["study_id"].str.strip()}
-    for column, target in observations.items():
-        try:
-            labels[target] = tri_state_labels(table[column])
-        except LabelValueError as error:
-            where = f"row {error.position + 2}"
-            raise MetadataError(path, where, f"{column}: {error}", _FIX) from error
-    frame = pd.DataFrame(labels)
+    try:
+        labels = label_columns(table.drop(columns=list(STUDY_COLUMNS)))
+    except LabelFileError as error:
+        if error.row is None:
+            raise MetadataError(path, "header", error.problem, _FIX) from error
+        problem = f"{error.column}: {error.problem}"
+        raise MetadataError(path, f"row {error.row}", problem, _FIX) from error
+    frame = labels.add_prefix(REPORT_LABEL_PREFIX)
+    frame.insert(0, "study_id", table["study_id"].str.strip())
     return frame.dropna(subset=["study_id"]).drop_duplicates("study_id").reset_index(drop=True)

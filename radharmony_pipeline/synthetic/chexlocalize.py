@@ -11,19 +11,19 @@ from pathlib import Path
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from radharmony_pipeline.sources.chexlocalize import CHEXPERT_LABELS
 from radharmony_pipeline.synthetic.encoding import jpeg_bytes
 from radharmony_pipeline.synthetic.expected import summed, write_expected_counts
 from radharmony_pipeline.synthetic.files import write_bytes, write_text
 from radharmony_pipeline.synthetic.findings import finding_polygon, polygon_mask
 from radharmony_pipeline.synthetic.radiograph import paint_findings, render_radiograph, to_uint8
 from radharmony_pipeline.synthetic.seeding import dataset_rng, image_rngs
+from radharmony_pipeline.vocabulary import CHEXPERT_COLUMNS
 
 DATASET = "chexlocalize"
 ROOTS = ("chexlocalize",)
 
 # The label CSV columns are the reader's: both sides follow the one documented header.
-LABELS = CHEXPERT_LABELS
+LABELS = CHEXPERT_COLUMNS
 # The segmentation file's pathology names, in its order; it keeps CheXpert's older name
 # "Airspace Opacity" for the label the CSV calls "Lung Opacity".
 SEGMENTED_PATHOLOGIES = (

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-from radharmony_pipeline.sources.chexlocalize import CHEXPERT_LABELS
 from radharmony_pipeline.sources.mimic_chexpert import CHEXPERT_NAMES, STUDY_COLUMNS
 from radharmony_pipeline.sources.ms_cxr import CATEGORIES, CSV_COLUMNS, CSV_NAME
 from radharmony_pipeline.synthetic.dicom import COVERING_VARIANTS, DicomIdentity, DicomVariant
@@ -27,6 +26,7 @@ from radharmony_pipeline.synthetic.identifiers import (
 )
 from radharmony_pipeline.synthetic.radiograph import paint_findings, render_radiograph, to_uint8
 from radharmony_pipeline.synthetic.seeding import dataset_rng, image_rngs
+from radharmony_pipeline.vocabulary import CHEXPERT_COLUMNS
 
 DATASET = "ms_cxr"
 ROOTS = ("ms-cxr", "mimic-cxr")
@@ -330,7 +330,7 @@ def _write_chexpert_labels(
     """`mimic-cxr-2.0.0-chexpert.csv.gz` as MIMIC-CXR-JPG ships it: per study, the CheXpert
     observations (alphabetical, as there) as 1.0 / 0.0 / -1.0 or blank. The study's grounded
     categories are positive; one other observation is negative or uncertain, the rest blank."""
-    observations = sorted(CHEXPERT_LABELS)
+    observations = sorted(CHEXPERT_COLUMNS)
     studies = {image.study: image for image in images}
     rows = []
     for study, image in sorted(studies.items()):

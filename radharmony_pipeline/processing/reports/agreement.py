@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from radharmony_pipeline.processing.reports.label_files import LabelFileError, label_columns
 from radharmony_pipeline.vocabulary import (
     NEGATIVE,
     NO_FINDING,
@@ -137,22 +138,16 @@ def reading_labels(readings: Sequence[ReportReading]) -> pd.DataFrame:
 
 def read_labelled_reports(path: str | Path) -> tuple[list[str], pd.DataFrame]:
     """A labelled set's texts and reference labels from a CSV with `id`, `text` and observation
-    columns (1 / 0 / -1 / blank)."""
-    frame = pd.read_csv(
-        path,
-        dtype={"id": str, "text": str},
-        keep_default_na=False,
-        na_values={c: [""] for c in REPORT_OBSERVATIONS},
-    )
+    columns (CheXpert's names or ours; 1 / 0 / -1 / blank)."""
+    frame = pd.read_csv(path, dtype="string", keep_default_na=False, na_values=[""])
     missing = [c for c in ("id", "text") if c not in frame.columns]
     if missing:
         raise ValueError(
             f"{path}: no column {missing[0]!r}; a labelled set has `id`, `text` "
             "and one column per observation"
         )
-    observations = [c for c in frame.columns if c in REPORT_OBSERVATIONS]
     try:
-        _label_array(frame, observations, str(path))
-    except ValueError as error:
+        labels = label_columns(frame.drop(columns=["id", "text"]))
+    except LabelFileError as error:
         raise ValueError(f"{path}: {error}") from None
-    return frame["text"].tolist(), frame[observations].astype("Int8")
+    return frame["text"].fillna("").tolist(), labels

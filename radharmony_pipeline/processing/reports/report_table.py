@@ -23,7 +23,13 @@ from radharmony_pipeline.processing.tables.table_schemas import (
     REPORT_LABELS,
     REPORT_RULES,
 )
-from radharmony_pipeline.vocabulary import REPORT_OBSERVATIONS, unified_class
+from radharmony_pipeline.vocabulary import (
+    NEGATIVE,
+    NO_FINDING,
+    POSITIVE,
+    REPORT_OBSERVATIONS,
+    UNCERTAIN,
+)
 
 if TYPE_CHECKING:
     # The labeler imports spaCy (and with it torch, when installed): only its type here, so
@@ -38,9 +44,15 @@ if TYPE_CHECKING:
 UNMENTIONED_REPORTS_LIMIT = 0.2
 
 # The observation columns except no finding, which a read text gets without any mention.
-_MENTION_COLUMNS = tuple(c for c in REPORT_LABEL_COLUMNS if c != f"{REPORT_LABEL_PREFIX}no_finding")
+_MENTION_COLUMNS = tuple(
+    c for c in REPORT_LABEL_COLUMNS if c != f"{REPORT_LABEL_PREFIX}{NO_FINDING}"
+)
 # States of a report label in the prevalence figures, by value (null: not mentioned).
-PREVALENCE_STATES: dict[str, int] = {"positive": 1, "uncertain": -1, "negative": 0}
+PREVALENCE_STATES: dict[str, int] = {
+    "positive": POSITIVE,
+    "uncertain": UNCERTAIN,
+    "negative": NEGATIVE,
+}
 
 
 class ReportReader(Protocol):
@@ -191,53 +203,6 @@ def read_texts(texts: pd.Series, reader: ReportReader) -> pd.DataFrame:
     positions[present] = codes
     per_text = pa.concat_tables([read, nothing]).take(pa.array(positions))
     return _label_frame(per_text, pd.RangeIndex(len(texts)))
-
-
-def observation_of(name: str) -> str | None:
-    """The report observation a column or class name denotes (`Pleural Effusion`,
-    `No Finding`, `report_label_edema`, `pleural_effusion`), or None when it names none."""
-    try:
-        observation = unified_class(str(name).removeprefix(REPORT_LABEL_PREFIX))
-    except KeyError:
-        return None
-    return observation if observation in REPORT_OBSERVATIONS else None
-
-
-def observation_columns(columns: Iterable[str]) -> dict[str, str]:
-    """Of `columns`, those naming a report observation: {column: report_label_<name>}.
-    Raises ValueError when two columns name the same observation."""
-    found: dict[str, str] = {}
-    for column in columns:
-        observation = observation_of(column)
-        if observation is None:
-            continue
-        target = f"{REPORT_LABEL_PREFIX}{observation}"
-        if target in found.values():
-            other = next(c for c, t in found.items() if t == target)
-            raise ValueError(f"columns {other!r} and {column!r} both name {observation}")
-        found[column] = target
-    return found
-
-
-class LabelValueError(ValueError):
-    """A label cell that is not 1, 0, -1 or blank: its row position and value."""
-
-    def __init__(self, position: int, value: object):
-        super().__init__(f"{value!r} is not 1, 0, -1 or blank")
-        self.position = position
-        self.value = value
-
-
-def tri_state_labels(values: pd.Series) -> pd.Series:
-    """Labels written as 1/0/-1 (1.0, "-1"; blank = null) as nullable Int8; raises
-    LabelValueError at the first other value."""
-    text = values.astype("string").str.strip()
-    numbers = pd.to_numeric(text.mask(text == ""), errors="coerce")
-    bad = (text.notna() & (text != "") & ~numbers.isin([1, 0, -1])).to_numpy()
-    if bad.any():
-        first = int(np.flatnonzero(bad)[0])
-        raise LabelValueError(first, values.iloc[first])
-    return pd.Series(numbers.to_numpy(dtype=float), index=values.index).astype("Int8")
 
 
 def report_label_prevalence(table: pd.DataFrame) -> dict[str, dict[str, int]]:
