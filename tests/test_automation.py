@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
 
 import dagster as dg
+import pandas as pd
 import pytest
 
 from radharmony_pipeline.definitions import build_definitions
+from radharmony_pipeline.defs.assets import report_labels as report_labels_asset
+from radharmony_pipeline.processing.reports import labeler_version
 from radharmony_pipeline.processing.tables.table_schemas import PARTITION_TABLES
 from radharmony_pipeline.sources import partition_keys
 
@@ -23,12 +27,19 @@ class Deployment:
     """The project's definitions on private data, an instance, and the automation cursor."""
 
     def __init__(self, data_root, output):
+        self.roots = (data_root, output)
         self.defs = build_definitions(data_root, output)
         self.instance = dg.DagsterInstance.ephemeral()
         self.cursor = None
 
-    def run(self, job: str, partition: str | None = None, assets: tuple[str, ...] = ()) -> None:
-        result = self.defs.resolve_job_def(job).execute_in_process(
+    def run(self, job: str | None, partition: str | None = None, assets: tuple[str, ...] = ()):
+        """One run of `job` (None: every asset, for a selection across jobs)."""
+        definition = (
+            self.defs.resolve_job_def(job)
+            if job
+            else self.defs.resolve_implicit_global_asset_job_def()
+        )
+        result = definition.execute_in_process(
             partition_key=partition,
             instance=self.instance,
             run_config=QUIET,
@@ -40,13 +51,16 @@ class Deployment:
         self.run("observe_source_files")
         return self.evaluate()
 
-    def evaluate(self) -> dict[str, set[str]]:
+    def evaluate(
+        self, keys: tuple[str, ...] = (*STAGES, "unified_manifest")
+    ) -> dict[str, set[str]]:
+        """The partitions requested of each of `keys` (the stages and the manifest)."""
         result = dg.evaluate_automation_conditions(
             defs=self.defs, instance=self.instance, cursor=self.cursor
         )
         self.cursor = result.cursor
         requested = {}
-        for key in (*STAGES, "unified_manifest"):
+        for key in keys:
             if result.get_num_requested(dg.AssetKey(key)):
                 partitions = result.get_requested_partitions(dg.AssetKey(key))
                 requested[key] = {p for p in partitions if p is not None}
@@ -97,6 +111,51 @@ def data(built):
 
 def test_nothing_changed_requests_nothing(deployment):
     assert deployment.requested_after_observation() == {}
+
+
+def test_a_new_labeler_version_relabels_every_report_and_redoes_nothing_else(
+    deployment, monkeypatch
+):
+    """The labeler's version is its asset's code version: a changed phrase list makes every
+    partition's report labels stale with what reads them (its exports and profile, then the
+    manifest, the corpus profile and the card), and no other stage."""
+    monkeypatch.setattr(labeler_version, "LABELER_VERSION", "report-rules-edited")
+    try:
+        importlib.reload(report_labels_asset)
+        deployment.defs = build_definitions(*deployment.roots)
+        every = tuple(
+            key.to_user_string()
+            for key in deployment.defs.resolve_asset_graph().get_all_asset_keys()
+        )
+        # The sensor's next tick after the new code is loaded.
+        deployment.run("observe_source_files")
+        requested = deployment.evaluate(every)
+        partitions = set(partition_keys())
+        readers = {"report_labels", "partition_profile", "huggingface_export", "webdataset_export"}
+        assert requested == dict.fromkeys(readers, partitions)
+        for partition in sorted(partitions):
+            deployment.run(None, partition, assets=tuple(sorted(readers)))
+        assert deployment.evaluate(every) == {
+            "unified_manifest": set(),
+            "corpus_profile": set(),
+            "corpus_card": set(),
+        }
+        deployment.run("manifest")
+        deployment.run("dataset_card")
+        assert deployment.evaluate(every) == {}
+        tables = deployment.roots[1] / "tables" / "report_labels"
+        versions = {
+            version
+            for path in tables.glob("*.parquet")
+            for version in pd.read_parquet(path, columns=["report_labeler_version"]).iloc[:, 0]
+        }
+        assert "report-rules-edited" in versions
+        manifest = pd.read_parquet(deployment.roots[1] / "tables" / "unified_manifest.parquet")
+        assert manifest.filter(like="report_label_").notna().any().any()
+    finally:
+        monkeypatch.undo()
+        importlib.reload(report_labels_asset)
+        deployment.defs = build_definitions(*deployment.roots)
 
 
 def test_changed_annotation_file_rebuilds_its_partition_then_the_manifest(deployment, data):

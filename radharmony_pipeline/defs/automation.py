@@ -6,8 +6,14 @@ import dagster as dg
 from .groups import CORPUS_JOINS
 
 # Downstream stages run when an upstream partition's data version changes (or is newly
-# materialized), once each upstream is present; code_version changes count as changes too.
-REBUILD_WHEN_CHANGED = dg.AutomationCondition.eager()
+# materialized), once each upstream is present; a stage whose code version changed (a new
+# report labeler: its version is derived from its rules) is rebuilt too, and what reads it
+# follows as for any change.
+# (The code version first: an operand of an "or" is evaluated only on what the operands before
+# it left false, and keeps no record of the version it last saw otherwise.)
+REBUILD_WHEN_CHANGED = (
+    dg.AutomationCondition.code_version_changed() | dg.AutomationCondition.eager()
+).with_label("its code version changed, or eager")
 
 # A partition of a stage is due for a rebuild while one of its own inputs changed after it was
 # last built (its run may not have started yet, or may be launched one stage at a time).
