@@ -20,7 +20,7 @@ from negspacy.negation import Negex  # noqa: F401  (registers the "negex" factor
 from negspacy.termsets import termset
 from spacy.language import Language
 from spacy.matcher import PhraseMatcher
-from spacy.tokens import Doc, Span, SpanGroup
+from spacy.tokens import Doc, Span
 from spacy.util import filter_spans
 
 from radharmony_pipeline.processing.reports import phrases
@@ -82,26 +82,28 @@ _ARTIFACT = "artifact"
 _DEVICE_PART = "device_part"
 _IGNORED = "ignored"
 _SUBJECT = "subject"
-# Every span group the mention finder writes, so that each exists (empty) on every doc.
-_CUE_GROUPS = (
-    _UNCERTAIN_BEFORE,
-    _UNCERTAIN_AFTER,
-    _UNCERTAIN_AFTER_NEAREST,
-    _ALTERNATIVE,
-    _CLAUSE_END,
-    _NEGATION_BEFORE,
-    _ENLARGED,
-    _NORMAL_SIZE,
-    _BORDERLINE_SIZE,
-    _QUESTION,
-    _HEDGED_ATTRIBUTION,
-    _PSEUDO_NEGATION,
-    _NOT_UNCERTAIN,
-    _ATTRIBUTION,
-    _ARTIFACT,
-    _DEVICE_PART,
-    _SUBJECT,
-    _LISTED_WITH_NORMAL_SUBJECT,
+# The span groups the mention finder writes, each only on a doc where it found such a cue.
+_CUE_GROUPS = frozenset(
+    {
+        _UNCERTAIN_BEFORE,
+        _UNCERTAIN_AFTER,
+        _UNCERTAIN_AFTER_NEAREST,
+        _ALTERNATIVE,
+        _CLAUSE_END,
+        _NEGATION_BEFORE,
+        _ENLARGED,
+        _NORMAL_SIZE,
+        _BORDERLINE_SIZE,
+        _QUESTION,
+        _HEDGED_ATTRIBUTION,
+        _PSEUDO_NEGATION,
+        _NOT_UNCERTAIN,
+        _ATTRIBUTION,
+        _ARTIFACT,
+        _DEVICE_PART,
+        _SUBJECT,
+        _LISTED_WITH_NORMAL_SUBJECT,
+    }
 )
 # Subjects named through their size, and what their enlargement and normal size state.
 _SIZE_SUBJECTS: dict[str, tuple[tuple[str, ...], tuple[str, tuple[str, ...]]]] = {
@@ -228,8 +230,8 @@ class _MentionFinder:
         for match_id, start, end in self.matcher(doc):
             kind = self.kind[match_id]
             found.setdefault(kind, []).append(Span(doc, start, end, label=strings[match_id]))
-        for kind in _CUE_GROUPS:
-            doc.spans[kind] = SpanGroup(doc, name=kind, spans=found.get(kind, []))
+        for kind in _CUE_GROUPS.intersection(found):
+            doc.spans[kind] = found[kind]
         named = filter_spans(found.get("mention", []) + found.get(_IGNORED, []))
         mentions = [span for span in named if span.label_ != _IGNORED]
         # Size statements may overlap each other ("heart and mediastinum are normal").
@@ -300,7 +302,10 @@ def _size_mentions(doc: Doc, found: dict[str, list[Span]], others: list[Span]) -
             # The subject alone, so that the findings listed with it stay mentions; they are
             # as normal as the subject is.
             if kind == _NORMAL_SIZE:
-                doc.spans[_LISTED_WITH_NORMAL_SUBJECT].extend(listed)
+                doc.spans[_LISTED_WITH_NORMAL_SUBJECT] = [
+                    *_cues(doc, _LISTED_WITH_NORMAL_SUBJECT),
+                    *listed,
+                ]
             sizes.append(Span(doc, subject.start, subject.end, label=label))
         else:
             start, end = min(subject.start, attribute.start), max(subject.end, attribute.end)
@@ -401,9 +406,14 @@ def assertion(cues: MentionCues) -> str:
     return COURSE if cues.course else POSITIVE_ASSERTION
 
 
-def _clauses(doc: Doc, ends: Iterable[Span]) -> Callable[[int], int]:
-    """token index -> the index of its clause (sentences cut at `ends`)."""
-    starts = sorted({*(sentence.start for sentence in doc.sents), *(s.start for s in ends)})
+def _cues(doc: Doc, kind: str) -> list[Span]:
+    """The spans of one kind of cue in a doc (none when the doc has no such cue)."""
+    return list(doc.spans[kind]) if kind in doc.spans else []
+
+
+def _clauses(sentence_starts: list[int], ends: Iterable[Span]) -> Callable[[int], int]:
+    """token index -> the index of its clause (the sentences cut at `ends`)."""
+    starts = sorted({*sentence_starts, *(s.start for s in ends)})
     return lambda token: bisect_right(starts, token)
 
 
@@ -413,8 +423,12 @@ class _AssertionFinder:
 
     def __call__(self, doc: Doc) -> Doc:
         mentions = list(doc.spans[MENTIONS])
-        clause = _clauses(doc, doc.spans[_CLAUSE_END])
-        cues = _mention_cues(doc, mentions, clause)
+        if not mentions:
+            doc._.report_findings = ()
+            return doc
+        sentences = list(doc.sents)
+        starts = [sentence.start for sentence in sentences]
+        cues = _mention_cues(doc, mentions, starts)
         findings = []
         for mention, mention_cues in zip(mentions, cues, strict=True):
             observations, _ = _observations_of(mention.label_)
@@ -422,7 +436,7 @@ class _AssertionFinder:
             mention._.assertion = assertion(mention_cues)
             # What a finding is explained as does not undo that it is calcified.
             kept = assertion(replace(mention_cues, explained=None))
-            sentence = mention.sent.text.strip()
+            sentence = sentences[bisect_right(starts, mention.start) - 1].text.strip()
             for name in observations:
                 said = kept if name in phrases.KEPT_WHEN_EXPLAINED else mention._.assertion
                 findings.append((name, ASSERTION_VALUES[said], sentence))
@@ -430,24 +444,20 @@ class _AssertionFinder:
         return doc
 
 
-def _mention_cues(
-    doc: Doc, mentions: list[Span], clause: Callable[[int], int]
-) -> list[MentionCues]:
+def _mention_cues(doc: Doc, mentions: list[Span], sentence_starts: list[int]) -> list[MentionCues]:
     """The cues of each mention, in order."""
-    spans = doc.spans
-    neutral = list(spans[_NOT_UNCERTAIN])
-    before = _outside(list(spans[_UNCERTAIN_BEFORE]), neutral) + list(spans[_QUESTION])
-    after = _outside(list(spans[_UNCERTAIN_AFTER]), neutral) + list(spans[_QUESTION])
-    negations = list(spans[_NEGATION_BEFORE])
-    part_ends = {span.end for span in spans[_DEVICE_PART]}
-    listed = {span.start for span in spans[_LISTED_WITH_NORMAL_SUBJECT]}
-    courses = [clause(span.start) for span in spans[_PSEUDO_NEGATION]]
+    clause = _clauses(sentence_starts, _cues(doc, _CLAUSE_END))
+    neutral = _cues(doc, _NOT_UNCERTAIN)
+    before = _outside(_cues(doc, _UNCERTAIN_BEFORE), neutral) + _cues(doc, _QUESTION)
+    after = _outside(_cues(doc, _UNCERTAIN_AFTER), neutral) + _cues(doc, _QUESTION)
+    negations = _cues(doc, _NEGATION_BEFORE)
+    part_ends = {span.end for span in _cues(doc, _DEVICE_PART)}
+    listed = {span.start for span in _cues(doc, _LISTED_WITH_NORMAL_SUBJECT)}
+    courses = [clause(span.start) for span in _cues(doc, _PSEUDO_NEGATION)]
     doubted = _alternatives(doc, mentions, clause) | _nearest_before(
-        mentions, list(spans[_UNCERTAIN_AFTER_NEAREST]), clause
+        mentions, _cues(doc, _UNCERTAIN_AFTER_NEAREST), clause
     )
-    # A relative clause explains the finding it follows: "nodule, which may be a nipple".
-    relative = _clauses(doc, [e for e in doc.spans[_CLAUSE_END] if e.text.lower() != "which"])
-    explained = _explained_away(doc, mentions, relative)
+    explained = _explained_away(doc, mentions, sentence_starts)
     cues = []
     for index, mention in enumerate(mentions):
         own = clause(mention.start)
@@ -477,15 +487,18 @@ def _outside(cues: list[Span], neutral: list[Span]) -> list[Span]:
     return [c for c in cues if not any(n.start <= c.start < n.end for n in neutral)]
 
 
-def _explained_away(doc: Doc, mentions: list[Span], clause: Callable[[int], int]) -> dict[int, str]:
+def _explained_away(doc: Doc, mentions: list[Span], sentence_starts: list[int]) -> dict[int, str]:
     """Mention index -> NEGATED for mentions that a link in their clause attributes to
     technique, overlying tissue or a benign structure; UNCERTAIN when a hedge sits between the
     mention and the cause ("likely due to", "may represent")."""
-    causes = list(doc.spans[_ARTIFACT])
-    links = list(doc.spans[_ATTRIBUTION]) + list(doc.spans[_HEDGED_ATTRIBUTION])
+    causes = _cues(doc, _ARTIFACT)
+    links = _cues(doc, _ATTRIBUTION) + _cues(doc, _HEDGED_ATTRIBUTION)
     if not links or not causes:
         return {}
-    hedges = [*doc.spans[_HEDGED_ATTRIBUTION], *doc.spans[_UNCERTAIN_BEFORE]]
+    hedges = [*_cues(doc, _HEDGED_ATTRIBUTION), *_cues(doc, _UNCERTAIN_BEFORE)]
+    # A relative clause explains the finding it follows: "nodule, which may be a nipple".
+    ends = [end for end in _cues(doc, _CLAUSE_END) if end.text.lower() != "which"]
+    clause = _clauses(sentence_starts, ends)
     explained = {}
     for index, mention in enumerate(mentions):
         for link in links:
@@ -503,10 +516,10 @@ def _alternatives(doc: Doc, mentions: list[Span], clause: Callable[[int], int]) 
     after a denial or a course phrase in its clause joins a list instead ("no change in the
     pneumothorax or the effusion"), and a side that only describes ("atelectasis or
     scarring") leaves the other side standing."""
-    lists = [*doc.spans[_NEGATION_BEFORE], *doc.spans[_PSEUDO_NEGATION]]
+    lists = [*_cues(doc, _NEGATION_BEFORE), *_cues(doc, _PSEUDO_NEGATION)]
     uncertain: set[int] = set()
     reach = phrases.ALTERNATIVE_REACH
-    for word in doc.spans[_ALTERNATIVE]:
+    for word in _cues(doc, _ALTERNATIVE):
         own = clause(word.start)
         if any(c.start < word.start and clause(c.start) == own for c in lists):
             continue
