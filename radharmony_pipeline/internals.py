@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from upath import UPath
 from upath.implementations.cloud import S3Path
 
+from .processing.storage.retry_policy import RETRY_OPTION, with_retries
+
 if TYPE_CHECKING:
     import dagster as dg
     from dagster._core.execution.execution_result import ExecutionResult
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
     from dagster._core.storage.dagster_run import DagsterRun
 
 __all__ = [
-    "RETRY_OPTION",
     "RetriedPartitionsFolderLookup",
     "add_webdataset_opener",
     "concurrency_run_ids",
@@ -137,9 +138,6 @@ class RetriedPartitionsFolderLookup:
     partitioned asset's folder goes, made under the path's retry policy."""
 
     def _handle_transition_to_partitioned_asset(self, context: Any, path: UPath) -> None:
-        # store.py imports this module for its s3 path: imported when a look-up is made.
-        from .processing.storage.store import with_retries
-
         parent = super()
         with_retries(
             path,
@@ -157,10 +155,8 @@ class RetriedPartitionsFolderLookup:
 # be used without registering it as upath's s3 implementation, which would replace every
 # s3:// UPath of the process. upath 0.3 deprecates that switch for `upath.extensions.ProxyUPath`,
 # which wraps a path but cannot change the filesystem the wrapped path makes. Waits for: a
-# public filesystem-factory hook in universal-pathlib (none in 0.3).
-
-# The storage option that carries the retry policy with a path; s3fs never sees it.
-RETRY_OPTION = "radharmony_retry_policy"
+# public filesystem-factory hook in universal-pathlib (none in 0.3). The option, RETRY_OPTION,
+# is the retry policy's own (processing/storage/retry_policy.py).
 
 
 class _RetryPolicyS3Path(S3Path):

@@ -78,10 +78,10 @@ from radharmony_pipeline.processing.corpus.parents import (
 from radharmony_pipeline.processing.storage.layout_migration import refuse_unfinished_migration
 from radharmony_pipeline.processing.storage.output_layout import root_of_table_file
 from radharmony_pipeline.processing.storage.packed_rows import PackedRowReader, read_layout
+from radharmony_pipeline.processing.storage.retry_policy import is_local
 from radharmony_pipeline.processing.storage.store import (
     OutputPath,
     exists,
-    is_local,
     open_for_reading,
     output_path,
 )

@@ -324,10 +324,8 @@ def test_a_waiting_run_is_told_who_holds_the_slot_and_dead_holders_are_freed():
 
 
 def test_temporary_files_of_a_live_writer_are_never_removed(tmp_path):
-    from radharmony_pipeline.processing.storage.atomic import (
-        remove_orphaned_temporaries,
-        temporary_sibling,
-    )
+    from radharmony_pipeline.processing.storage.atomic import temporary_sibling
+    from radharmony_pipeline.processing.storage.store import remove_orphaned_temporaries
 
     live = temporary_sibling(tmp_path / "a.png")  # named after this (live) process
     live.write_bytes(b"x")

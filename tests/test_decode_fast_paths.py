@@ -22,16 +22,16 @@ from pydicom.pixels import apply_modality_lut, apply_voi_lut, apply_windowing
 from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, JPEGLosslessSV1, RLELossless
 from test_decode import write_dicom
 
-from radharmony_pipeline.processing.imaging.decode import (
-    decode_grayscale,
-    reduce_stored_values,
-    uneven_reduction_factor,
-)
+from radharmony_pipeline.processing.imaging.decode import decode_grayscale
 from radharmony_pipeline.processing.imaging.geometry import (
     letterbox_geometry,
     reduce_by_area,
     reduce_with_partial_blocks,
     resize_image,
+)
+from radharmony_pipeline.processing.imaging.pixels import (
+    reduce_stored_values,
+    uneven_reduction_factor,
 )
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8, to_unsigned
 

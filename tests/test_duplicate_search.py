@@ -1,10 +1,12 @@
-"""The exact hash search on look-alike radiographs (against brute force) and the confirmation
-of hash matches on pixels: copies of every kind pass, different look-alike films fail."""
+"""The exact hash search within one set of hashes and between two, on look-alike radiographs
+and random hashes (against brute force), and the confirmation of hash matches on pixels:
+copies of every kind pass, different look-alike films fail, whichever film comes first."""
 
 from __future__ import annotations
 
 import functools
 
+import cv2
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,6 +16,7 @@ from radharmony_pipeline.processing.corpus.duplicates import (
     near_duplicate_members,
 )
 from radharmony_pipeline.processing.imaging.film_similarity import (
+    GRID,
     SAME_FILM_MIN_CORRELATION,
     film_similarity,
     film_structure,
@@ -21,8 +24,11 @@ from radharmony_pipeline.processing.imaging.film_similarity import (
 )
 from radharmony_pipeline.processing.imaging.perceptual_hash import (
     DEFAULT_RADIUS,
+    SEARCH_BLOCKS,
     brute_force_pairs,
+    brute_force_pairs_between,
     close_pairs,
+    close_pairs_between,
     hashes_to_words,
     perceptual_hash,
     pixels_sha256,
@@ -107,14 +113,62 @@ def test_look_alike_hashes_are_skewed_like_radiographs():
     assert widest > len(words) // 20
 
 
+@pytest.mark.parametrize("radius", [DEFAULT_RADIUS, 9, 7, 0])
+def test_search_between_equals_brute_force_on_look_alike_hashes(radius):
+    # Children against a parent dataset: some children are in it (distance 0), repeated.
+    words = look_alike_words(3_000)
+    queries = np.concatenate([words[:1_000], words[:40]])
+    targets = np.concatenate([words[1_000:], words[:60], words[:30]])
+    found = close_pairs_between(queries, targets, radius)
+    expected = brute_force_pairs_between(queries, targets, radius)
+    assert _pair_set(found) == _pair_set(expected)
+    assert len(expected) > 100  # the test can fail
+    if radius == DEFAULT_RADIUS:
+        assert found.compared < len(queries) * len(targets) // 10
+
+
+def _random_with_copies(rng: np.random.Generator, originals: int, copies: int) -> np.ndarray:
+    """Uniform random hashes and copies of them 0 to 15 bits away, shuffled."""
+    words = rng.integers(0, 2**64, size=(originals, 4), dtype=np.uint64)
+    sources = words[rng.integers(0, originals, copies)]
+    flips = np.zeros((copies, 256), dtype=bool)
+    for row in range(copies):
+        flips[row, rng.choice(256, rng.integers(0, DEFAULT_RADIUS + 1), replace=False)] = True
+    planted = sources ^ np.packbits(flips, axis=1).view(">u8").astype(np.uint64)
+    return rng.permutation(np.concatenate([words, planted]))
+
+
+@pytest.mark.parametrize("radius", [0, 3, SEARCH_BLOCKS - 1, SEARCH_BLOCKS, 12, DEFAULT_RADIUS])
+def test_both_searches_equal_brute_force_on_random_hashes(radius):
+    rng = np.random.default_rng(radius)
+    words = _random_with_copies(rng, 300, 700)
+    distinct = np.unique(words, axis=0)
+    within = brute_force_pairs(distinct, radius)
+    assert _pair_set(close_pairs(distinct, radius)) == _pair_set(within)
+    queries, targets = words[:400], words[400:]
+    between = brute_force_pairs_between(queries, targets, radius)
+    assert _pair_set(close_pairs_between(queries, targets, radius)) == _pair_set(between)
+    assert len(between) > 20 and (radius == 0 or len(within) > 20)  # the test can fail
+    if radius >= SEARCH_BLOCKS:  # pairs only the one-bit neighbouring block values find
+        assert (between.bits >= SEARCH_BLOCKS).any() and (within.bits >= SEARCH_BLOCKS).any()
+
+
 def test_radius_beyond_the_search_is_refused():
     with pytest.raises(ValueError, match="radius"):
         close_pairs(np.zeros((2, 4), dtype=np.uint64), radius=16)
+    with pytest.raises(ValueError, match="radius"):
+        close_pairs_between(np.zeros((2, 4), np.uint64), np.zeros((2, 4), np.uint64), radius=16)
 
 
 def test_fewer_than_two_hashes_have_no_pairs():
     assert len(close_pairs(np.zeros((1, 4), dtype=np.uint64))) == 0
     assert len(close_pairs(np.zeros((0, 4), dtype=np.uint64))) == 0
+
+
+def test_no_queries_or_no_targets_have_no_pairs():
+    one, none = np.zeros((1, 4), dtype=np.uint64), np.zeros((0, 4), dtype=np.uint64)
+    assert len(close_pairs_between(none, one)) == len(close_pairs_between(one, none)) == 0
+    assert len(close_pairs_between(one, one)) == 1
 
 
 @functools.cache
@@ -155,6 +209,40 @@ def test_different_look_alike_films_are_not_the_same_film():
     for first, second, _ in closest:
         a, b = film_structure(_content(_film(first))), film_structure(_content(_film(second)))
         assert not same_film(a, b), (first, second, film_similarity(a, b))
+
+
+def _near_copy(structure: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The structure rescaled and shifted about the warp's bounds, with a little noise."""
+    scale = rng.uniform(0.86, 1.14)
+    warp = np.array([[scale, 0, 0], [0, scale, 0]], dtype=np.float32)
+    warp[:, 2] = GRID / 2 * (1 - scale) + rng.uniform(-8, 8, 2)
+    moved = cv2.warpAffine(structure, warp, (GRID, GRID), borderMode=cv2.BORDER_REFLECT)
+    return (moved + rng.normal(0, rng.uniform(0, 0.02), moved.shape)).astype(np.float32)
+
+
+def test_same_film_is_the_same_either_way_round():
+    # A seeded property test (hypothesis is not a dependency): random pairs of different
+    # films, of a film and itself, of a film and noise, and many near-identical pairs.
+    rng = np.random.default_rng(2024)
+    films = [film_structure(_content(_film(i))) for i in range(8)]
+    disagreeing = 0
+    for _ in range(200):
+        first = films[rng.integers(len(films))]
+        kind = rng.integers(5)
+        if kind == 0:
+            second = films[rng.integers(len(films))]
+        elif kind == 1:
+            second = rng.normal(0, first.std(), first.shape).astype(np.float32)
+        else:
+            second = _near_copy(first, rng)
+        forward = film_similarity(first, second) >= SAME_FILM_MIN_CORRELATION
+        backward = film_similarity(second, first) >= SAME_FILM_MIN_CORRELATION
+        assert same_film(first, second) == same_film(second, first)
+        if forward == backward:  # the answer stays where the two directions agree
+            assert same_film(first, second) == forward
+        disagreeing += forward != backward
+    # The sample holds pairs the one-way comparison answered two ways: the test can fail.
+    assert disagreeing > 0
 
 
 def test_a_flat_image_is_no_film():

@@ -19,11 +19,12 @@ from upath.registry import get_upath_class
 
 import radharmony_pipeline
 from radharmony_pipeline import internals
-from radharmony_pipeline.processing.storage.store import (
+from radharmony_pipeline.processing.storage.retry_policy import (
+    RETRY_OPTION,
     RetryPolicy,
-    output_path,
     retry_policy_of,
 )
+from radharmony_pipeline.processing.storage.store import output_path
 
 PACKAGE = Path(radharmony_pipeline.__file__).parent
 # webdataset's package-level `gopen` is the function; its table of openers is the module's.
@@ -153,7 +154,7 @@ def test_an_object_store_path_keeps_its_retry_policy_and_keeps_it_from_s3fs():
         assert isinstance(path, S3Path), type(path)
         assert retry_policy_of(path) == policy, path
     fs = (root / "tables").fs
-    assert internals.RETRY_OPTION not in fs.storage_options
+    assert RETRY_OPTION not in fs.storage_options
     assert fs.retries == 1
     # A path made outside the storage layer is upath's own, with s3fs's own retries.
     plain = UPath("s3://bucket/prefix", anon=True)

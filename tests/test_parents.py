@@ -22,10 +22,12 @@ from radharmony_pipeline.processing.corpus.parent_fingerprints import (
     parent_image_jobs,
 )
 from radharmony_pipeline.processing.corpus.parents import (
+    PARENT_MATCH_RADIUS,
     ParentLeaks,
     match_to_parents,
     patient_disjoint_by_parent,
 )
+from radharmony_pipeline.processing.imaging.perceptual_hash import hamming, hashes_to_words
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.source_store import tree_states
 from radharmony_pipeline.sources import MetadataError, SourceLocation, open_source
@@ -332,6 +334,50 @@ def test_ambiguous_when_two_parents_hold_the_same_pixels():
     assert links.loc[0, "match"] == "ambiguous"
     assert pd.isna(links.loc[0, "parent_image_id"])
     assert list(links.loc[0, "candidates"]) == ["n1", "n2"]
+
+
+def test_near_links_are_every_parent_within_the_radius():
+    # Random hashes and copies 0 to 15 bits away, children against parents: each child's
+    # link is what comparing it with every parent finds (the search is exact).
+    rng = np.random.default_rng(5)
+    words = rng.integers(0, 2**64, size=(300, 4), dtype=np.uint64)
+    flips = np.zeros((500, 256), dtype=bool)
+    for row in range(500):
+        flips[row, rng.choice(256, rng.integers(0, 16), replace=False)] = True
+    copies = words[rng.integers(0, 300, 500)] ^ np.packbits(flips, axis=1).view(">u8")
+    hexes = [row.astype(">u8").tobytes().hex() for row in np.concatenate([words, copies])]
+    order = rng.permutation(len(hexes))
+    parent_rows, child_rows = order[:500], order[500:]
+    parents = pd.DataFrame(
+        {
+            "parent_image_id": [f"n{i}" for i in parent_rows],
+            "source_sha256": [f"s{i}" for i in parent_rows],
+            "pixels_sha256": [f"p{i}" for i in parent_rows],
+            "perceptual_hash": [hexes[i] for i in parent_rows],
+        }
+    )
+    children = pd.DataFrame(
+        {
+            "image_id": [f"c{i}" for i in child_rows],
+            "source_sha256": [f"cs{i}" for i in child_rows],
+            "pixels_sha256": [f"cp{i}" for i in child_rows],
+            "perceptual_hash": [hexes[i] for i in child_rows],
+        }
+    )
+    parent_words = hashes_to_words(parents["perceptual_hash"])
+    child_words = hashes_to_words(children["perceptual_hash"])
+    for radius in (0, 7, PARENT_MATCH_RADIUS, 15):
+        links = match_to_parents(children, parents, radius)
+        for child, row in zip(child_words, links.itertuples(), strict=True):
+            distance = hamming(parent_words, child[None, :])
+            close = np.flatnonzero(distance <= radius)
+            assert list(row.candidates) == sorted(parents["parent_image_id"].iloc[close])
+            if len(close):
+                assert row.distance == distance[close].min()
+                assert row.match == ("near" if len(close) == 1 else "ambiguous")
+            else:
+                assert row.match == "unmatched" and pd.isna(row.distance)
+        assert (links["match"] == "near").sum() > 10  # the test can fail
 
 
 def test_patient_disjoint_keeps_train_and_unknown_patients():

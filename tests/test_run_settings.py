@@ -3,6 +3,7 @@ validated once; the executor chosen there; nothing below defs/ reads the environ
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 import radharmony_pipeline
 from radharmony_pipeline import settings
 from radharmony_pipeline.defs.resources import pipeline_resources
-from radharmony_pipeline.defs.run_settings import RunSettingsResource
+from radharmony_pipeline.defs.run_settings import RunSettingsResource, validate_environment
 from radharmony_pipeline.processing.execution.cluster import DaskCluster, LocalPool
 from radharmony_pipeline.processing.execution.parallel import map_with_time_limit
 from radharmony_pipeline.processing.execution.supervised import TimeLimit
@@ -160,3 +161,128 @@ def test_the_definitions_carry_the_run_settings(clean) -> None:
     definitions = build_definitions()
     assert isinstance(definitions, dg.Definitions)
     assert isinstance(definitions.resources["run_settings"], RunSettingsResource)
+
+
+# --- settings.py's parsers: blank means the default, a bad value names its variable -----------
+
+
+@pytest.mark.parametrize("variable", list(settings.PARSERS))
+@pytest.mark.parametrize("blank", ["", "   ", "\t"])
+def test_a_blank_variable_means_the_default(variable, blank) -> None:
+    parse = settings.PARSERS[variable]
+    assert parse({variable: blank}) == parse({})
+    settings.validate_settings({variable: blank})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        # Numbers within bounds.
+        (settings.IMAGE_SIZE_VARIABLE, "0"),
+        (settings.IMAGE_SIZE_VARIABLE, str(settings.MAX_IMAGE_SIZE + 1)),
+        (settings.IMAGE_SIZE_VARIABLE, "big"),
+        (settings.WORKERS_VARIABLE, "0"),
+        (settings.WORKERS_VARIABLE, "1.5"),
+        (settings.TIMEOUT_VARIABLE, "inf"),
+        (settings.TIMEOUT_VARIABLE, "nan"),
+        (settings.UNREADABLE_LIMIT_VARIABLE, "-0.1"),
+        (settings.UNREADABLE_LIMIT_VARIABLE, "half"),
+        # Choices.
+        (settings.STRICT_VARIABLE, "2"),
+        (settings.PARENT_LEAKS_VARIABLE, "error"),
+        # Cron schedules.
+        (settings.OBSERVE_CRON_VARIABLE, "nightly"),
+        (settings.OBSERVE_CRON_VARIABLE, "0 2 * *"),
+        (settings.OBSERVE_CRON_VARIABLE, "0 2 * * * *"),
+        (settings.OBSERVE_CRON_VARIABLE, "0 25 * * *"),
+        (settings.OBSERVE_CRON_VARIABLE, "0 2 0 * *"),
+        (settings.OBSERVE_CRON_VARIABLE, "*/0 2 * * *"),
+        (settings.OBSERVE_CRON_VARIABLE, "0 2 * foo *"),
+    ],
+)
+def test_a_bad_value_of_each_kind_is_refused_naming_the_variable(variable, value) -> None:
+    with pytest.raises(settings.ConfigurationError, match=f"^{variable} must be "):
+        settings.PARSERS[variable]({variable: value})
+    with pytest.raises(settings.ConfigurationError, match=variable):
+        settings.validate_settings({variable: value})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        (
+            settings.IMAGE_SIZE_VARIABLE,
+            " 0",
+            "RADHARMONY_IMAGE_SIZE must be a whole number of pixels from 1 to 8192, got ' 0'",
+        ),
+        (
+            settings.WORKERS_VARIABLE,
+            "two",
+            "RADHARMONY_WORKERS must be a positive integer, got 'two'",
+        ),
+        (
+            settings.TIMEOUT_VARIABLE,
+            "-1",
+            "RADHARMONY_JOB_TIMEOUT must be a positive number of seconds per image, got '-1'",
+        ),
+        (
+            settings.UNREADABLE_LIMIT_VARIABLE,
+            "1.5",
+            "RADHARMONY_UNREADABLE_LIMIT must be a share from 0 to 1 (e.g. 0.5), got '1.5'",
+        ),
+        (
+            settings.STRICT_VARIABLE,
+            " Maybe",
+            "RADHARMONY_STRICT must be 1 or 0 (true or false), got 'maybe'",
+        ),
+        (
+            settings.PARENT_LEAKS_VARIABLE,
+            "Never ",
+            "RADHARMONY_PARENT_LEAKS must be warn or block, got 'never'",
+        ),
+        (
+            settings.OBSERVE_CRON_VARIABLE,
+            "0 24 * * *",
+            "RADHARMONY_OBSERVE_CRON must be a cron schedule of five fields (minute hour "
+            "day-of-month month day-of-week, e.g. '0 2 * * *'), got '0 24 * * *': croniter "
+            "cannot read it",
+        ),
+    ],
+)
+def test_each_message_names_the_variable_the_rule_and_the_value(variable, value, message) -> None:
+    with pytest.raises(settings.ConfigurationError) as refused:
+        settings.PARSERS[variable]({variable: value})
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize(
+    "cron",
+    [
+        "0 2 * * *",
+        " 30 1 * * 1-5 ",
+        "*/15 0-6/2 1,15 jan-mar mon-fri",
+        "0 3 L * ?",
+        "0 3 * * sun#1",
+        "@daily",
+    ],
+)
+def test_a_valid_cron_is_the_schedule(cron) -> None:
+    variable = settings.OBSERVE_CRON_VARIABLE
+    assert settings.observe_cron({variable: cron}) == cron.strip()
+
+
+def test_unset_settings_are_their_defaults() -> None:
+    assert settings.image_size({}) == settings.DEFAULT_IMAGE_SIZE
+    assert settings.worker_count({}) == (os.cpu_count() or 1)
+    assert settings.job_timeout({}) == settings.DEFAULT_TIMEOUT_SECONDS
+    assert settings.dask_scheduler({}) is None
+    assert settings.strict_mode({}) is False
+    assert settings.unreadable_limit({}) == settings.DEFAULT_UNREADABLE_LIMIT
+    assert settings.parent_leaks({}) == settings.DEFAULT_PARENT_LEAKS
+    assert settings.observe_cron({}) == settings.DEFAULT_OBSERVE_CRON
+
+
+def test_a_bad_cron_stops_the_definitions_before_they_load(clean) -> None:
+    clean.setenv(settings.OBSERVE_CRON_VARIABLE, "every night")
+    with pytest.raises(settings.ConfigurationError, match=settings.OBSERVE_CRON_VARIABLE):
+        validate_environment()

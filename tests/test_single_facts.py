@@ -1,6 +1,6 @@
 """Vocabulary words written once: an AST scan of the package finds the union mask class and
 the row statuses only where vocabulary.py defines them, and every `RADHARMONY_*` variable the
-package names is one settings.py lists."""
+package names is one settings.py or a dataset's module under sources/ declares."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import pytest
 
 import radharmony_pipeline
 from radharmony_pipeline import settings, vocabulary
+from radharmony_pipeline.sources import SOURCE_TYPES
+from radharmony_pipeline.sources.nih_chestxray14 import ENV_VAR as NIH_ROOT_VARIABLE
 
 PACKAGE = Path(radharmony_pipeline.__file__).parent
 VOCABULARY = Path(vocabulary.__file__)
@@ -145,10 +147,18 @@ def test_the_status_scan_tells_a_status_from_the_error_column(source, expected):
     assert len(hits) == expected
 
 
+def every_variable() -> list[str]:
+    """Every `RADHARMONY_*` variable the pipeline reads: settings.py's own, and each dataset's
+    location variables as its module under sources/ declares them (`env_vars`)."""
+    own = [settings.DATA_ROOT_VARIABLE, settings.OUTPUT_ROOT_VARIABLE, *settings.PARSERS]
+    datasets = [v for source in SOURCE_TYPES.values() for v in source.env_vars.values()]
+    return [*own, *datasets, NIH_ROOT_VARIABLE]
+
+
 def test_every_variable_the_package_names_is_a_listed_setting():
-    """settings.py lists every `RADHARMONY_*` variable, its own and those it derives from the
-    datasets' modules; no module reads one that the list does not hold."""
-    listed = set(settings.every_variable())
+    """Every `RADHARMONY_*` variable is settings.py's or a dataset module's; no module reads
+    one that the list does not hold."""
+    listed = set(every_variable())
     named = {
         name
         for path in package_modules()

@@ -9,7 +9,6 @@ import pyarrow.parquet as pq
 from upath import UPath
 
 from ..internals import RetriedPartitionsFolderLookup
-from ..processing.storage.atomic import remove_orphaned_siblings
 from ..processing.storage.output_layout import tables_folder
 from ..processing.storage.store import (
     exists,
@@ -18,6 +17,7 @@ from ..processing.storage.store import (
     open_for_reading,
     publish_bytes,
     remove,
+    remove_orphaned_siblings,
 )
 from ..processing.tables.table_schemas import PARTITION_COLUMNS, conform
 from ..sources import declared_schema, parse_partition_key

@@ -8,8 +8,9 @@ from typing import Any
 import dagster as dg
 from pydantic import Field, PrivateAttr, create_model
 
+from ..processing.storage.retry_policy import DEFAULT_RETRY_POLICY, RetryPolicy
 from ..processing.storage.source_store import is_remote, source_path
-from ..processing.storage.store import DEFAULT_RETRY_POLICY, OutputPath, RetryPolicy, output_path
+from ..processing.storage.store import OutputPath, output_path
 from ..processing.tables.suite_validation import SuiteValidation, Validator
 from ..settings import (
     DATA_ROOT_VARIABLE,

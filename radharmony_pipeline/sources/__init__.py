@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from ..processing.storage.store import DEFAULT_RETRY_POLICY, RetryPolicy
+from ..processing.storage.retry_policy import DEFAULT_RETRY_POLICY, RetryPolicy
 from ..processing.tables.table_schemas import LABELS, TABLE_SCHEMAS, TableSchema
 from .base import DatasetSource, SplitTables
 from .chestx_det import ChestXDetSource

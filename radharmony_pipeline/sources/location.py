@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from ..processing.storage.retry_policy import DEFAULT_RETRY_POLICY, RetryPolicy
 from ..processing.storage.source_store import SourcePath, source_path
-from ..processing.storage.store import DEFAULT_RETRY_POLICY, RetryPolicy
 from ..settings import DATA_ROOT_VARIABLE, DEFAULT_DATA_ROOT
 
 

@@ -17,7 +17,7 @@ from ...processing.jobs.image_jobs import (
     image_table,
     update_packed_images,
 )
-from ...processing.storage.atomic import TEMP_MARKER, remove_orphaned_temporaries, writer_is_gone
+from ...processing.storage.atomic import TEMP_MARKER, writer_is_gone
 from ...processing.storage.output_layout import (
     packed_images,
     resized_image,
@@ -25,7 +25,13 @@ from ...processing.storage.output_layout import (
     resized_union_mask,
 )
 from ...processing.storage.source_store import is_remote, named_states
-from ...processing.storage.store import OutputPath, glob, make_folder, remove
+from ...processing.storage.store import (
+    OutputPath,
+    glob,
+    make_folder,
+    remove,
+    remove_orphaned_temporaries,
+)
 from ...processing.tables.table_schemas import IMAGES
 from ...settings import MAX_IMAGE_SIZE, UNREADABLE_LIMIT_VARIABLE, image_size
 from ...sources import parse_partition_key

@@ -17,9 +17,8 @@ from ...processing.jobs.mask_jobs import (
     mask_table,
     run_mask_job,
 )
-from ...processing.storage.atomic import remove_orphaned_temporaries
 from ...processing.storage.output_layout import image_mask_folder, mask_folder, table_file
-from ...processing.storage.store import OutputPath, listing
+from ...processing.storage.store import OutputPath, listing, remove_orphaned_temporaries
 from ...processing.tables.table_schemas import MASKS, RAW_INDEX
 from ...sources import DatasetSource, parse_partition_key
 from ...vocabulary import STATUS_OK

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from radharmony_pipeline.processing.corpus.union_find import UnionFind
 from radharmony_pipeline.processing.imaging.film_similarity import film_structure, same_film
 from radharmony_pipeline.processing.imaging.geometry import GEOMETRIES
 from radharmony_pipeline.processing.imaging.perceptual_hash import (
     DEFAULT_RADIUS,
     HashPairs,
     close_pairs,
-    components,
     hamming,
     hashes_to_words,
 )
@@ -93,15 +93,13 @@ def near_duplicate_members(
 
 def _identical_films(usable: pd.DataFrame) -> np.ndarray:
     """A label per row shared by rows with the same source file or the same pixels."""
-    n = len(usable)
-    left, right = [np.arange(n)], [np.arange(n)]
+    films = UnionFind(len(usable))
     for column in ("source_sha256", "pixels_sha256"):
         codes, _ = pd.factorize(usable[column])
         known = np.flatnonzero(codes >= 0)
         first = pd.Series(known).groupby(codes[known]).transform("first").to_numpy()
-        left.append(known)
-        right.append(first)
-    return components(np.concatenate(left), np.concatenate(right), n)
+        films.union_pairs(known, first)
+    return films.labels()
 
 
 def _candidate_film_pairs(
@@ -131,10 +129,10 @@ def _candidate_film_pairs(
 
 
 class _FilmJoins:
-    """Union-find over films, joining a candidate pair when its pixels show one film."""
+    """Sets of films, joining a candidate pair when its pixels show one film."""
 
     def __init__(self, usable: pd.DataFrame, film: np.ndarray, read_contents: ContentReader):
-        self.parent = np.arange(int(film.max()) + 1 if len(film) else 0)
+        self.joined = UnionFind(int(film.max()) + 1 if len(film) else 0)
         self.film = film
         # One row stands for each film (its pixels are the film's, or the same file).
         self.row_of_film = pd.Series(np.arange(len(film))).groupby(film).first().to_numpy()
@@ -144,32 +142,26 @@ class _FilmJoins:
         self.confirmed = 0
         self.rejected = 0
 
-    def root(self, node: int) -> int:
-        while self.parent[node] != node:
-            self.parent[node] = self.parent[self.parent[node]]
-            node = self.parent[node]
-        return node
-
     def confirm(self, candidates: pd.DataFrame) -> None:
         pairs = candidates[["first", "second"]].to_numpy()
         for start in range(0, len(pairs), _PAIRS_AT_ONCE):
             chunk = pairs[start : start + _PAIRS_AT_ONCE]
-            open_pairs = [(a, b) for a, b in chunk.tolist() if self.root(a) != self.root(b)]
+            open_pairs = [(a, b) for a, b in chunk.tolist() if not self.joined.connected(a, b)]
             self._load({film for pair in open_pairs for film in pair})
             for a, b in open_pairs:
-                if self.root(a) == self.root(b):
+                if self.joined.connected(a, b):
                     continue
                 if same_film(self._structure(a), self._structure(b)):
-                    self.parent[self.root(a)] = self.root(b)
+                    self.joined.union(a, b)
                     self.confirmed += 1
                 else:
                     self.rejected += 1
 
     def groups(self) -> np.ndarray:
         """Each row's group (a film root), −1 when the row is alone."""
-        roots = np.array([self.root(node) for node in range(len(self.parent))], dtype=np.int64)
+        roots = self.joined.roots()
         group = roots[self.film] if len(self.film) else np.empty(0, dtype=np.int64)
-        sizes = np.bincount(group, minlength=len(self.parent)) if len(group) else group
+        sizes = np.bincount(group, minlength=len(roots)) if len(group) else group
         return np.where(sizes[group] > 1, group, -1) if len(group) else group
 
     def _load(self, films: set[int]) -> None:

@@ -23,18 +23,18 @@ from radharmony_pipeline.processing.annotations.masks import MASK_FOREGROUND
 from radharmony_pipeline.processing.imaging.geometry import GEOMETRIES, ResizeGeometry, resize_mask
 from radharmony_pipeline.processing.imaging.tagged_png import mask_png
 from radharmony_pipeline.processing.storage import store as storage
-from radharmony_pipeline.processing.storage.atomic import remove_orphaned_temporaries
 from radharmony_pipeline.processing.storage.output_layout import (
     HUGGINGFACE_EXPORT,
     WEBDATASET_EXPORT,
 )
+from radharmony_pipeline.processing.storage.retry_policy import is_local
 from radharmony_pipeline.processing.storage.store import (
     OutputPath,
-    is_local,
     listing,
     make_folder,
     output_path,
     publish_bytes,
+    remove_orphaned_temporaries,
 )
 from radharmony_pipeline.processing.tables.table_schemas import (
     BOOL,

@@ -10,9 +10,7 @@ import numpy as np
 import pandas as pd
 
 from radharmony_pipeline.processing.imaging.perceptual_hash import (
-    BLOCKS,
-    block_values,
-    hamming,
+    close_pairs_between,
     hashes_to_words,
 )
 from radharmony_pipeline.processing.tables.table_schemas import PARENT_COLUMNS
@@ -26,8 +24,6 @@ PARENT_MATCH_RADIUS = 10
 EVALUATION_SPLITS = frozenset({"val", "test"})
 MATCH_KINDS = ("identical_file", "identical_pixels", "near", "ambiguous", "unmatched")
 EXAMPLES = 20
-# Children's candidate pairs are gathered this many children at a time (memory stays bounded).
-_CHILD_CHUNK = 8192
 
 
 @dataclass(frozen=True)
@@ -141,7 +137,8 @@ def match_to_parents(
     if len(remaining) and len(hashed):
         child_words = hashes_to_words(children["perceptual_hash"].iloc[remaining].tolist())
         parent_words = hashes_to_words(hashed["perceptual_hash"].tolist())
-        child, other, bits = pairs_within_radius(child_words, parent_words, radius)
+        found_pairs = close_pairs_between(child_words, parent_words, radius)
+        child, other, bits = found_pairs.left, found_pairs.right, found_pairs.bits
         ids = hashed["parent_image_id"].to_numpy(dtype=object)
         order = np.lexsort((bits, child))
         for local, start, stop in _runs(child[order]):
@@ -179,47 +176,6 @@ def _parents_by_value(parents: pd.DataFrame, column: str, wanted: pd.Series) -> 
     for value, parent in zip(hits[column].tolist(), hits["parent_image_id"].tolist(), strict=True):
         owners.setdefault(str(value), []).append(str(parent))
     return {value: sorted(found) for value, found in owners.items()}
-
-
-def pairs_within_radius(
-    child_words: np.ndarray, parent_words: np.ndarray, radius: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(child row, parent row, bits) of every pair within `radius` bits, by multi-index
-    hashing: a pair that close agrees on at least one of the 16-bit blocks (pigeonhole), so
-    only pairs sharing a block value are compared. Linear in the inputs and the candidates."""
-    if not 0 <= radius < BLOCKS:
-        raise ValueError(f"radius must be in 0..{BLOCKS - 1} for {BLOCKS} blocks, got {radius}")
-    parent_blocks = block_values(parent_words)
-    orders = [np.argsort(parent_blocks[:, block], kind="stable") for block in range(BLOCKS)]
-    sorted_blocks = [parent_blocks[order, block] for block, order in enumerate(orders)]
-    found_child, found_parent, found_bits = [], [], []
-    for start in range(0, len(child_words), _CHILD_CHUNK):
-        words = child_words[start : start + _CHILD_CHUNK]
-        blocks = block_values(words)
-        chunk_child, chunk_parent = [], []
-        for block in range(BLOCKS):
-            values = sorted_blocks[block]
-            low = np.searchsorted(values, blocks[:, block], side="left")
-            high = np.searchsorted(values, blocks[:, block], side="right")
-            counts = high - low
-            child = np.repeat(np.arange(len(words)), counts)
-            offset = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-            chunk_child.append(child)
-            chunk_parent.append(orders[block][np.repeat(low, counts) + offset])
-        child = np.concatenate(chunk_child)
-        other = np.concatenate(chunk_parent)
-        # A pair sharing several blocks was found once per block.
-        unique = np.unique(child.astype(np.int64) * len(parent_words) + other)
-        child, other = unique // len(parent_words), unique % len(parent_words)
-        bits = hamming(words[child], parent_words[other])
-        close = bits <= radius
-        found_child.append(child[close] + start)
-        found_parent.append(other[close])
-        found_bits.append(bits[close])
-    if not found_child:
-        empty = np.empty(0, dtype=np.int64)
-        return empty, empty, empty
-    return np.concatenate(found_child), np.concatenate(found_parent), np.concatenate(found_bits)
 
 
 def _runs(values: np.ndarray) -> Iterable[tuple[int, int, int]]:

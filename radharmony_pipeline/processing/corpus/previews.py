@@ -15,8 +15,8 @@ import cv2
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from radharmony_pipeline.processing.imaging.decode import stretch_to_uint8
 from radharmony_pipeline.processing.imaging.geometry import letterbox_geometry
+from radharmony_pipeline.processing.imaging.pixels import stretch_to_uint8
 from radharmony_pipeline.processing.storage.store import output_path, publish
 from radharmony_pipeline.vocabulary import UNION_CLASS
 

@@ -23,7 +23,8 @@ from pydicom.uid import (
     JPEGLSTransferSyntaxes,
 )
 
-from radharmony_pipeline.processing.imaging.decode import (
+from radharmony_pipeline.processing.imaging.geometry import reduce_by_area
+from radharmony_pipeline.processing.imaging.pixels import (
     GREY_MAX,
     LOOKUP_DTYPES,
     DecodedImage,
@@ -34,7 +35,6 @@ from radharmony_pipeline.processing.imaging.decode import (
     stretch_to_uint8,
     through_lookup,
 )
-from radharmony_pipeline.processing.imaging.geometry import reduce_by_area
 from radharmony_pipeline.processing.storage.source_store import SourcePath
 
 # Without a VOI window, clip this much of each tail before stretching: enough to ignore

@@ -1,11 +1,12 @@
-"""Perceptual hashes of resized images, and the exact search for every pair of a whole
-corpus of them within a radius, without comparing every pair.
+"""Perceptual hashes of resized images, and the exact search for every pair of them within a
+radius, without comparing every pair.
 
 The fingerprint is imagehash's difference hash (dHash) with 256 bits, taken over the content
 of the resized image (the letterbox padding cut off); docs/design-notes.md has the measurements
 that chose it over pHash and 64-bit hashes. The search is multi-index hashing over 8 blocks of
-32 bits (`close_pairs`); `BLOCKS` of 16 bits are the index of the parents' cross search
-(processing/corpus/parents.py).
+32 bits, within one set of hashes (`close_pairs`: the corpus's near duplicates) or between two
+(`close_pairs_between`: children and their parents' images, processing/corpus/parents.py);
+both share the blocks, their layout and the comparisons.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ HASH_SIZE = 16  # 16×16 horizontal gradient signs: 256 bits
 HASH_BITS = HASH_SIZE * HASH_SIZE
 HASH_HEX_LENGTH = HASH_BITS // 4
 WORDS = HASH_BITS // 64
-BLOCK_BITS = 16
-BLOCKS = HASH_BITS // BLOCK_BITS
 # Tuned on planted copies vs distinct radiographs (docs/design-notes.md, "Near duplicates").
 DEFAULT_RADIUS = 15
 # Two hashes within 2 × SEARCH_BLOCKS − 1 bits are within one bit of each other in at least
@@ -67,17 +66,11 @@ def hamming(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.bitwise_count(np.bitwise_xor(a, b)).sum(axis=1, dtype=np.int64)
 
 
-def block_values(words: np.ndarray) -> np.ndarray:
-    """(u, BLOCKS) uint16: each 64-bit word is four 16-bit blocks."""
-    shifts = np.arange(0, 64, BLOCK_BITS, dtype=np.uint64)
-    parts = (words[:, :, None] >> shifts[None, None, :]) & np.uint64(0xFFFF)
-    return parts.reshape(len(words), -1).astype(np.uint16)
-
-
 @dataclass(frozen=True)
 class HashPairs:
-    """Pairs of rows whose hashes lie within a radius: `left[k] < right[k]`, `bits[k]` their
-    distance; `compared` counts the hash comparisons the search made to find them."""
+    """Pairs of rows whose hashes lie within a radius, `bits[k]` their distance: within one
+    set `left[k] < right[k]`, between two `left` is a row of the first and `right` of the
+    second; `compared` counts the hash comparisons the search made to find them."""
 
     left: np.ndarray
     right: np.ndarray
@@ -98,11 +91,7 @@ def close_pairs(words: np.ndarray, radius: int = DEFAULT_RADIUS) -> HashPairs:
     with those of its own block value and, when `radius` ≥ `SEARCH_BLOCKS`, of each value one
     bit away; `compared` counts these comparisons.
     """
-    if not 0 <= radius <= MAX_SEARCH_RADIUS:
-        raise ValueError(
-            f"radius must be in 0..{MAX_SEARCH_RADIUS} for {SEARCH_BLOCKS} blocks of "
-            f"{SEARCH_BLOCK_BITS} bits, got {radius}"
-        )
+    _check_radius(radius)
     n = len(words)
     found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     compared = 0
@@ -120,6 +109,43 @@ def close_pairs(words: np.ndarray, radius: int = DEFAULT_RADIUS) -> HashPairs:
     # A pair close in several blocks was found once per block.
     _, once = np.unique(left * n + right, return_index=True)
     return HashPairs(left[once], right[once], bits[once], compared)
+
+
+def close_pairs_between(
+    queries: np.ndarray, targets: np.ndarray, radius: int = DEFAULT_RADIUS
+) -> HashPairs:
+    """Every (query row, target row) pair within `radius` bits, `queries` and `targets`
+    being (n, 4) uint64 words (repeated hashes allowed): the pairs comparing every query with
+    every target finds, by the multi-index hashing of `close_pairs`.
+
+    The bits are dealt to the blocks by how evenly each splits the targets; per block, a
+    query is compared with the targets of its own block value and, when `radius` ≥
+    `SEARCH_BLOCKS`, of each value one bit away.
+    """
+    _check_radius(radius)
+    if len(queries) == 0 or len(targets) == 0:
+        empty = np.empty(0, dtype=np.int64)
+        return HashPairs(empty, empty, empty, 0)
+    layout = _balanced_layout(targets)
+    laid_queries, laid_targets = _rearranged(queries, layout), _rearranged(targets, layout)
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    compared = 0
+    for block in range(SEARCH_BLOCKS):
+        compared += _search_block_between(laid_queries, laid_targets, block, radius, found)
+    query = np.concatenate([pair[0] for pair in found]).astype(np.int64)
+    target = np.concatenate([pair[1] for pair in found]).astype(np.int64)
+    bits = np.concatenate([pair[2] for pair in found]).astype(np.int64)
+    # A pair close in several blocks was found once per block.
+    _, once = np.unique(query * len(targets) + target, return_index=True)
+    return HashPairs(query[once], target[once], bits[once], compared)
+
+
+def _check_radius(radius: int) -> None:
+    if not 0 <= radius <= MAX_SEARCH_RADIUS:
+        raise ValueError(
+            f"radius must be in 0..{MAX_SEARCH_RADIUS} for {SEARCH_BLOCKS} blocks of "
+            f"{SEARCH_BLOCK_BITS} bits, got {radius}"
+        )
 
 
 def _balanced_layout(words: np.ndarray) -> np.ndarray:
@@ -153,6 +179,22 @@ def _rearranged(words: np.ndarray, layout: np.ndarray) -> np.ndarray:
     return out
 
 
+def _block_values(laid: np.ndarray, block: int) -> tuple[int, np.ndarray]:
+    """The word holding block `block` of rearranged words, and the block's uint32 values."""
+    word, half = divmod(block, 64 // SEARCH_BLOCK_BITS)
+    shift = np.uint64(64 - SEARCH_BLOCK_BITS * (half + 1))
+    return word, ((laid[:, word] >> shift) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+
+
+def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`values` sorted (the order, stable), and the start, length and value of each run."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    lengths = np.diff(np.r_[starts, len(ordered)])
+    return order, starts, lengths, ordered[starts]
+
+
 def _search_block(
     laid: np.ndarray, block: int, radius: int, found: list[tuple[np.ndarray, ...]]
 ) -> int:
@@ -161,22 +203,14 @@ def _search_block(
 
     Sorted by block value, each value's hashes are one run. A task is a hash and a run of
     partners: the rest of its own run, and the whole run of each value one bit above its
-    own. Tasks are taken longest first, and the k-th partner of every task at least k + 1
-    long is compared in one vectorized step, so the work is the comparisons plus one step
-    per partner rank. The word without this block is compared first: most tasks end there.
+    own (`_compare` takes the tasks).
     """
-    word, half = divmod(block, 64 // SEARCH_BLOCK_BITS)
-    shift = np.uint64(64 - SEARCH_BLOCK_BITS * (half + 1))
-    values = ((laid[:, word] >> shift) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-    order = np.argsort(values, kind="stable")
-    ordered = values[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    lengths = np.diff(np.r_[starts, len(ordered)])
-    position = np.arange(len(ordered))
+    word, values = _block_values(laid, block)
+    order, starts, lengths, distinct = _runs(values)
+    position = np.arange(len(order))
     rows, partners, counts = [position], [position + 1], [np.repeat(starts + lengths, lengths)]
     counts[0] = counts[0] - position - 1
     if radius >= SEARCH_BLOCKS:  # pigeonhole then needs the one-bit neighbours
-        distinct = ordered[starts]
         for bit in range(SEARCH_BLOCK_BITS):
             flag = np.uint32(1 << bit)
             lower = np.flatnonzero((distinct & flag) == 0)
@@ -188,34 +222,106 @@ def _search_block(
             rows.append(np.repeat(starts[lower], size) + offsets)
             partners.append(np.repeat(starts[upper], size))
             counts.append(np.repeat(lengths[upper], size))
-    count = np.concatenate(counts)
+    sorted_words = laid[order]
+    mine, theirs, bits, compared = _compare(
+        sorted_words,
+        sorted_words,
+        (np.concatenate(rows), np.concatenate(partners), np.concatenate(counts)),
+        word,
+        radius,
+    )
+    found.append((order[mine], order[theirs], bits))
+    return compared
+
+
+def _search_block_between(
+    laid_queries: np.ndarray,
+    laid_targets: np.ndarray,
+    block: int,
+    radius: int,
+    found: list[tuple[np.ndarray, ...]],
+) -> int:
+    """Compare each query with the targets whose block `block` is equal to its own or one
+    bit apart; append the pairs within `radius` to `found` as (query, target, bits); return
+    how many comparisons were made. A task is a query and the run of targets of one value."""
+    word, values = _block_values(laid_targets, block)
+    _, wanted = _block_values(laid_queries, block)
+    order, starts, lengths, distinct = _runs(values)
+    lookups = [wanted]
+    if radius >= SEARCH_BLOCKS:  # pigeonhole then needs the one-bit neighbours
+        lookups += [wanted ^ np.uint32(1 << bit) for bit in range(SEARCH_BLOCK_BITS)]
+    queries = np.arange(len(wanted))
+    rows, partners, counts = [], [], []
+    for value in lookups:
+        run = np.minimum(np.searchsorted(distinct, value), len(distinct) - 1)
+        hit = distinct[run] == value
+        rows.append(queries[hit])
+        partners.append(starts[run[hit]])
+        counts.append(lengths[run[hit]])
+    mine, theirs, bits, compared = _compare(
+        laid_queries,
+        laid_targets[order],
+        (np.concatenate(rows), np.concatenate(partners), np.concatenate(counts)),
+        word,
+        radius,
+    )
+    found.append((mine, order[theirs], bits))
+    return compared
+
+
+def _compare(
+    row_words: np.ndarray,
+    partner_words: np.ndarray,
+    tasks: tuple[np.ndarray, np.ndarray, np.ndarray],
+    word: int,
+    radius: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(row, partner, bits) of the pairs within `radius` among the tasks, and how many
+    comparisons were made. A task (row, first partner, count) compares `row_words[row]` with
+    the `count` consecutive `partner_words` from the first partner on.
+
+    Tasks are taken longest first, and the k-th partner of every task at least k + 1 long
+    is compared in one vectorized step, so the work is the comparisons plus one step per
+    partner rank. The words without the searched block's `word` are compared first: most
+    tasks end there.
+    """
+    row, partner, count = tasks
     longest_first = np.flatnonzero(count > 0)
     longest_first = longest_first[np.argsort(-count[longest_first], kind="stable")]
-    row = np.concatenate(rows)[longest_first].astype(np.int32)
-    partner = np.concatenate(partners)[longest_first].astype(np.int32)
+    row = row[longest_first].astype(np.int32)
+    partner = partner[longest_first].astype(np.int32)
     count = count[longest_first]
-    sorted_words = laid[order]
     check = [w for w in range(WORDS) if w != word] + [word]
-    first_word = np.ascontiguousarray(sorted_words[:, check[0]])
-    row_first = first_word[row]
+    partner_first = np.ascontiguousarray(partner_words[:, check[0]])
+    row_first = row_words[row, check[0]]
+    found_rows, found_partners, found_bits = [], [], []
     compared = 0
     shorter = -count  # ascending: tasks with count > k come before -k
     for rank in range(int(count[0]) if len(count) else 0):
         active = int(np.searchsorted(shorter, -rank, side="left"))
         other = partner[:active] + rank
-        bits = np.bitwise_count(first_word[other] ^ row_first[:active])
+        bits = np.bitwise_count(partner_first[other] ^ row_first[:active])
         close = np.flatnonzero(bits <= radius)
         compared += active
         if len(close) == 0:
             continue
         mine, theirs, total = row[close], other[close], bits[close].astype(np.int64)
         for w in check[1:]:
-            column = sorted_words[:, w]
-            total += np.bitwise_count(column[mine] ^ column[theirs])
+            total += np.bitwise_count(row_words[mine, w] ^ partner_words[theirs, w])
             within = total <= radius
             mine, theirs, total = mine[within], theirs[within], total[within]
-        found.append((order[mine], order[theirs], total))
-    return compared
+        found_rows.append(mine)
+        found_partners.append(theirs)
+        found_bits.append(total)
+    if not found_rows:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, empty, compared
+    return (
+        np.concatenate(found_rows),
+        np.concatenate(found_partners),
+        np.concatenate(found_bits),
+        compared,
+    )
 
 
 def brute_force_pairs(words: np.ndarray, radius: int = DEFAULT_RADIUS) -> HashPairs:
@@ -239,12 +345,24 @@ def brute_force_pairs(words: np.ndarray, radius: int = DEFAULT_RADIUS) -> HashPa
     )
 
 
-def components(left: np.ndarray, right: np.ndarray, count: int) -> np.ndarray:
-    """Connected-component label of each of `count` nodes joined by the edges left-right."""
-    # Imported here: scipy.sparse is ~4 % of loading the definitions (-X importtime), which
-    # every process would otherwise pay; only the grouping of a whole corpus needs it.
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
-    graph = coo_matrix((np.ones(len(left), dtype=np.int8), (left, right)), shape=(count, count))
-    return connected_components(graph, directed=False)[1]
+def brute_force_pairs_between(
+    queries: np.ndarray, targets: np.ndarray, radius: int = DEFAULT_RADIUS
+) -> HashPairs:
+    """The pairs of `close_pairs_between` by comparing every query with every target (the
+    reference, for samples)."""
+    query, target, bits = [], [], []
+    for i in range(len(queries)):
+        distance = hamming(targets, queries[i][None, :])
+        close = np.flatnonzero(distance <= radius)
+        query.append(np.full(len(close), i))
+        target.append(close)
+        bits.append(distance[close])
+    if not query:
+        empty = np.empty(0, dtype=np.int64)
+        return HashPairs(empty, empty, empty, 0)
+    return HashPairs(
+        np.concatenate(query).astype(np.int64),
+        np.concatenate(target).astype(np.int64),
+        np.concatenate(bits).astype(np.int64),
+        len(queries) * len(targets),
+    )

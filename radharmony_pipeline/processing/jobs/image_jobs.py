@@ -65,7 +65,6 @@ from radharmony_pipeline.processing.imaging.tagged_png import (
 )
 from radharmony_pipeline.processing.storage.atomic import (
     release_temporaries,
-    remove_orphaned_siblings,
     temporary_sibling,
 )
 from radharmony_pipeline.processing.storage.header_cache import (
@@ -86,6 +85,8 @@ from radharmony_pipeline.processing.storage.packed_rows import (
     PackedRowWriter,
     claim_interrupted_build,
     read_layout,
+    sync_file,
+    sync_folder,
 )
 from radharmony_pipeline.processing.storage.source_store import (
     FileState,
@@ -102,6 +103,7 @@ from radharmony_pipeline.processing.storage.store import (
     publish_file,
     read_bytes,
     remove,
+    remove_orphaned_siblings,
 )
 from radharmony_pipeline.processing.tables.table_schemas import (
     IMAGES,
@@ -496,6 +498,51 @@ class PackedUpdate:
     rows_replayed: int = 0
 
 
+@dataclass(frozen=True)
+class JobRunner:
+    """How the jobs that must run are run: on `executor` (the local pool or a Dask cluster),
+    reporting to `on_progress`, each image bounded by `time_limit`."""
+
+    executor: Executor
+    on_progress: Progress | None = None
+    time_limit: TimeLimit | None = None
+
+    def run(
+        self, jobs: Sequence[ImageJob], scratch: Path, packed: Any, size: int
+    ) -> list[ImageRow]:
+        """Run `jobs`, each one's pixels written into row `array_row` of the local `scratch`.
+        Locally the jobs run in the supervised pool and write straight into the scratch file;
+        on a Dask cluster chunks of jobs write shards that are copied into it one at a time."""
+        if isinstance(self.executor, LocalPool):
+            return _run_locally(
+                jobs, scratch, self.executor.workers, self.on_progress, self.time_limit
+            )
+        chunk = default_chunk_size(len(jobs), self.executor.slots())
+        chunks = _chunks(jobs, packed, size, chunk, self.time_limit)
+        return _run_on_dask(chunks, scratch, self.executor, self.on_progress)
+
+
+CurrentRow = tuple[ImageRow, HeaderRecord | None]
+
+
+@dataclass(frozen=True)
+class CurrentRows:
+    """What look_up_current_rows found beside an array with the partition's N rows and its
+    key record: every job's input key now (None: it cannot be computed), the key recorded for
+    its row, and its current row with what it took from its outputs' headers (None: stale,
+    the job must run)."""
+
+    keys: list[str | None]
+    recorded: Sequence[str | None]
+    rows: list[ImageRow | None]
+    records: list[HeaderRecord | None]
+
+    @property
+    def stale(self) -> list[int]:
+        """The positions of the jobs that must run."""
+        return [position for position, row in enumerate(self.rows) if row is None]
+
+
 def update_packed_images(
     jobs: Sequence[ImageJob],
     packed: Any,
@@ -507,69 +554,30 @@ def update_packed_images(
     """Rows of the partition's images and its packed N×S×S array at `packed` (a local
     Path or a UPath on object storage), computed on `executor`; what was written.
 
-    A patch that a killed run left half-done is finished first (its journal). When the array
-    has the partition's N rows and its key record (`<name>.keys.json`), a row whose image's
-    input key is the recorded one and whose PNG header carries it is re-used from that header
-    alone (nothing decoded or read beyond it; locally not even the header while the PNGs are
-    in the state header_cache recorded); only the other rows are run, and on a local
-    array written in place under a journal (packed_journal: never a half-patched array taken
-    for a finished one). Otherwise (a first build, images added or removed, another size, an
-    array on object storage) the array is assembled in a local scratch file (current PNGs
-    re-used, the rest decoded) and published once, then its keys recorded. A local build
-    that was killed left its scratch array: the next one takes it over, with every row
-    that matches its current PNG's digest (claim_interrupted_build, ImageJob.held_row).
-    Locally the jobs run in the supervised pool and write straight into the scratch file;
-    on a Dask cluster chunks of jobs write shards that are copied into it one at a time.
-    `time_limit` bounds each image in both places.
+    A patch that a killed run left half-done is finished first (replay_journal). When the
+    array has the partition's N rows and its key record (`<name>.keys.json`), a row whose
+    image's input key is the recorded one and whose PNG header carries it is re-used from that
+    header alone (look_up_current_rows: nothing decoded or read beyond it; locally not even the
+    header while the PNGs are in the state header_cache recorded); only the other rows are
+    run, and on a local array written in place under a journal (patch_in_place). Otherwise (a
+    first build, images added or removed, another size, an array on object storage) the array
+    is assembled in a local scratch file (current PNGs re-used, the rest decoded) and published
+    once, then its keys recorded (rebuild_array). A local build that was killed left its
+    scratch array: the next one takes it over, with every row that matches its current PNG's
+    digest (resume_killed_build). Where a local array and one on object storage differ is
+    writes_in_place's. `time_limit` bounds each image, in the local pool and on Dask alike.
     """
-    replayed = replay_interrupted_patch(packed) if is_local(packed) else 0
-    recorded = _recorded_keys(packed_keys(packed)) if _has_size(packed, len(jobs), size) else None
-    previous = (
-        read_header_records(packed, len(jobs), HEADER_VALUE_NAMES)
-        if is_local(packed)
-        else [None] * len(jobs)
-    )
-    if recorded is not None and len(recorded) == len(jobs):
-        looked = _keys_and_current_rows(jobs, recorded, previous, packed, executor)
-        keys = [key for key, _row in looked]
-        found = [row for _key, row in looked]
-        current = [None if row is None else row[0] for row in found]
-        stale = [position for position, row in enumerate(current) if row is None]
-        written = 0
-        if stale and is_local(packed):
-            written = _patch(
-                jobs,
-                current,
-                stale,
-                keys,
-                recorded,
-                packed,
-                size,
-                executor,
-                on_progress,
-                time_limit,
-            )
-        if not stale or is_local(packed):
-            rows = cast(list[ImageRow], current)
-            known = [None if row is None else row[1] for row in found]
-            _record_headers(jobs, rows, known, previous, packed)
-            return PackedUpdate(rows, written, replayed)
+    runner = JobRunner(executor, on_progress, time_limit)
+    replayed = replay_journal(packed)
+    previous = _header_records(packed, len(jobs))
+    found = look_up_current_rows(jobs, packed, size, previous, executor)
+    if found is not None and (not found.stale or writes_in_place(packed)):
+        rows, written = patch_in_place(jobs, found, packed, size, runner)
+        _record_headers(jobs, rows, found.records, previous, packed)
+        return PackedUpdate(rows, written, replayed)
     with local_scratch_file(packed, suffix=".npy") as scratch:
-        shape = (len(jobs), size, size)
-        if is_local(packed) and claim_interrupted_build(packed, scratch, shape):
-            held = _held_rows(jobs, scratch, executor)
-        else:
-            allocate_array(scratch, packed, shape)
-            held = [None] * len(jobs)
-        to_run = [position for position, row in enumerate(held) if row is None]
-        ran = _run(
-            [jobs[p] for p in to_run], scratch, packed, size, executor, on_progress, time_limit
-        )
-        rows = _merged(held, to_run, ran)
-        publish_file(packed, scratch)
-    # The keys the outputs were written with, as each job computed it before reading.
-    keys = [row.input_key for row in rows]
-    write_keys(packed, keys)
+        held = resume_killed_build(jobs, packed, scratch, size, executor)
+        rows = rebuild_array(jobs, packed, scratch, size, runner, held)
     _record_headers(jobs, rows, [None] * len(jobs), previous, packed)
     return PackedUpdate(rows, len(jobs), replayed)
 
@@ -586,56 +594,132 @@ def build_packed_images(
     return update_packed_images(jobs, packed, size, executor, on_progress, time_limit).rows
 
 
-def _patch(
+def writes_in_place(packed: Any) -> bool:
+    """Whether the packed array is a local file, which the steps write in place: a few
+    changed rows are patched into it under a journal (one that a killed patch left is
+    replayed), it is assembled in a scratch file beside it (one that a killed build left is
+    taken over), its renames are synced to disk, and a header record of its outputs' states
+    is kept beside it (a stat each). An array on object storage has none of these: it is
+    only ever replaced whole by one upload (a PUT is atomic), and a stat there costs a
+    request as a header read does."""
+    return is_local(packed)
+
+
+def replay_journal(packed: Any) -> int:
+    """Step `replay`: finish the patch that a killed run left half-done beside the local
+    array (its journal, packed_journal.replay_interrupted_patch); the number of rows written
+    again (0: no journal). Nothing on object storage, which is never patched in place."""
+    return replay_interrupted_patch(packed) if writes_in_place(packed) else 0
+
+
+def look_up_current_rows(
     jobs: Sequence[ImageJob],
-    rows: list[ImageRow | None],
-    stale: Sequence[int],
-    keys: Sequence[str | None],
-    recorded: Sequence[str | None],
-    packed: Path,
+    packed: Any,
     size: int,
+    records: Sequence[HeaderRecord | None],
     executor: Executor,
-    on_progress: Progress | None,
-    time_limit: TimeLimit | None,
-) -> int:
-    """Run the jobs at `stale` (their rows filled in `rows`) and write their pixels into
-    the local array in place; the number of rows written.
+) -> CurrentRows | None:
+    """The current rows of `jobs` (key_and_current_row) when the array has their N rows of
+    `size` and a key record of N keys; None when it has not (it is then assembled anew: a
+    truncated or overwritten array is, whatever its key record says). `records`: the header
+    record of each row (None: its headers are read)."""
+    if not _has_size(packed, len(jobs), size):
+        return None
+    recorded = _recorded_keys(packed_keys(packed))
+    if recorded is None or len(recorded) != len(jobs):
+        return None
+    looked = _keys_and_current_rows(jobs, recorded, records, packed, executor)
+    return CurrentRows(
+        keys=[key for key, _found in looked],
+        recorded=recorded,
+        rows=[None if found is None else found[0] for _key, found in looked],
+        records=[None if found is None else found[1] for _key, found in looked],
+    )
+
+
+def patch_in_place(
+    jobs: Sequence[ImageJob], found: CurrentRows, packed: Any, size: int, runner: JobRunner
+) -> tuple[list[ImageRow], int]:
+    """Step `patch`: run the jobs of `found.stale` (assembled one after the other in a
+    scratch array of their own) and write their pixels into the local array in place, under
+    its journal (packed_journal.patch_rows); every row and the number of rows written.
+    Nothing runs and nothing is written when no row is stale.
 
     An image that fails again with an unchanged key is not written: its row was left zero
     when it failed before, as a fresh build leaves it."""
+    stale = found.stale
+    if not stale:
+        return cast(list[ImageRow], list(found.rows)), 0
     changed = [replace(jobs[position], scratch_row=slot) for slot, position in enumerate(stale)]
     with local_scratch_file(packed, suffix=".npy") as scratch:
         allocate_array(scratch, packed, (len(changed), size, size))
-        fresh = _run(changed, scratch, packed, size, executor, on_progress, time_limit)
+        fresh = runner.run(changed, scratch, packed, size)
         pixels = np.load(scratch)
-    rows[:] = _merged(rows, stale, fresh)
     slots = [
         slot
         for slot, (position, row) in enumerate(zip(stale, fresh, strict=True))
-        if row.status == STATUS_OK or keys[position] != recorded[position]
+        if row.status == STATUS_OK or found.keys[position] != found.recorded[position]
     ]
-    patch_rows(packed, RowPatch(np.asarray(stale, np.int64)[slots], pixels[slots], keys))
-    return len(slots)
+    patch_rows(packed, RowPatch(np.asarray(stale, np.int64)[slots], pixels[slots], found.keys))
+    return _merged(found.rows, stale, fresh), len(slots)
 
 
-def _run(
+def resume_killed_build(
+    jobs: Sequence[ImageJob], packed: Any, scratch: Path, size: int, executor: Executor
+) -> list[ImageRow | None] | None:
+    """Step `resume`: take over, as `scratch`, the scratch array that a killed build of the
+    local `packed` left beside it (packed_rows.claim_interrupted_build), and the rows of it
+    that are current (ImageJob.held_row: its pixels match its PNG's digest; None: the job
+    runs). None when there is none to take over: always on object storage, whose array is
+    assembled in this machine's temporary folder."""
+    if not writes_in_place(packed):
+        return None
+    if not claim_interrupted_build(packed, scratch, (len(jobs), size, size)):
+        return None
+    return _held_rows(jobs, scratch, executor)
+
+
+def rebuild_array(
     jobs: Sequence[ImageJob],
-    scratch: Path,
     packed: Any,
+    scratch: Path,
     size: int,
-    executor: Executor,
-    on_progress: Progress | None,
-    time_limit: TimeLimit | None,
+    runner: JobRunner,
+    held: Sequence[ImageRow | None] | None = None,
 ) -> list[ImageRow]:
-    """Run `jobs`, each one's pixels written into row `array_row` of the local `scratch`."""
-    if isinstance(executor, LocalPool):
-        return _run_locally(jobs, scratch, executor.workers, on_progress, time_limit)
-    chunk = default_chunk_size(len(jobs), executor.slots())
-    chunks = _chunks(jobs, packed, size, chunk, time_limit)
-    return _run_on_dask(chunks, scratch, executor, on_progress)
+    """Step `rebuild`: assemble the whole array in the local `scratch`, publish it as
+    `packed` once, then record its keys; every row. The jobs whose rows are not `held` (by a
+    build taken over, resume_killed_build) run, each writing its pixels into its row (a
+    current PNG re-used, the rest decoded); with nothing held, `scratch` is first allocated
+    zeroed and every job runs."""
+    if held is None:
+        allocate_array(scratch, packed, (len(jobs), size, size))
+        held = [None] * len(jobs)
+    to_run = [position for position, row in enumerate(held) if row is None]
+    ran = runner.run([jobs[p] for p in to_run], scratch, packed, size)
+    rows = _merged(held, to_run, ran)
+    _publish_array(packed, scratch)
+    # The keys the outputs were written with, as each job computed it before reading.
+    write_keys(packed, [row.input_key for row in rows])
+    return rows
 
 
-CurrentRow = tuple[ImageRow, HeaderRecord | None]
+def _publish_array(packed: Any, scratch: Path) -> None:
+    """Publish the finished local `scratch` as `packed`: on a local file system its rows on
+    disk before the rename and the rename on disk after it (a power cut leaves the old
+    array or the whole new one under the name); on object storage one upload."""
+    if writes_in_place(packed):
+        sync_file(scratch)
+    publish_file(packed, scratch)
+    sync_folder(packed)
+
+
+def _header_records(packed: Any, rows: int) -> list[HeaderRecord | None]:
+    """The header record kept beside a local array (None for each row without one); none
+    on object storage (see writes_in_place)."""
+    if not writes_in_place(packed):
+        return [None] * rows
+    return read_header_records(packed, rows, HEADER_VALUE_NAMES)
 
 
 def key_and_current_row(
@@ -684,8 +768,9 @@ def _record_headers(
     """Record what each good row took from its outputs' headers, for the next run's stats:
     `known` where the current rows were found, the files run now stat-ed (with the key their
     outputs were written with). The record is written again only when a row's differs from
-    `previous` (an unchanged run writes none)."""
-    if not is_local(packed):
+    `previous` (an unchanged run writes none). Nothing is recorded on object storage
+    (writes_in_place)."""
+    if not writes_in_place(packed):
         return
     records = list(known)
     run_now = [
@@ -737,7 +822,7 @@ def _keys_and_current_rows(
     """key_and_current_row for every job: one pass over the sources and their outputs."""
     items = list(zip(jobs, recorded, records, strict=True))
     sources_remote = any(is_remote(job.source_file) and not job.source_state for job in jobs)
-    if is_local(packed) and not sources_remote:
+    if writes_in_place(packed) and not sources_remote:
         # A local stat or header costs microseconds when cached, a disk read when not.
         return map_on_file_system(key_and_current_row, items)
     # On object storage every source state, union mask key (on the output root) and header

@@ -32,7 +32,7 @@ from radharmony_pipeline.processing.imaging.image_files import (
     header_image_size,
     read_grayscale_png,
 )
-from radharmony_pipeline.processing.storage.atomic import remove_orphaned_temporaries
+from radharmony_pipeline.processing.storage.store import remove_orphaned_temporaries
 from radharmony_pipeline.processing.tables.table_schemas import (
     MASKS,
     WorkingField,

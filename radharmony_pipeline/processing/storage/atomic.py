@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 import socket
@@ -52,37 +51,6 @@ def release_temporaries(temporaries: Iterable[Any]) -> None:
     """Declare that this process no longer waits for these names (see temporary_sibling)
     it handed to other processes: from now on a clean-up may remove them, here too."""
     _RELEASED.update(temp.name for temp in temporaries)
-
-
-def remove_orphaned_temporaries(folder: Any, pattern: str = "*") -> list[Any]:
-    """Delete the temporary files under `folder` (a local path or a UPath on object storage,
-    recursively) whose writer is gone."""
-    from radharmony_pipeline.processing.storage.store import (
-        glob as storage_glob,  # storage.py builds on this module
-    )
-
-    folder = Path(folder) if isinstance(folder, str) else folder
-    return _remove_if_writer_gone(storage_glob(folder, f"**/{TEMP_MARKER}{pattern}"))
-
-
-def remove_orphaned_siblings(path: Any) -> list[Any]:
-    """Delete the temporary siblings of `path` (see temporary_sibling) whose writer is gone,
-    looking only for that name: what a worker stopped while writing `path` left behind."""
-    from radharmony_pipeline.processing.storage.store import glob as storage_glob
-
-    pattern = f"{TEMP_MARKER}*-{glob.escape(path.name)}"
-    return _remove_if_writer_gone(storage_glob(path.parent, pattern))
-
-
-def _remove_if_writer_gone(temporaries: Iterable[Any]) -> list[Any]:
-    from radharmony_pipeline.processing.storage.store import remove
-
-    removed = []
-    for temp in temporaries:
-        if writer_is_gone(temp):
-            remove(temp)
-            removed.append(temp)
-    return removed
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:

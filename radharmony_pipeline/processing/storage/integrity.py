@@ -42,8 +42,8 @@ from radharmony_pipeline.processing.storage.packed_rows import (
     PackedRowReader,
     read_layout,
 )
+from radharmony_pipeline.processing.storage.retry_policy import ObjectStoreError
 from radharmony_pipeline.processing.storage.store import (
-    ObjectStoreError,
     OutputPath,
     exists,
     read_bytes,

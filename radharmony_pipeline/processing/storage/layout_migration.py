@@ -40,15 +40,14 @@ from radharmony_pipeline.processing.storage.output_layout import (
     resized_image_folder,
     table_path,
 )
+from radharmony_pipeline.processing.storage.retry_policy import is_local, with_retries
 from radharmony_pipeline.processing.storage.store import (
     OutputPath,
     exists,
-    is_local,
     listing,
     publish_bytes,
     read_bytes,
     remove,
-    with_retries,
 )
 
 # Version of the journal's content: a journal of another version is refused, not guessed at.

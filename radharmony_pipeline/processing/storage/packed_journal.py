@@ -16,6 +16,13 @@ A run killed anywhere leaves either no journal (steps 1–2 not done: the array 
 are the old, consistent ones) or a whole journal, which the next run replays from step 2 on
 (`replay_interrupted_patch`): writing the same rows twice gives the same bytes.
 
+The same holds through a power cut: each step is on disk before the next begins. The journal
+and the key record are published durably (their bytes synced before the rename, their folder
+after it, `packed_rows.publish_durably`), the rows are synced before the key record is
+published. The removals need no sync: a key record that comes back beside a journal is
+not trusted (`is_complete`, and the replay withdraws it first), and a journal that comes back
+after its key record is replayed again, to the same bytes.
+
 Only a local array is patched: an object store has no in-place write, so there the caller
 assembles and uploads the whole array instead.
 """
@@ -24,7 +31,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +42,11 @@ from radharmony_pipeline.processing.storage.output_layout import packed_keys
 from radharmony_pipeline.processing.storage.packed_rows import (
     PackedArrayError,
     PackedRowWriter,
+    publish_durably,
     read_layout,
 )
 from radharmony_pipeline.processing.storage.store import (
     exists,
-    publish,
-    publish_bytes,
     read_bytes,
     remove,
 )
@@ -69,8 +74,11 @@ class RowPatch:
 
 
 def write_keys(packed: Any, keys: Sequence[str | None]) -> None:
-    """Publish the key record of `packed`: one input key per row, the array complete."""
-    publish_bytes(packed_keys(packed), json.dumps(list(keys)).encode())
+    """Publish the key record of `packed`: one input key per row, the array complete (on a
+    local file system on disk on return, see publish_durably)."""
+    publish_durably(
+        packed_keys(packed), lambda handle: handle.write(json.dumps(list(keys)).encode())
+    )
 
 
 def is_complete(packed: Any) -> bool:
@@ -83,8 +91,8 @@ def patch_rows(packed: Path, patch: RowPatch) -> None:
     """Replace `patch.rows` of the local array `packed` in place under the journal (see the
     module's docstring); on return the array and its key record are complete."""
     journal = patch_journal(packed)
-    publish(journal, lambda handle: _write_journal(handle, patch))
-    _fsync(journal)
+    # On disk before the array is touched: a power cut must not lose it.
+    publish_durably(journal, lambda handle: _write_journal(handle, patch))
     _apply(packed, patch)
     remove(journal)
 
@@ -156,9 +164,3 @@ def _read_journal(content: bytes) -> RowPatch:
             pixels=journal["pixels"],
             keys=json.loads(journal["keys"].tobytes().decode()),
         )
-
-
-def _fsync(path: Path) -> None:
-    """The journal on disk before the array is touched (a power cut must not lose it)."""
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())

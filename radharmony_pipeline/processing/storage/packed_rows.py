@@ -14,19 +14,25 @@ import io
 import math
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
-from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER, writer_is_gone
+from radharmony_pipeline.processing.storage.atomic import (
+    TEMP_MARKER,
+    write_atomically,
+    writer_is_gone,
+)
+from radharmony_pipeline.processing.storage.retry_policy import is_local, with_retries
 from radharmony_pipeline.processing.storage.store import (
     OutputPath,
+    as_local_path,
     file_size,
-    is_local,
-    with_retries,
+    output_write_errors,
+    publish_bytes,
 )
 
 # The .npy prefix: magic string (6 bytes), version (2), header length (2 bytes in version 1,
@@ -266,6 +272,56 @@ def claim_interrupted_build(packed: Path, scratch: Path, shape: tuple[int, ...])
             continue
         return True
     return False
+
+
+def publish_durably(path: OutputPath, write: Callable[[BinaryIO], object]) -> None:
+    """Publish what `write(handle)` writes at `path` as store.publish does (no reader ever
+    sees part of it), and on a local file system on disk under its name on return: the bytes
+    synced before the rename, the folder after it, so that a power cut leaves the old file or
+    the whole new one. On object storage the upload alone: a PUT is atomic, and durable once
+    answered."""
+    buffer = io.BytesIO()
+    write(buffer)
+    content = buffer.getvalue()
+    if not is_local(path):
+        publish_bytes(path, content)
+        return
+    local = as_local_path(path)
+    with output_write_errors(local, len(content)):
+        write_atomically(local, lambda temp: _write_synced(temp, content))
+        sync_folder(local)
+
+
+def _write_synced(path: Path, content: bytes) -> None:
+    """`content` as the file `path`, on disk on return."""
+    with open(path, "wb") as handle:
+        handle.write(content)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def sync_file(path: Path) -> None:
+    """The bytes of the local file `path` on disk (before it is renamed into place: a power
+    cut after the rename must not leave the name on rows never written out)."""
+    _fsync(path)
+
+
+def sync_folder(path: OutputPath) -> None:
+    """The entries of the local folder holding `path` on disk, after a rename into it (or a
+    removal) that must survive a power cut: a rename is durable only once its folder is
+    synced. Nothing on object storage, where a PUT is atomic and durable once answered."""
+    if is_local(path):
+        _fsync(Path(path).parent)
+
+
+def _fsync(path: Path) -> None:
+    """fsync of the file or folder at `path` through a read-only descriptor (Linux syncs a
+    file's or a folder's data and metadata whichever way it was opened)."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _object_header_bytes(path: OutputPath) -> bytes:

@@ -23,14 +23,14 @@ from upath import UPath
 
 from radharmony_pipeline.processing.execution.parallel import map_on_file_system
 from radharmony_pipeline.processing.storage.fingerprint import file_sha256
-from radharmony_pipeline.processing.storage.store import (
+from radharmony_pipeline.processing.storage.retry_policy import (
     DEFAULT_RETRY_POLICY,
     ObjectStoreError,
     RetryPolicy,
     is_local,
-    output_path,
     with_retries,
 )
+from radharmony_pipeline.processing.storage.store import output_path
 
 SourcePath = Path | UPath
 # (size, modification time in ns) of a local file; (size, ETag) of an object.

@@ -7,95 +7,53 @@ must not cross a fork. `AWS_ENDPOINT_URL` selects an S3-compatible endpoint and 
 AWS variables carry the credentials; botocore reads them, this module does not.
 
 Every request to an object store made through this module (and source_store) is retried
-under one `RetryPolicy`, carried in the path's options so that worker processes apply the
-same one; the S3 client's own retries are switched off so attempts do not multiply.
+under one `RetryPolicy` (retry_policy.py), carried in the path's options so that worker
+processes apply the same one; the S3 client's own retries are switched off so attempts do not
+multiply.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
-import http.client
 import io
 import os
 import shutil
 import tempfile
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from glob import escape as glob_escape
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO
 
 import numpy as np
 from upath import UPath
 
-from radharmony_pipeline.internals import RETRY_OPTION, s3_path
+from radharmony_pipeline.internals import s3_path
 from radharmony_pipeline.processing.storage.atomic import (
     TEMP_MARKER,
     temporary_sibling,
     write_atomically,
+    writer_is_gone,
+)
+from radharmony_pipeline.processing.storage.retry_policy import (
+    DEFAULT_RETRY_POLICY,
+    RETRY_OPTION,
+    ObjectStoreError,
+    RetryPolicy,
+    is_local,
+    with_retries,
 )
 
 OutputPath = Path | UPath
 Writer = Callable[[BinaryIO], None]
-T = TypeVar("T")
 
-# One attempt per request in the client: the policy below does the retrying. A wrong or
+# One attempt per request in the client: the retry policy does the retrying. A wrong or
 # unreachable endpoint must fail an attempt within seconds, not botocore's default 60 s.
 _CLIENT_CONFIG = {
     "connect_timeout": 5,
     "read_timeout": 60,
     "retries": {"total_max_attempts": 1, "mode": "standard"},
 }
-# Error codes of throttling and of a store that is busy or restarting (S3's and common
-# S3-compatible stores'), whatever the HTTP status they come with.
-_TRANSIENT_CODES = {
-    "SlowDown",
-    "Throttling",
-    "ThrottlingException",
-    "RequestTimeout",
-    "RequestTimeTooSkewed",
-    "InternalError",
-    "ServiceUnavailable",
-    "TooManyRequests",
-}
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Bounded attempts per object-store operation, with exponential backoff between them
-    (`first_backoff`, doubling, at most `max_backoff` seconds). Throttling, 5xx answers,
-    timeouts and cut connections are retried; anything else fails at once."""
-
-    attempts: int = 8
-    first_backoff: float = 0.25
-    max_backoff: float = 8.0
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1 or self.first_backoff < 0 or self.max_backoff < 0:
-            raise ValueError(
-                "a retry policy needs at least 1 attempt and non-negative backoffs, got "
-                f"{self.attempts} attempts, {self.first_backoff} s, {self.max_backoff} s"
-            )
-
-    def backoff(self, failed_attempts: int) -> float:
-        """Seconds to wait after the `failed_attempts`-th failure."""
-        return min(self.first_backoff * 2 ** (failed_attempts - 1), self.max_backoff)
-
-    def budget(self) -> float:
-        """The total time waited between attempts before giving up."""
-        return sum(self.backoff(n) for n in range(1, self.attempts))
-
-
-DEFAULT_RETRY_POLICY = RetryPolicy()
-
-
-class ObjectStoreError(RuntimeError):
-    """An object-store operation failed for good: a permanent answer (access denied, no such
-    bucket) or transient faults past the retry policy. Not an OSError, so that no caller
-    turns it into an error row or a "missing, write it again": it stops the step."""
-
 
 # The local roots this process was given (output_path): a full or read-only volume is reported
 # with the output root the failing file is under.
@@ -136,99 +94,10 @@ def _policy_option(policy: RetryPolicy) -> tuple[int, float, float]:
     return (policy.attempts, policy.first_backoff, policy.max_backoff)
 
 
-def retry_policy_of(path: Any) -> RetryPolicy:
-    option = getattr(path, "storage_options", {}).get(RETRY_OPTION)
-    return RetryPolicy(*option) if option else DEFAULT_RETRY_POLICY
-
-
-def with_retries(path: Any, action: str, operation: Callable[[], T]) -> T:
-    """`operation()` (an object-store request or a few, about `path`) under the path's retry
-    policy. A permanent error, or transient ones past the policy, raise ObjectStoreError
-    naming the object and the cause; a missing object stays FileNotFoundError. Local paths
-    call `operation` once."""
-    if is_local(path):
-        return operation()
-    policy = retry_policy_of(path)
-    started = time.monotonic()
-    for attempt in range(1, policy.attempts + 1):
-        try:
-            return operation()
-        except Exception as error:
-            problem = store_problem(error)
-            if problem is None:
-                raise
-            if problem != _TRANSIENT:
-                raise ObjectStoreError(f"{path}: cannot {action}: {problem}") from error
-            if attempt == policy.attempts:
-                waited = time.monotonic() - started
-                raise ObjectStoreError(
-                    f"{path}: cannot {action}: the object store kept failing ({error!r}) "
-                    f"through {policy.attempts} attempts over {waited:.1f} s. Once the store "
-                    "answers again, run the same command: finished outputs are kept"
-                ) from error
-            time.sleep(policy.backoff(attempt))
-    raise AssertionError("unreachable")
-
-
-_TRANSIENT = "transient"
-
-
-def store_problem(error: BaseException) -> str | None:
-    """`_TRANSIENT` for a fault worth retrying, a description of a permanent store error
-    (access denied, no such bucket), or None for anything else (a missing object, a bug)."""
-    for cause in _causes(error):
-        response = getattr(cause, "response", None)
-        if isinstance(response, dict) and "Error" in response:
-            code = response["Error"].get("Code", "")
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
-            if code in _TRANSIENT_CODES or status >= 500 or status == 429:
-                return _TRANSIENT
-            if code == "NoSuchBucket":
-                return f"the bucket does not exist (NoSuchBucket): {cause}"
-            if status in (401, 403) or code in ("AccessDenied", "InvalidAccessKeyId"):
-                named = f", {code}" if code and code != str(status) else ""
-                return f"access denied (HTTP {status}{named}): {cause}. Check the credentials"
-            return None
-        if _is_connection_fault(cause):
-            return _TRANSIENT
-    if isinstance(error, PermissionError):
-        return f"access denied: {error}. Check the credentials"
-    return None
-
-
-def _causes(error: BaseException) -> Iterator[BaseException]:
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
-
-
-def _is_connection_fault(error: BaseException) -> bool:
-    if isinstance(error, (ConnectionError, TimeoutError, asyncio.TimeoutError)):
-        return True
-    if isinstance(error, http.client.HTTPException):  # IncompleteRead, RemoteDisconnected
-        return True
-    package = type(error).__module__.split(".")[0]
-    if package == "aiohttp":  # ClientPayloadError, ServerDisconnectedError, ClientOSError
-        return True
-    if package == "botocore":
-        import botocore.exceptions as boto
-
-        return isinstance(
-            error, (boto.HTTPClientError, boto.ConnectionError, boto.IncompleteReadError)
-        )
-    return type(error).__name__ == "FSTimeoutError"
-
-
 def as_local_path(path: Any) -> Path:
     """A local output path as a Path; one already a Path is not parsed again (a deep path
     costs several microseconds to parse, and this runs for every image written)."""
     return path if isinstance(path, Path) and not isinstance(path, UPath) else Path(path)
-
-
-def is_local(path: Any) -> bool:
-    return not isinstance(path, UPath) or path.protocol in ("", "file", "local")
 
 
 def publish(path: OutputPath, write: Writer) -> None:
@@ -482,3 +351,28 @@ def make_folder(folder: OutputPath) -> None:
     """Create a local folder; object stores have no folders to create."""
     if is_local(folder):
         Path(folder).mkdir(parents=True, exist_ok=True)
+
+
+# Clean-up of what killed writers left: here, not in atomic.py, because it lists and deletes
+# through this module, which writes through atomic.py.
+def remove_orphaned_temporaries(folder: Any, pattern: str = "*") -> list[Any]:
+    """Delete the temporary files under `folder` (a local path or a UPath on object storage,
+    recursively) whose writer is gone."""
+    folder = Path(folder) if isinstance(folder, str) else folder
+    return _remove_if_writer_gone(glob(folder, f"**/{TEMP_MARKER}{pattern}"))
+
+
+def remove_orphaned_siblings(path: Any) -> list[Any]:
+    """Delete the temporary siblings of `path` (see temporary_sibling) whose writer is gone,
+    looking only for that name: what a worker stopped while writing `path` left behind."""
+    pattern = f"{TEMP_MARKER}*-{glob_escape(path.name)}"
+    return _remove_if_writer_gone(glob(path.parent, pattern))
+
+
+def _remove_if_writer_gone(temporaries: Iterable[Any]) -> list[Any]:
+    removed = []
+    for temp in temporaries:
+        if writer_is_gone(temp):
+            remove(temp)
+            removed.append(temp)
+    return removed
