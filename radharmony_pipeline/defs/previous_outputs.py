@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -96,6 +96,30 @@ def previous_tables(
             return None
         found[asset] = (pq.read_table(io.BytesIO(content)).to_pandas(), metadata)
     return found
+
+
+def reused_or_built(
+    context: dg.AssetExecutionContext,
+    asset: str,
+    fingerprint: str | None,
+    root: Any,
+    build: Callable[[], tuple[pd.DataFrame, dict[str, Any]]],
+    still_there: Callable[[pd.DataFrame], bool] = lambda table: True,
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The stage's one re-use path: its last table and the metadata it wrote itself, when its
+    inputs' `fingerprint` is the one recorded and what the table names is `still_there`;
+    else `build()`. Either way the metadata carries the re-use marks."""
+    previous = previous_tables(context, (asset,), fingerprint, root)
+    if previous is not None and not still_there(previous[asset][0]):
+        context.log.info(f"{context.partition_key}: a file the last `{asset}` names is gone")
+        previous = None
+    if previous is None:
+        table, metadata = build()
+    else:
+        context.log.info(f"{context.partition_key}: inputs unchanged, `{asset}` re-used")
+        table, metadata = previous[asset][0], stage_metadata(previous[asset][1])
+    metadata.update(reuse_marks(fingerprint, previous is not None))
+    return table, metadata
 
 
 def input_table(root: Any, asset: str, partition: str) -> pd.DataFrame:

@@ -16,13 +16,7 @@ from ..checks.expectations import kept_validation
 from ..groups import ANNOTATIONS
 from ..metadata import status_counts, table_code_version
 from ..previews import box_preview
-from ..previous_outputs import (
-    input_table,
-    previous_tables,
-    reuse_marks,
-    stage_fingerprint,
-    stage_metadata,
-)
+from ..previous_outputs import input_table, reused_or_built, stage_fingerprint
 from ..resources import DatasetsResource, OutputsResource, SuiteValidationResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
@@ -67,14 +61,14 @@ def bboxes(
         split,
         [table_file(root, RAW_INDEX.name, context.partition_key)],
     )
-    previous = previous_tables(context, ("bboxes",), fingerprint, root)
-    if previous is None:
+
+    def build() -> tuple[pd.DataFrame, dict[str, Any]]:
         raw_index = input_table(root, RAW_INDEX.name, context.partition_key)
-        table, metadata = _box_table(source, split, raw_index, root, context.partition_key)
-    else:  # the same boxes from the same files: the table and sheet of the last run
-        table, metadata = previous["bboxes"][0], stage_metadata(previous["bboxes"][1])
+        return _box_table(source, split, raw_index, root, context.partition_key)
+
+    # The same boxes from the same files: the table and sheet of the last run.
+    table, metadata = reused_or_built(context, "bboxes", fingerprint, root, build)
     fail_if_strict(table, run_settings.strict, "bboxes")
-    metadata.update(reuse_marks(fingerprint, previous is not None))
     yield from selected_output(context, "bboxes", table, metadata)
     yield from check_results(
         context.selected_asset_check_keys,

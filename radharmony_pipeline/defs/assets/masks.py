@@ -27,12 +27,7 @@ from ..checks.masks import CHECK_SPECS, check_results
 from ..groups import ANNOTATIONS
 from ..metadata import status_counts, table_code_version
 from ..previews import mask_preview
-from ..previous_outputs import (
-    previous_tables,
-    reuse_marks,
-    stage_fingerprint,
-    stage_metadata,
-)
+from ..previous_outputs import reused_or_built, stage_fingerprint
 from ..resources import DatasetsResource, OutputsResource, SuiteValidationResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
@@ -83,17 +78,17 @@ def masks(
         [table_file(root, RAW_INDEX.name, context.partition_key)],
     )
     # A root moved into another layout has another fingerprint: its tables are not re-used.
-    previous = previous_tables(context, ("masks",), fingerprint, root)
-    if previous is not None and not _every_mask_present(root, folder, previous["masks"][0]):
-        # A mask removed by hand or by `radharmony verify` (damaged): the stage writes it again.
-        context.log.info("a mask file the last table names is missing: masks are rebuilt")
-        previous = None
-    if previous is None:
-        table, metadata = _mask_table(context, source, split, raw_index, root, run_settings)
-    else:  # the same images from the same files: the masks and sheet of the last run
-        table, metadata = previous["masks"][0], stage_metadata(previous["masks"][1])
-        fail_if_strict(table, run_settings.strict, "masks")
-    metadata.update(reuse_marks(fingerprint, previous is not None))
+    # The same images from the same files: the masks and sheet of the last run, unless a mask
+    # was removed by hand or by `radharmony verify` (damaged): the stage writes it again.
+    table, metadata = reused_or_built(
+        context,
+        "masks",
+        fingerprint,
+        root,
+        lambda: _mask_table(context, source, split, raw_index, root, run_settings),
+        still_there=lambda table: _every_mask_present(root, folder, table),
+    )
+    fail_if_strict(table, run_settings.strict, "masks")
     yield from selected_output(context, "masks", table, metadata)
     yield from check_results(
         context.selected_asset_check_keys,

@@ -15,13 +15,7 @@ from ..automation import REBUILD_WHEN_CHANGED, REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import CORPUS
 from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions, every_partition_of
-from ..previous_outputs import (
-    files_fingerprint,
-    input_table,
-    previous_tables,
-    reuse_marks,
-    stage_metadata,
-)
+from ..previous_outputs import files_fingerprint, input_table, reused_or_built
 from ..resources import OutputsResource
 
 CODE_VERSION = "1"
@@ -62,9 +56,8 @@ def partition_profile(
     partition = context.partition_key
     files = [table_file(root, name, partition) for name in PARTITION_PROFILE_INPUTS]
     fingerprint = files_fingerprint([table_code_version(CODE_VERSION), partition], files)
-    output = _previous_profile(context, fingerprint, root)
-    reused = output is not None
-    if output is None:
+
+    def build() -> tuple[pd.DataFrame, dict]:
         inputs = (input_table(root, name, partition) for name in PARTITION_PROFILE_INPUTS)
         tables = CorpusTables(*inputs)
         output = _profile(tables, partition, outputs)
@@ -72,21 +65,18 @@ def partition_profile(
         output.metadata["report_label_prevalence"] = dg.MetadataValue.json(
             report_label_prevalence(tables.report_labels)
         )
-    output.metadata.update(reuse_marks(fingerprint, reused))
-    return output
+        return output.value, dict(output.metadata)
 
-
-def _previous_profile(
-    context: dg.AssetExecutionContext, fingerprint: str, root: OutputPath
-) -> dg.Output | None:
-    """The partition's last profile when its tables' files are as they were then and its PNG
-    is still there; else None."""
-    previous = previous_tables(context, [PARTITION_PROFILE.name], fingerprint, root)
-    if previous is None or not exists(_png(root, context.partition_key)):
-        return None
-    table, metadata = previous[PARTITION_PROFILE.name]
-    context.log.info(f"{context.partition_key}: its tables are unchanged, profile re-used")
-    return dg.Output(table, metadata=stage_metadata(metadata))
+    # Its tables' files as they were then, and its PNG still there: the last profile.
+    table, metadata = reused_or_built(
+        context,
+        PARTITION_PROFILE.name,
+        fingerprint,
+        root,
+        build,
+        still_there=lambda _: exists(_png(root, partition)),
+    )
+    return dg.Output(table, metadata=metadata)
 
 
 @dg.asset(
