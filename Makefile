@@ -89,11 +89,11 @@ lint: install-dev
 	$(BIN)/ruff format --check .
 
 bench: install-bench
-	$(BIN)/python benchmarks/bench_index.py
+	$(BIN)/python benchmarks/bench_checks.py --section index
 	$(BIN)/python benchmarks/bench_masks.py
 	$(BIN)/python benchmarks/bench_images.py
 	$(BIN)/python benchmarks/bench_duplicates.py
-	$(BIN)/python benchmarks/bench_time_limit.py
+	$(BIN)/python benchmarks/bench_cluster.py --section time-limit
 
 clean-demo:
 	rm -rf data/demo data/output

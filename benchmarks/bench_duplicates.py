@@ -26,12 +26,14 @@ no group that is not a plant.
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from common import add_smoke
 
 from radharmony_pipeline.processing.corpus import duplicates
 from radharmony_pipeline.processing.corpus.duplicates import (
@@ -218,7 +220,20 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench_duplicates"))
     parser.add_argument("--faiss-at", type=int, default=0)
     parser.add_argument("--skip-baseline", action="store_true")
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:  # nothing kept: cache and packed files in a temporary folder
+        with tempfile.TemporaryDirectory(prefix="bench-duplicates-") as folder:
+            global CHUNK
+            CHUNK = 400  # renders per cached file
+            args.count, args.planted, args.faiss_at = 800, 8, 0
+            args.cache, args.work = Path(folder) / "cache", Path(folder) / "work"
+            run(args)
+        return
+    run(args)
+
+
+def run(args: argparse.Namespace) -> None:
 
     looks = look_alike_words(args.cache, args.seed, args.hash_side, args.count)
     words, truth, pixels = plant_copies(looks, args.planted, args.film_side, args.seed)

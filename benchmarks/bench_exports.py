@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import add_smoke
 from PIL import Image
 
 from radharmony_pipeline.processing.annotations.masks import write_mask_png
@@ -140,7 +141,10 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.images, args.repeat = 24, 1
     workers = os.cpu_count() or 1
     print(f"load average at start: {os.getloadavg()}; export threads: {workers}")
     with tempfile.TemporaryDirectory(prefix="bench-exports-") as scratch:

@@ -12,9 +12,9 @@ back to back, user and system CPU of:
   included, two workers, as on this machine): jobs built from `raw_index`, the pool, rows,
   table, checks, Parquet and metadata; this process, the fork server and the workers it
   reaped;
-* pool: `build_packed_images` alone on the same sources (bench_formats' `stage`);
+* pool: `build_packed_images` alone on the same sources (`stage` in image_formats.py);
 * work alone: the per-image calls in sequence in one process, over the larger partition's
-  sources (bench_formats' `work alone`), into a new folder as the step's are;
+  sources (its `work alone`), into a new folder as the step's are;
 * with rows: the same, each image's pixels also written into its row of a packed array
   allocated as the step's (the step's output the work alone leaves out: 49 KB of new pages
   per image at S = 224, whose cost on this machine swings between about 0.01 and 0.3 ms);
@@ -26,7 +26,7 @@ touched for the first time) moves by tens of percent from run to run on this mac
 time much less. The difference between step and pool is the asset's per-row bookkeeping,
 between pool and work alone the jobs', pool's and packed array's.
 
-    .venv/bin/python benchmarks/bench_image_step.py [--images 6000] [--repeats 3]
+    .venv/bin/python benchmarks/bench_image_step.py [--images 6000] [--repeats 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -39,10 +39,17 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import bench_reruns
 import dagster as dg
-from bench_formats import SIZE, stage_run, work_alone
-from bench_images import load_line, machine_line, pool_cpu_times
+from common import (
+    REXGRADIENT_PARTITION,
+    SIZE,
+    add_smoke,
+    load_line,
+    machine_line,
+    pool_cpu_times,
+    write_rexgradient_partition,
+)
+from image_formats import stage_run, work_alone
 
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.defs.jobs import ALL_STAGES_JOB
@@ -50,7 +57,7 @@ from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.packed_rows import PackedRowWriter
 from radharmony_pipeline.processing.storage.store import allocate_array
 
-PARTITION = bench_reruns.PARTITION
+PARTITION = REXGRADIENT_PARTITION
 # (name, (shortest, longest) side): count-driven and ReXGradient-sized 8-bit PNGs.
 IMAGE_SIZES = {"small ~190²": (180, 200), "rex-sized 730x742": (730, 742)}
 TARGET = 1.3
@@ -126,7 +133,7 @@ def measure(work: Path, sides: tuple[int, int], images: int, repeats: int) -> li
     with dg.DagsterInstance.ephemeral() as instance:
         for name, count in counts.items():
             data, output = work / name / "data", work / name / "output"
-            sources[name] = bench_reruns.write_partition(data, count, sides=sides)
+            sources[name] = write_rexgradient_partition(data, count, sides=sides)
             job = build_definitions(data, output).resolve_job_def(ALL_STAGES_JOB)
             if not job.execute_in_process(partition_key=PARTITION, instance=instance).success:
                 raise SystemExit(f"all_stages failed on {data}")
@@ -158,7 +165,10 @@ def main() -> int:
     parser.add_argument("--images", type=int, default=6000, help="images of the larger partition")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=sorted(IMAGE_SIZES), help="one image size only")
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:  # the small size only, 80 and 5 images, once; no verdict
+        args.images, args.repeats, args.only = 80, 1, "small ~190²"
     os.environ["RADHARMONY_WORKERS"] = "2"
     print(machine_line())
     print(load_line())
@@ -172,13 +182,13 @@ def main() -> int:
     finally:
         shutil.rmtree(folder)
     print(load_line())
-    return 0 if all(verdicts) else 1
+    return 0 if all(verdicts) or args.smoke else 1
 
 
 def report(name: str, sides: tuple[int, int], images: int, repeats: int, folder: Path) -> bool:
     """Measure one image size and print every repeat and the median; whether it passes."""
     # ReXGradient-sized renders cost ~50 ms each: a quarter of the count keeps it minutes.
-    images = images if sides[1] < 400 else max(64, images // 4)
+    images = images if sides[1] < 400 or images < 64 else max(64, images // 4)
     repeat_results = measure(folder / f"{sides[0]}x{sides[1]}", sides, images, repeats)
     ratios, user_ratios, row_ratios = [], [], []
     for repeat, cpu in enumerate(repeat_results, 1):

@@ -3,7 +3,7 @@ CheXpert-like JPEGs (throughput and re-run).
 
 First (section `formats`) every source format the four datasets ship, one line each: floor,
 the step's marginal CPU per image, ratio (PASS at <= 1.5x), naive-loop and MONAI ratios, then
-the corpus projection; that section is bench_formats.py's (its docstring says how each figure
+the corpus projection; that section lives in image_formats.py (its docstring says how each figure
 is measured). Then (section `jpeg`) it writes N synthetic radiographs once (default 120;
 content from `render_radiograph` plus mild detector noise, portrait 2300-2400 x 2800-2900
 pixels, baseline grayscale JPEG quality 90, seeded), then measures in the same run, on the
@@ -32,7 +32,7 @@ summed over its worker processes), which load changes far less, and the load ave
 printed at the start and the end. The last lines say which targets were met.
 
     .venv/bin/python benchmarks/bench_images.py [--images 120] [--keep DIR] [--noise 0.02]
-        [--sections formats,jpeg] [--repeats 2] [--scale 1.0] [--only png16-rex,dicom]
+        [--sections formats,jpeg] [--repeats 2] [--scale 1.0] [--only png16-rex,dicom] [--smoke]
 
 --keep DIR reuses the JPEGs already in DIR (writing only missing ones, and leaving them there)
 instead of generating them into a temporary folder that is deleted afterwards.
@@ -41,52 +41,45 @@ instead of generating them into a temporary folder that is deleted afterwards.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import math
-import multiprocessing.forkserver
 import os
-import platform
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-import cv2
 import numpy as np
-import psutil
+from common import (
+    DEFAULT_NOISE,
+    JPEG_QUALITY,
+    SIZE,
+    WARMUP_IMAGES,
+    StageRun,
+    add_smoke,
+    load_line,
+    machine_line,
+    monai_chain,
+    naive_letterbox,
+    prepare_jpeg_sources,
+    run_stage,
+)
 from PIL import Image
 
 from radharmony_pipeline.processing.execution.parallel import map_with_time_limit
 from radharmony_pipeline.processing.execution.supervised import TimeLimit
 from radharmony_pipeline.processing.jobs.image_jobs import (
-    ImageJob,
     ImageRow,
-    build_packed_images,
-    image_job_stopped,
     image_table,
 )
-from radharmony_pipeline.processing.storage import output_layout as layout
-from radharmony_pipeline.processing.storage.atomic import temporary_sibling
 from radharmony_pipeline.settings import job_timeout
-from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 
 # Every pool worker re-imports this module (as __mp_main__) before it runs a job, so its top
 # level holds only imports and definitions; the benchmark itself runs under __main__.
-SIZE = 224
-PARTITION = "chexpert.train"
-SEED = 0
-JPEG_QUALITY = 90
-WIDTH_RANGE = (2300, 2400)  # CheXpert full-resolution frontals are ~2320 x 2828
-HEIGHT_RANGE = (2800, 2900)
-LATERAL_FRACTION = 0.15  # a share of lateral views, as in CheXpert
 # render_radiograph is smooth and compresses to ~0.2 MB; real full-resolution CheXpert JPEGs
 # are ~2 MB (quantum mottle, fine texture). Entropy decoding, which no DCT scale skips, grows
 # with the compressed size, so Gaussian noise of this standard deviation (in [0, 1] units,
 # 0.02 ~ 5 grey levels) brings files to ~1.5 MB and decode cost close to the real thing.
-DEFAULT_NOISE = 0.02
-WARMUP_IMAGES = 6
+SMOKE_SHAPE = (420, 340)  # --smoke: small JPEGs, figures meaningless
 
 THROUGHPUT_TARGET = 2.5
 RERUN_TARGET = 20.0
@@ -94,35 +87,6 @@ MONAI_TARGET = 10.0
 
 
 # --- synthetic sources ---------------------------------------------------------------------
-
-
-def source_name(index: int) -> str:
-    return f"patient{index:05d}_study1_view1.jpg"
-
-
-def write_radiograph_jpeg(path: Path, index: int, noise: float) -> None:
-    """One seeded radiograph (its own generator, so any subset regenerates identically)."""
-    rng = np.random.default_rng([SEED, index])
-    width = int(rng.integers(WIDTH_RANGE[0], WIDTH_RANGE[1] + 1))
-    height = int(rng.integers(HEIGHT_RANGE[0], HEIGHT_RANGE[1] + 1))
-    view = "lateral" if rng.random() < LATERAL_FRACTION else "frontal"
-    pixels = render_radiograph(rng, height, width, view).pixels
-    if noise > 0:
-        pixels = pixels + np.float32(noise) * rng.standard_normal(pixels.shape, dtype=np.float32)
-    temp = temporary_sibling(path)  # a killed run must not leave a truncated JPEG to reuse
-    Image.fromarray(to_uint8(pixels)).save(temp, format="JPEG", quality=JPEG_QUALITY)
-    os.replace(temp, path)
-
-
-def prepare_sources(folder: Path, count: int, noise: float) -> tuple[list[Path], int, float]:
-    """The `count` JPEGs in `folder`, writing missing ones: (paths, written, seconds)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / source_name(index) for index in range(count)]
-    start = time.perf_counter()
-    missing = [(index, path) for index, path in enumerate(paths) if not path.is_file()]
-    for index, path in missing:
-        write_radiograph_jpeg(path, index, noise)
-    return paths, len(missing), time.perf_counter() - start
 
 
 def describe_sources(paths: Sequence[Path]) -> str:
@@ -142,78 +106,6 @@ def describe_sources(paths: Sequence[Path]) -> str:
 # --- the images stage, as the asset runs it ------------------------------------------------
 
 
-def pool_cpu_seconds() -> float:
-    """CPU seconds of this process and of every worker process so far (pool_cpu_times)."""
-    return sum(pool_cpu_times())
-
-
-def pool_cpu_times() -> tuple[float, float]:
-    """(user, system) CPU seconds of this process and of every worker process so far.
-
-    Workers are forked by multiprocessing's fork server, not by us: their CPU time shows in
-    the server's children times once it has reaped them (it has, when the pool has joined
-    them). The server's pid is a private attribute of multiprocessing; 0 without a server.
-    """
-    own = psutil.Process().cpu_times()
-    user, system = own.user, own.system
-    server = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
-    if server:
-        times = psutil.Process(server).cpu_times()
-        user += times.user + times.children_user
-        system += times.system + times.children_system
-    return user, system
-
-
-@dataclass
-class StageRun:
-    seconds: float
-    cpu_seconds: float
-    rows: list[ImageRow]
-    packed: Path
-
-
-def stage_jobs(sources: Sequence[Path], output_root: Path, partition: str) -> list[ImageJob]:
-    """The jobs the `images` asset builds for these sources (letterbox, S, no union masks),
-    their PNGs where the layout puts `partition`'s under `output_root`; the one place the
-    benchmarks build them."""
-    return [
-        ImageJob(
-            image_id=source.stem,
-            source_file=source,
-            union_mask_file=None,
-            output_root=output_root,
-            image_relative=layout.resized_image(partition, source.stem),
-            mask_relative=None,
-            size=SIZE,
-            resize="letterbox",
-            row=row,
-        )
-        for row, source in enumerate(sources)
-    ]
-
-
-def run_stage(sources: Sequence[Path], output_root: Path, workers: int) -> StageRun:
-    """What `images` does for one partition, minus Dagster: jobs built as the asset builds
-    them, then build_packed_images (the asset's own call)."""
-    folder = output_root / layout.resized_image_folder(PARTITION)
-    packed = output_root / layout.packed_images(PARTITION)
-    start, cpu_start = time.perf_counter(), pool_cpu_seconds()
-    folder.mkdir(parents=True, exist_ok=True)
-    jobs = stage_jobs(sources, output_root, PARTITION)
-    # As the asset runs them: executor and time limit from the run settings (imported here,
-    # not at the top, so pool workers re-importing this module do not import dagster).
-    from radharmony_pipeline.defs.run_settings import RunSettingsResource
-
-    settings = RunSettingsResource(workers=workers)
-    limit = settings.time_limit(image_job_stopped)
-    rows = build_packed_images(jobs, packed, SIZE, settings.executor(), time_limit=limit)
-    seconds, cpu_seconds = time.perf_counter() - start, pool_cpu_seconds() - cpu_start
-    failed = [row for row in rows if row.status != "ok"]
-    if failed:
-        raise SystemExit(f"images stage: {len(failed)} rows failed, first: {failed[0].error}")
-    return StageRun(seconds, cpu_seconds, rows, packed)
-
-
 def decoded_count(rows: Sequence[ImageRow]) -> int:
     return int(image_table(rows)["decoded"].sum())
 
@@ -221,20 +113,11 @@ def decoded_count(rows: Sequence[ImageRow]) -> int:
 # --- the naive single-process loop ---------------------------------------------------------
 
 
-def naive_letterbox(source: Path, output: Path) -> None:
+def naive_letterbox_file(source: Path, output: Path) -> None:
     """Full decode, INTER_AREA of the long side to SIZE, centred zero padding, Pillow PNG."""
     with Image.open(source) as image:
         pixels = np.asarray(image.convert("L"))
-    height, width = pixels.shape
-    scale = SIZE / max(height, width)
-    # Half up like letterbox_geometry, so both place the content identically.
-    new_height = max(1, math.floor(height * scale + 0.5))
-    new_width = max(1, math.floor(width * scale + 0.5))
-    content = cv2.resize(pixels, (new_width, new_height), interpolation=cv2.INTER_AREA)
-    frame = np.zeros((SIZE, SIZE), dtype=np.uint8)
-    top, left = (SIZE - new_height) // 2, (SIZE - new_width) // 2
-    frame[top : top + new_height, left : left + new_width] = content
-    Image.fromarray(frame).save(output, format="PNG")
+    Image.fromarray(naive_letterbox(pixels)).save(output, format="PNG")
 
 
 def run_naive(sources: Sequence[Path], folder: Path) -> tuple[float, float]:
@@ -242,7 +125,7 @@ def run_naive(sources: Sequence[Path], folder: Path) -> tuple[float, float]:
     folder.mkdir(parents=True, exist_ok=True)
     start, cpu_start = time.perf_counter(), time.process_time()
     for source in sources:
-        naive_letterbox(source, folder / f"{source.stem}.png")
+        naive_letterbox_file(source, folder / f"{source.stem}.png")
     return time.perf_counter() - start, time.process_time() - cpu_start
 
 
@@ -258,28 +141,6 @@ def mean_difference(stage: np.ndarray, naive_folder: Path, sources: Sequence[Pat
 
 
 # --- MONAI (optional) ----------------------------------------------------------------------
-
-
-def monai_pipeline() -> Callable[[str], object] | None:
-    """The kind of transform chain the seed library runs per image; None without monai."""
-    if importlib.util.find_spec("monai") is None:
-        return None
-    from monai.transforms import (
-        Compose,
-        LoadImage,
-        Resize,
-        ScaleIntensityRangePercentiles,
-        SpatialPad,
-    )
-
-    return Compose(
-        [
-            LoadImage(image_only=True, ensure_channel_first=True, reader="PILReader"),
-            ScaleIntensityRangePercentiles(lower=0.5, upper=99.5, b_min=0.0, b_max=1.0, clip=True),
-            Resize(spatial_size=SIZE, size_mode="longest", mode="area"),
-            SpatialPad(spatial_size=(SIZE, SIZE)),
-        ]
-    )
 
 
 def run_monai(pipeline: Callable[[str], object], sources: Sequence[Path]) -> tuple[float, float]:
@@ -357,24 +218,11 @@ def per_image_ms(seconds: float, count: int) -> str:
     return f"{1000 * seconds / count:.1f} ms"
 
 
-def load_line() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
-
-
 def verdict(name: str, ratio: float | None, target: float) -> str:
     if ratio is None:
         return f"   {name}: not measured (target >= {target:g}x)"
     outcome = "PASS" if ratio >= target else "FAIL"
     return f"   {name}: {ratio:.2f}x, target >= {target:g}x: {outcome}"
-
-
-def machine_line() -> str:
-    processor = platform.processor() or "unknown processor"
-    return (
-        f"machine: os.cpu_count()={os.cpu_count()}, {processor} / {platform.machine()}, "
-        f"Python {platform.python_version()} ({platform.system()} {platform.release()})"
-    )
 
 
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -403,17 +251,21 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         "--sections",
         default="formats,jpeg",
         help="what to run, comma-separated: formats (every source format against its floor, "
-        "bench_formats.py, with the corpus projection), jpeg (the JPEG throughput, re-run and "
-        "MONAI section below); default both",
+        "with the corpus projection; formerly bench_formats.py), jpeg (the JPEG throughput, "
+        "re-run and MONAI section below); default both",
     )
     parser.add_argument("--repeats", type=int, default=2, help="formats: runs per measurement")
     parser.add_argument("--scale", type=float, default=1.0, help="formats: multiply image counts")
     parser.add_argument("--only", default="", help="formats: comma-separated format keys")
+    add_smoke(parser)
     args = parser.parse_args(argv)
+    if args.smoke:  # a few small images, one repeat, one cheap format
+        args.images, args.repeats, args.only = 8, 1, args.only or "png8-rex"
+        args.scale = 8 / 48
     unknown = set(args.sections.split(",")) - {"formats", "jpeg"}
     if unknown:
         parser.error(f"unknown --sections {sorted(unknown)}: choose formats, jpeg")
-    if args.images < 100:
+    if args.images < 100 and not args.smoke:
         parser.error("--images must be at least 100")
     return args
 
@@ -423,10 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(machine_line(), flush=True)
     sections = args.sections.split(",")
     if "formats" in sections:
-        # Imported here: bench_formats imports this module's helpers.
-        from bench_formats import run_formats
+        # Imported here: pool workers re-importing this module need not import pydicom.
+        from image_formats import run_formats
 
-        print("every source format (bench_formats.py):", flush=True)
+        print("every source format:", flush=True)
         keep = args.keep / "formats" if args.keep else None
         run_formats(keep, args.repeats, args.scale, args.only)
     if "jpeg" in sections:
@@ -440,7 +292,9 @@ def jpeg_section(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench_images_") as scratch_name:
         scratch = Path(scratch_name)
         source_folder = args.keep or scratch / "sources"
-        sources, written, seconds = prepare_sources(source_folder, args.images, args.noise)
+        sources, written, seconds = prepare_jpeg_sources(
+            source_folder, args.images, args.noise, SMOKE_SHAPE if args.smoke else None
+        )
         origin = (
             f"wrote {written} in {seconds:.1f} s (noise {args.noise:g})"
             if written
@@ -448,7 +302,7 @@ def jpeg_section(args: argparse.Namespace) -> None:
         )
         print(f"sources: {describe_sources(sources)}; {source_folder}: {origin}", flush=True)
 
-        pipeline = monai_pipeline()
+        pipeline = monai_chain("PILReader")
         warmup_seconds = warm_up(sources, scratch, workers, pipeline)
         print(
             f"warm-up: {warmup_seconds:.2f} s over {WARMUP_IMAGES} images (forkserver start, "

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+from common import add_smoke
 from pycocotools import mask as coco_mask
 
 from radharmony_pipeline.processing.annotations.masks import decode_rle, union_rle_masks
@@ -176,9 +177,11 @@ def chestx_det_section(args: argparse.Namespace) -> list[str]:
     from radharmony_pipeline.synthetic import generate_datasets
 
     cores = os.cpu_count() or 1
+    repeats = 1 if args.smoke else CHESTX_DET_REPEATS
     with tempfile.TemporaryDirectory() as scratch:
         data = Path(scratch) / "data"
-        generate_datasets(data, scale="small", seed=args.seed, datasets=["chestx_det"])
+        scale = "tiny" if args.smoke else "small"
+        generate_datasets(data, scale=scale, seed=args.seed, datasets=["chestx_det"])
         source = open_source("chestx_det", environ={"RADHARMONY_DATA_ROOT": str(data)})
         index = source.read_split("train").index
 
@@ -188,7 +191,7 @@ def chestx_det_section(args: argparse.Namespace) -> list[str]:
             # folders) so pool start-up weighs as little as it does on real data.
             jobs = [
                 job
-                for copy in range(CHESTX_DET_REPEATS)
+                for copy in range(repeats)
                 for job in source.mask_jobs(
                     "train", index, lambda key, copy=copy: MaskTarget(output, f"{copy}/{key}")
                 )
@@ -205,7 +208,7 @@ def chestx_det_section(args: argparse.Namespace) -> list[str]:
         single = throughput(1)
         parallel = throughput(cores)
     return [
-        f"chestx_det masks: {len(index) * CHESTX_DET_REPEATS} images of 1024x1024, "
+        f"chestx_det masks: {len(index) * repeats} images of 1024x1024, "
         f"workers=1 {single:.1f} images/s, "
         f"workers={cores} {parallel:.1f} images/s, ratio {parallel / single:.2f}x "
         f"(target >= {PARALLEL_TARGET_RATIO:g}x on 2 cores)",
@@ -230,7 +233,11 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--images", type=int, default=20, help="synthetic images per section")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
+    add_smoke(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.images = 2
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

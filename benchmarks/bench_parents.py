@@ -33,6 +33,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pandas as pd
+from common import add_smoke
 from PIL import Image
 
 from radharmony_pipeline.processing.corpus.parent_fingerprints import (
@@ -233,7 +234,10 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=200)
     parser.add_argument("--images", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.nih, args.children, args.clusters, args.sample, args.images = 2000, 120, 100, 20, 4
     matching(args)
     fingerprinting(args)
 

@@ -10,22 +10,38 @@
   them (the floor: `nlp.tokenizer.pipe` on the blank English pipeline) and, right after it,
   `ReportLabeler.read_many` over the same texts with a fresh labeler (its piece cache empty);
   `--repeats` such pairs, the wall seconds of each and the median of the paired ratios. The
-  targets: <= 120 s for 160,000 texts and <= 2x the floor.
+  targets: <= 120 s for 160,000 texts and <= 2x the floor;
+* **table** (only when asked for; formerly bench_report_table.py): the `report_labels` step
+  around the labeler on full-scale synthetic ReXGradient metadata (written once under
+  --keep), each timed in wall seconds: the first build (every distinct report read, the rows
+  conformed to the declared schema and written as Parquet; `--labeler stand-in`, the default,
+  returns at once, so the figure is the step's own cost on top of the labeler, `--labeler
+  real` reads them) and the unchanged rerun (the previous table read back, nothing read, the
+  same rows conformed and written: the target is seconds).
 
     .venv/bin/python benchmarks/bench_report_labels.py [--texts 160000] [--repeats 2]
     .venv/bin/python benchmarks/bench_report_labels.py --sections agreement
+    .venv/bin/python benchmarks/bench_report_labels.py --sections table [--split train]
+        [--keep DIR] [--labeler stand-in]
+    .venv/bin/python benchmarks/bench_report_labels.py --smoke   # every section, tiny
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import statistics
+import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import spacy
+from common import add_smoke, write_rexgradient_metadata
 
 from radharmony_pipeline.processing.reports.agreement import (
     agreement_scores,
@@ -34,7 +50,10 @@ from radharmony_pipeline.processing.reports.agreement import (
     reading_labels,
 )
 from radharmony_pipeline.processing.reports.labeler import ReportLabeler
+from radharmony_pipeline.processing.reports.report_table import LabelledReports, label_reports
 from radharmony_pipeline.processing.reports.sections import read_text, sentence_pieces
+from radharmony_pipeline.processing.tables.table_schemas import REPORT_LABELS, conform
+from radharmony_pipeline.sources import SourceLocation, open_source
 from radharmony_pipeline.sources.rexgradient import format_report
 
 LABELLED = Path(__file__).resolve().parents[1] / "tests" / "data" / "report_labels"
@@ -329,20 +348,90 @@ def speed_section(count: int, repeats: int) -> bool:
     return wall_ok and ratio_ok
 
 
+@dataclass(frozen=True)
+class _Reading:
+    labels: dict
+    evidence: tuple
+    mentioned: bool
+
+
+class StandInReader:
+    """Returns one fixed reading per text at once: the step's cost without the labeler's."""
+
+    def read_many(self, texts: Sequence[str]) -> list[_Reading]:
+        reading = _Reading({"no_finding": 1}, (), False)
+        return [reading] * len(texts)
+
+
+def written(result: LabelledReports, split: str) -> bytes:
+    table = conform(result.table, REPORT_LABELS, {"dataset": "rexgradient", "split": split})
+    sink = io.BytesIO()
+    pq.write_table(table, sink, write_page_checksum=True)
+    return sink.getvalue()
+
+
+def table_section(split: str, labeler: str, folder: Path, smoke: bool) -> None:
+    """The `report_labels` step around the labeler (formerly bench_report_table.py)."""
+    print(f"\n== table: rexgradient {split}, {labeler} reader ==")
+    root = folder / "rexgradient"
+    if not root.exists():
+        print(f"writing ReXGradient metadata under {folder} ...", flush=True)
+        root = write_rexgradient_metadata(folder, smoke)
+    # Metadata only: the reader wants the image folder to exist, not to hold the images.
+    (root / "deid_png").mkdir(exist_ok=True)
+    source = open_source("rexgradient", SourceLocation(root=root))
+    labels = source.read_split(split).labels
+    reader = ReportLabeler() if labeler == "real" else StandInReader()
+
+    start = time.perf_counter()
+    first = label_reports(labels["image_id"], labels["report"], reader, "bench")
+    content = written(first, split)
+    first_s = time.perf_counter() - start
+
+    start = time.perf_counter()
+    previous = pq.read_table(io.BytesIO(content))
+    again = label_reports(labels["image_id"], labels["report"], reader, "bench", previous)
+    written(again, split)
+    rerun_s = time.perf_counter() - start
+
+    assert again.labelled == 0 and again.reused == first.distinct_reports
+    print(
+        f"rexgradient {split}: {len(first.table):,} images with a report, "
+        f"{first.distinct_reports:,} distinct reports ({labeler} reader)"
+    )
+    print(f"first build     {first_s:7.1f} s  ({first.labelled:,} texts read)")
+    print(
+        f"unchanged rerun {rerun_s:7.1f} s  ({again.labelled} texts read, {again.reused:,} reused)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--texts", type=int, default=REXGRADIENT_REPORTS)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
-        "--sections", nargs="+", choices=("agreement", "speed"), default=["agreement", "speed"]
+        "--sections",
+        nargs="+",
+        choices=("agreement", "speed", "table"),
+        default=["agreement", "speed"],
     )
+    parser.add_argument("--split", default="train", choices=("train", "val", "test"))
+    parser.add_argument("--keep", type=Path, help="table: folder for the metadata (reused)")
+    parser.add_argument("--labeler", choices=("stand-in", "real"), default="stand-in")
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.texts, args.repeats, args.keep = 300, 1, None
+        args.sections = ["agreement", "speed", "table"]
     passed = True
     if "agreement" in args.sections:
         passed &= agreement_section()
     if "speed" in args.sections:
         passed &= speed_section(args.texts, args.repeats)
-    raise SystemExit(0 if passed else 1)
+    if "table" in args.sections:
+        with tempfile.TemporaryDirectory(prefix="bench-report-table-") as scratch:
+            table_section(args.split, args.labeler, args.keep or Path(scratch), args.smoke)
+    raise SystemExit(0 if passed or args.smoke else 1)
 
 
 if __name__ == "__main__":

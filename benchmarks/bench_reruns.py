@@ -1,196 +1,78 @@
-"""Benchmark: re-runs of one partition through `dg launch`, as a user launches them.
+"""Benchmark: re-runs, and what they stand on. Three sections (`--section`):
 
-Writes a synthetic ReXGradient train split of `--images` small radiographs (the project's
-renderer, sides of 180-200 pixels, so that per-image bookkeeping rather than pixels decides
-the cost), then, on a persistent instance and output root of its own:
-
-1. the first build of `all_stages`;
-2. `--repeats` pairs of an unchanged re-run and a re-run after `--changed` of the sources
-   were rewritten with other pixels (a new share each time);
-3. a first build on a new output root killed with SIGKILL once half of the resized PNGs are
-   written, then the same job launched again (the resume).
-
-With `--cold` (as root) the page cache is dropped before each unchanged re-run, as a build
-that wrote more than memory leaves it, and before that a cold stat of each train source in
-sequence by coreutils is timed: the disk's own cost of the look an unchanged re-run must take.
-
-Each line gives the wall time of the whole `dg launch` (start-up included), the steps'
-durations, and the counts the stages report: images decoded, packed rows written (all N on
-an assembly, the changed ones when patched in place), and which stages re-used their
-tables (the annotation stages and `partition_profile`). Ratios are to the first build
-measured in the same run.
+* `launch` (the default): re-runs of one partition through `dg launch`, as a user launches
+  them. Writes a synthetic ReXGradient train split of `--images` (default 3000) radiographs of
+  180-200 pixels (per-image bookkeeping rather than pixels decides the cost), then, on an
+  instance and output root of its own: the first build of `all_stages`; `--repeats` pairs of
+  an unchanged re-run and a re-run after `--changed` of the sources were rewritten; a first
+  build on a new output root killed with SIGKILL once half of its PNGs are written, then
+  launched again (the resume). With `--cold` (as root) the page cache is dropped before each
+  unchanged re-run, after a cold stat of each train source by coreutils is timed (the disk's
+  own cost of the look an unchanged re-run must take). Each line gives the wall of the whole
+  launch, its ratio to the first build, the steps' durations and the stages' counts (images
+  decoded, packed rows written, tables re-used).
+* `cold` (formerly bench_cold_metadata.py): the floor of an unchanged re-run on a cold tree.
+  Writes once under `--work` the first `--files` (default 60,000) train films of the
+  full-count plan as 30 KB files in ReXGradient's layout, then per pass, after `drop_caches`
+  (root only; otherwise warm, and it says so): a `stat` of every file in sequence (the first
+  3,000) and on 16 and 64 threads, a `stat` plus the first 4 KB on 16 and 64 threads, a warm
+  `stat` on 16 threads; ms per file and the projection to train's 238,968 images.
+* `layout` (formerly bench_layout_migration.py): a flat output root (one small file per
+  resized image, a union mask and a mask folder for every other image, the tables naming
+  them) of `--images` (default 238,968) migrated into shard folders by
+  `migrate_stage_outputs`, paired per repeat with the floor, one `os.rename` per entry; their
+  ratio, and a migration that finds nothing to do (what every later step pays).
 
     .venv/bin/python benchmarks/bench_reruns.py [--images 3000] [--changed 0.01] [--repeats 2]
         [--keep DIR] [--cold]
+    sudo .venv/bin/python benchmarks/bench_reruns.py --section cold --work /tmp/cold [--files N]
+    .venv/bin/python benchmarks/bench_reruns.py --section layout [--images 238968] [--repeats 3]
+    .venv/bin/python benchmarks/bench_reruns.py --smoke   # every section, tiny
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import cv2
-import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from common import (
+    REPOSITORY,
+    SMALL_SIDES,
+    add_smoke,
+    can_drop_page_cache,
+    drop_page_cache,
+    write_rexgradient_partition,
+)
+from launches import (
+    PARTITION,
+    change_sources,
+    cold_stat_floor,
+    environment,
+    launch,
+    launch_and_kill_halfway,
+    summary,
+)
 
 from radharmony_pipeline.processing.storage import output_layout as layout
+from radharmony_pipeline.processing.storage.layout_migration import migrate_stage_outputs
 from radharmony_pipeline.synthetic import rexgradient
-from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
-from radharmony_pipeline.synthetic.seeding import dataset_rng
 
-REPOSITORY = Path(__file__).resolve().parents[1]
-PARTITION = "rexgradient.train"
-SIDES = (180, 200)
+SIDES = SMALL_SIDES
 REUSING_STAGES = ("raw_index", "labels", "bboxes", "masks", "partition_profile")
-# Printed per run: the instance's step durations and the stages' own counts.
-SUMMARY = """
-import json, sys
-import dagster as dg
-with dg.DagsterInstance.get() as instance:
-    run = instance.get_runs(limit=1)[0]
-    steps = {s.step_key: round(s.end_time - s.start_time, 1)
-             for s in instance.get_run_step_stats(run.run_id) if s.end_time}
-    counts = {}
-    for record in instance.get_records_for_run(run.run_id).records:
-        event = record.event_log_entry.dagster_event
-        if event is None or event.event_type_value != "ASSET_MATERIALIZATION":
-            continue
-        materialization = event.event_specific_data.materialization
-        counts[materialization.asset_key.to_user_string()] = {
-            k: getattr(v, "value", v) for k, v in materialization.metadata.items()
-            if k in ("decoded", "reused", "packed_rows_written", "packed_rows_replayed")
-        }
-    print(json.dumps({"status": str(run.status), "steps": steps, "counts": counts}))
-"""
+TRAIN_IMAGES = 238_968
 
 
-def write_partition(
-    root: Path, images: int, seed: int = 0, sides: tuple[int, int] = SIDES
-) -> list[Path]:
-    """ReXGradient metadata with `images` train images (tiny val and test), one rendered
-    radiograph of `sides` per ImagePath; the train PNGs' paths."""
-    sizes = {
-        "train": rexgradient.SplitSize(images * 6 // 10, images, images * 4 // 10),
-        "val": rexgradient.SplitSize(3, 5, 2),
-        "test": rexgradient.SplitSize(3, 5, 2),
-    }
-    studies = rexgradient.write_metadata(root / "rexgradient", seed, sizes, sides)
-    train = []
-    for split_index, split in enumerate(rexgradient.SPLIT_FILES):
-        index = 0
-        for _, study in studies[split]:
-            for path, (height, width) in zip(study["ImagePath"], study["ImageShape"], strict=True):
-                rng = dataset_rng(seed, "rexgradient", 1, split_index, index)
-                target = (
-                    root / "rexgradient" / "deid_png" / path.removeprefix(rexgradient.IMAGE_PREFIX)
-                )
-                write_radiograph(target, rng, height, width)
-                if split == "train":
-                    train.append(target)
-                index += 1
-    return train
-
-
-def write_radiograph(path: Path, rng: np.random.Generator, height: int, width: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)  # a hard-linked source is replaced, its other names kept
-    cv2.imwrite(str(path), to_uint8(render_radiograph(rng, height, width, "frontal").pixels))
-
-
-def change_sources(sources: list[Path], share: float, round_number: int) -> int:
-    """Rewrite a fresh share of the sources with other pixels; how many."""
-    count = max(1, round(len(sources) * share))
-    rng = np.random.default_rng(1000 + round_number)
-    for position in rng.choice(len(sources), count, replace=False):
-        height, width = cv2.imread(str(sources[position]), cv2.IMREAD_UNCHANGED).shape
-        write_radiograph(sources[position], rng, height, width)
-    return count
-
-
-def environment(data: Path, output: Path, home: Path) -> dict[str, str]:
-    venv = Path(sys.executable).parent
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("RADHARMONY_", "DAGSTER_"))},
-        "PATH": f"{venv}:{os.environ.get('PATH', '')}",
-        "VIRTUAL_ENV": str(venv.parent),
-        "DAGSTER_HOME": str(home),
-        "RADHARMONY_DATA_ROOT": str(data),
-        "RADHARMONY_OUTPUT_ROOT": str(output),
-    }
-
-
-def launch_command() -> list[str]:
-    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-    dg = str(Path(sys.executable).with_name("dg"))
-    return [dg, "launch", "--job", "all_stages", "--partition", PARTITION,
-            "--config-json", json.dumps(quiet)]  # fmt: skip
-
-
-def launch(env: dict[str, str]) -> float:
-    start = time.perf_counter()
-    completed = subprocess.run(launch_command(), cwd=REPOSITORY, env=env, capture_output=True)
-    wall = time.perf_counter() - start
-    if completed.returncode != 0:
-        raise SystemExit(f"dg launch failed:\n{completed.stderr.decode()[-3000:]}")
-    return wall
-
-
-def launch_and_kill_halfway(env: dict[str, str], output: Path, images: int) -> float:
-    """A first build killed (SIGKILL, its whole process group) once half of its PNGs are
-    written; the seconds until the kill."""
-    start = time.perf_counter()
-    process = subprocess.Popen(
-        launch_command(), cwd=REPOSITORY, env=env, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    pattern = layout.resized_png_glob(PARTITION)
-    while process.poll() is None and len(list(output.glob(pattern))) < images // 2:
-        time.sleep(0.2)
-    if process.returncode is not None:  # e.g. the disk filled up: there is nothing to kill
-        raise SystemExit(
-            f"the first build exited with {process.returncode} before half of its {images} "
-            f"PNGs were written under {output}; launch it by hand to see why"
-        )
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    return time.perf_counter() - start
-
-
-def stat_each_command(listed: Path) -> list[str]:
-    """A stat of each file `listed` (one path a line) in sequence by coreutils, no Python:
-    on a cold cache, the disk's own cost of looking at each source once."""
-    return ["xargs", "-d", "\\n", "-a", str(listed), "stat", "--printf="]
-
-
-def cold_stat_floor(listed: Path) -> float:
-    """Seconds of stat_each_command after the page cache is dropped (root only)."""
-    drop_page_cache()
-    start = time.perf_counter()
-    subprocess.run(stat_each_command(listed), check=True)
-    return time.perf_counter() - start
-
-
-DROP_CACHES = Path("/proc/sys/vm/drop_caches")
-
-
-def drop_page_cache() -> None:
-    """Written data to disk, then every clean page, dentry and inode dropped (root only)."""
-    os.sync()
-    DROP_CACHES.write_text("3\n")
-
-
-def summary(env: dict[str, str]) -> dict:
-    completed = subprocess.run(
-        [sys.executable, "-c", SUMMARY], env=env, capture_output=True, text=True, check=True
-    )
-    return json.loads(completed.stdout)
+# --- launch: dg launch as a user runs it ------------------------------------------------------
 
 
 def describe(name: str, wall: float, first: float | None, env: dict[str, str]) -> None:
@@ -209,20 +91,8 @@ def describe(name: str, wall: float, first: float | None, env: dict[str, str]) -
     print(f"    steps: {steps}")
 
 
-def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=int, default=3000, help="train images (default 3000)")
-    parser.add_argument("--changed", type=float, default=0.01, help="share changed per round")
-    parser.add_argument("--repeats", type=int, default=2, help="unchanged/changed pairs")
-    parser.add_argument("--keep", type=Path, help="work folder kept after the run")
-    parser.add_argument(
-        "--cold", action="store_true", help="drop the page cache before unchanged re-runs (root)"
-    )
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_arguments(argv)
+def launch_section(args: argparse.Namespace) -> int:
+    """First build, unchanged and changed re-runs, a killed build resumed, via dg launch."""
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench-reruns-"))
     try:
         data, home = work / "data", work / "dagster_home"
@@ -236,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         if not listed.exists():
             shutil.rmtree(data, ignore_errors=True)
             listed.parent.mkdir(parents=True)
-            listed.write_text("\n".join(map(str, write_partition(data, args.images))))
+            listed.write_text("\n".join(map(str, write_rexgradient_partition(data, args.images))))
         sources = [Path(line) for line in listed.read_text().splitlines()]
         print(f"{len(sources)} train images of {SIDES[0]}-{SIDES[1]} px "
               f"({time.perf_counter() - start:.0f} s to write), cores: {os.cpu_count()}, "
@@ -252,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             describe("unchanged re-run", launch(env), first, env)
             changed = change_sources(sources, args.changed, round_number)
             describe(f"{changed} sources changed", launch(env), first, env)
+        if args.smoke:  # the first build alone
+            return 0
         resumed_env = environment(data, work / "resumed", home)
         killed = launch_and_kill_halfway(resumed_env, work / "resumed", args.images)
         written = len(list((work / "resumed").glob(layout.resized_png_glob(PARTITION))))
@@ -260,6 +132,207 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+# --- cold: the floor of an unchanged re-run's look -------------------------------------------
+
+
+def write_tree(root: Path, files: int, smoke: bool = False) -> list[Path]:
+    """The files' paths, written the first time only (a smoke run plans a tiny release)."""
+    sizes = rexgradient.FULL_SCALE
+    if smoke:
+        sizes = {**rexgradient.SIZES["tiny"], "train": rexgradient.SplitSize(120, 200, 80)}
+    plan = rexgradient.plan_studies(0, sizes, (192, 240))
+    paths = [
+        root / path.removeprefix(rexgradient.IMAGE_PREFIX)
+        for _, study in plan["train"]
+        for path in study["ImagePath"]
+    ][:files]
+    done = root / "complete"
+    if not done.exists():
+        content = os.urandom(30_000)
+        for path in paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+        os.sync()
+        done.touch()
+    return paths
+
+
+def stat_and_header(path: Path) -> bytes:
+    os.stat(path)
+    with open(path, "rb") as handle:
+        return handle.read(4096)
+
+
+def ms_per_file(
+    look: Callable[[Path], object], paths: list[Path], threads: int, cold: bool
+) -> float:
+    """Milliseconds per file of `look` over `paths` on `threads` (1: in sequence)."""
+    if cold:
+        drop_page_cache()
+    start = time.perf_counter()
+    if threads == 1:
+        for path in paths:
+            look(path)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(look, paths, chunksize=64))
+    return (time.perf_counter() - start) / len(paths) * 1e3
+
+
+def cold_section(work: Path, files: int, smoke: bool) -> None:
+    """The cold floor of an unchanged re-run's look at each file."""
+    paths = write_tree(work, files, smoke)
+    cold = can_drop_page_cache() and not smoke
+    state = "cold" if cold else "warm (not root: drop_caches unavailable)"
+    passes = [
+        ("stat", os.stat, 1, paths[:3000], cold),
+        ("stat", os.stat, 16, paths, cold),
+        ("stat", os.stat, 64, paths, cold),
+        ("stat + first 4 KB", stat_and_header, 16, paths, cold),
+        ("stat + first 4 KB", stat_and_header, 64, paths, cold),
+        ("stat", os.stat, 16, paths, False),
+    ]
+    for name, look, threads, chosen, is_cold in passes:
+        per_file = ms_per_file(look, chosen, threads, is_cold)
+        print(
+            f"{state if is_cold else 'warm':<5} {name:<18} {threads:>2} threads: "
+            f"{len(chosen):>6} files, {per_file:.3f} ms each; "
+            f"{per_file * TRAIN_IMAGES / 1e3:5.1f} s for train's {TRAIN_IMAGES:,}",
+            flush=True,
+        )
+
+
+# --- layout: a flat root into shard folders --------------------------------------------------
+
+
+def write_flat_root(root: Path, count: int) -> list[tuple[str, str]]:
+    """The flat root; the (flat, sharded) path of every entry the migration moves."""
+    images = layout.resized_image_folder(PARTITION)
+    masks = layout.mask_folder(PARTITION)
+    (root / images).mkdir(parents=True)
+    (root / masks).mkdir(parents=True)
+    moves, image_paths, union_paths, mask_paths = [], [], [], []
+    for number in range(count):
+        key = f"rexgradient__{number:08d}"
+        shard = layout.image_shard(key)
+        masked = number % 2 == 0
+        names = [f"{key}{layout.RESIZED_IMAGE_SUFFIX}"]
+        names += [f"{key}{layout.UNION_MASK_SUFFIX}"] if masked else []
+        for name in names:
+            (root / images / name).write_bytes(b"png")
+            moves.append((f"{images}/{name}", f"{images}/{shard}/{name}"))
+        image_paths.append(f"{images}/{names[0]}")
+        union_paths.append(f"{images}/{names[1]}" if masked else None)
+        if masked:
+            (root / masks / key).mkdir()
+            (root / masks / key / "any.png").write_bytes(b"png")
+            moves.append((f"{masks}/{key}", f"{masks}/{shard}/{key}"))
+            mask_paths.append(f"{masks}/{key}/any.png")
+    table = pd.DataFrame({"image_path": image_paths, "mask_path": union_paths})
+    for relative, frame in (
+        (layout.table_path("images", PARTITION), table),
+        (layout.MANIFEST, table),
+        (layout.table_path("masks", PARTITION), pd.DataFrame({"mask_path": mask_paths})),
+    ):
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), root / relative)
+    return moves
+
+
+def bare_renames(root: Path, moves: list[tuple[str, str]]) -> float:
+    """One rename per entry into its (created) shard folder: the floor of any migration."""
+    start = time.perf_counter()
+    for folder in (layout.resized_image_folder(PARTITION), layout.mask_folder(PARTITION)):
+        for shard in range(layout.SHARD_COUNT):
+            (root / folder / f"{shard:0{layout.SHARD_DIGITS}x}").mkdir()
+    for flat, sharded in moves:
+        os.rename(root / flat, root / sharded)
+    return time.perf_counter() - start
+
+
+def migration(root: Path) -> float:
+    start = time.perf_counter()
+    for stage in ("masks", "images"):
+        migrate_stage_outputs(root, stage, PARTITION)
+    return time.perf_counter() - start
+
+
+def layout_section(images: int, repeats: int) -> None:
+    """A flat root's migration into shard folders against the bare renames."""
+    with tempfile.TemporaryDirectory(prefix="bench-layout-") as scratch:
+        template = Path(scratch) / "template"
+        moves = write_flat_root(template, images)
+        pairs, again = [], []
+        for repeat in range(repeats):
+            roots = [Path(scratch) / f"{name}{repeat}" for name in ("migrated", "renamed")]
+            for root in roots:
+                shutil.copytree(template, root)
+            pairs.append((migration(roots[0]), bare_renames(roots[1], moves)))
+            again.append(migration(roots[0]))
+            for root in roots:
+                shutil.rmtree(root)
+        ratios = [migrated / renamed for migrated, renamed in pairs]
+        entries = len(moves)
+        best_migration = min(m for m, _ in pairs)
+        best_renames = min(r for _, r in pairs)
+        print(f"{images:,} images, {entries:,} entries moved (images, union masks, mask folders)")
+        print(
+            f"migration    {best_migration:.2f} s "
+            f"({best_migration / entries * 1e6:.1f} µs per entry)"
+        )
+        print(
+            f"bare renames {best_renames:.2f} s  ({best_renames / entries * 1e6:.1f} µs per entry)"
+        )
+        print(
+            "ratio migration / renames, paired per repeat: "
+            f"median {statistics.median(ratios):.2f}x "
+            f"(range {min(ratios):.2f}-{max(ratios):.2f}x)"
+        )
+        print(f"nothing to do (a later step's check): {min(again) * 1e3:.1f} ms")
+
+
+# --- entry point ----------------------------------------------------------------------------
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--section", choices=("launch", "cold", "layout"), default="launch")
+    parser.add_argument("--images", type=int, help="launch: 3000; layout: 238968")
+    parser.add_argument("--changed", type=float, default=0.01, help="share changed per round")
+    parser.add_argument("--repeats", type=int, help="launch: re-run pairs (2); layout: 3")
+    parser.add_argument("--keep", type=Path, help="launch: work folder kept after the run")
+    parser.add_argument(
+        "--cold", action="store_true", help="launch: drop the page cache first (root)"
+    )
+    parser.add_argument("--work", type=Path, help="cold: folder for the tree (kept; required)")
+    parser.add_argument("--files", type=int, default=60_000, help="cold: files in the tree")
+    add_smoke(parser)
+    args = parser.parse_args(argv)
+    if args.section == "cold" and args.work is None and not args.smoke:
+        parser.error("--section cold needs --work")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    if args.smoke:  # every section, tiny: one dg launch (the first build), 300 entries, 200 files
+        args.images, args.repeats, args.cold = 12, 0, False
+        launch_section(args)
+        layout_section(300, 1)
+        with tempfile.TemporaryDirectory(prefix="bench-cold-") as work:
+            cold_section(Path(work), 200, smoke=True)
+        return 0
+    if args.section == "layout":
+        layout_section(args.images or 238_968, args.repeats or 3)
+    elif args.section == "cold":
+        cold_section(args.work, args.files, smoke=False)
+    else:
+        args.images = args.images or 3000
+        args.repeats = 2 if args.repeats is None else args.repeats
+        return launch_section(args)
     return 0
 
 

@@ -11,7 +11,9 @@ A shared machine is noisy: rounds interleave the two sides, in an order reversed
 round (A-B, B-A, ...); each side's median wall and CPU time (this process's, the client's
 side of each request) is printed with its spread (min-max over the rounds), and the cost is
 the median of the per-round ratios, so that a drift in load between rounds cancels out.
-Run: `.venv/bin/python benchmarks/bench_store_retries.py [--objects N] [--rounds R]`.
+Run: `.venv/bin/python benchmarks/bench_store_retries.py [--objects N] [--rounds R]`;
+`--smoke` needs
+no services and checks the timing and printing helpers only.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from cluster_services import (  # noqa: E402
     start_moto,
     wait_until,
 )
+from common import add_smoke, timed  # noqa: E402
 
 from radharmony_pipeline.processing.storage.atomic import temporary_sibling  # noqa: E402
 from radharmony_pipeline.processing.storage.store import output_path, publish, read_bytes  # noqa: E402
@@ -64,11 +67,10 @@ def without_layer(root, count: int, payload: bytes) -> None:
         fs.cat_file(path.path)
 
 
-def timed(action) -> tuple[float, float]:
+def wall_and_cpu(action) -> tuple[float, float]:
     """(wall seconds, CPU seconds of this process) of action()."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    action()
-    return time.perf_counter() - wall, time.process_time() - cpu
+    timing = timed(action)
+    return timing.seconds, timing.cpu
 
 
 def interleaved(first, second, rounds: int) -> tuple[list, list]:
@@ -76,11 +78,11 @@ def interleaved(first, second, rounds: int) -> tuple[list, list]:
     a, b = [], []
     for number in range(rounds):
         if number % 2 == 0:
-            a.append(timed(first))
-            b.append(timed(second))
+            a.append(wall_and_cpu(first))
+            b.append(wall_and_cpu(second))
         else:
-            b.append(timed(second))
-            a.append(timed(first))
+            b.append(wall_and_cpu(second))
+            a.append(wall_and_cpu(first))
     return a, b
 
 
@@ -168,7 +170,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--run-rounds", type=int, default=2)
     parser.add_argument("--skip-run", action="store_true", help="only the request figures")
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:  # no moto, no proxy: the interleaving and the printed figures only
+        clean, faulty = interleaved(lambda: sum(range(10_000)), lambda: sum(range(20_000)), 2)
+        print(f"smoke: {summary(clean, 1, 1e3, 'ms')}; {ratio_line(faulty, clean, 0)}")
+        return
     logs = Path(tempfile.mkdtemp(prefix="bench-store-logs-"))
     services = Services()
     try:

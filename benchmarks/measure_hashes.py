@@ -28,6 +28,7 @@ from pathlib import Path
 import cv2
 import imagehash
 import numpy as np
+from common import add_smoke
 from PIL import Image
 
 from radharmony_pipeline.processing.imaging.decode import decode_grayscale
@@ -154,13 +155,16 @@ def main() -> None:
     parser.add_argument("--closest", type=int, default=40)
     parser.add_argument("--film-side", type=int, default=190)
     parser.add_argument("--only", choices=("hashes", "films"))
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.images, args.films, args.closest = 4, 6, 3
     if args.only != "hashes":
         measure_film_similarity(args.films, args.closest, args.film_side)
     if args.only == "films":
         return
     with tempfile.TemporaryDirectory() as folder:
-        generate_datasets(Path(folder), scale="small", seed=0)
+        generate_datasets(Path(folder), scale="tiny" if args.smoke else "small", seed=0)
         files = sorted(f for f in Path(folder).rglob("*") if f.suffix in (".png", ".jpg", ".dcm"))
         step = max(1, len(files) // args.images)
         images = [decode_grayscale(f, target_size=1 << 14).pixels for f in files[::step]]

@@ -272,7 +272,7 @@ def image_keys(image_ids: pd.Series) -> pd.Series:
     """Filesystem-safe form of image ids: `/` becomes `__`, other unsafe characters `_`."""
     ids = arrow_strings(image_ids)
     # Split-and-join, not replace_substring: same result, several times faster
-    # (benchmarks/bench_index.py measures this step).
+    # (`benchmarks/bench_checks.py --section index` measures this step).
     keys = pc.binary_join(pc.split_pattern(ids, "/"), pa.scalar("__", ids.type))
     # The regex rewrite scans every character of every id; a regex search is several times
     # faster, and ids seldom hold an unsafe character.

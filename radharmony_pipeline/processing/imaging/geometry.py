@@ -261,7 +261,7 @@ def shrink_by_area(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     Whole factors on both sides go to OpenCV's fast block-mean path. Any other ratio is two
     sparse products with precomputed overlap weights, rows then columns: OpenCV's general
     area resize revisits every source pixel for each output pixel it touches and costs
-    several times more than the products (benchmarks/bench_formats.py).
+    several times more than the products (`benchmarks/bench_images.py --sections formats`).
     """
     in_height, in_width = pixels.shape
     if height > in_height or width > in_width:

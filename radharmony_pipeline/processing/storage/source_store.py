@@ -363,7 +363,7 @@ def existing_names(folder: SourcePath, names: Iterable[str]) -> set[str]:
     """The files among `names` (relative to `folder`) that exist, without a request per name
     on a store (one listing of the prefix). Locally a folder holding many named files is
     listed once; a name alone in its folder (ReXGradient: one image per folder) is a stat,
-    measured ~4x faster than listing its folder (benchmarks/bench_check_data.py). A name
+    measured ~4x faster than listing its folder (`bench_checks.py --section data`). A name
     whose first component is not in `folder` at all is missing without a stat: one listing
     of `folder` answers for every name under a top folder the download lacks (metadata
     fetched first, a partial download)."""
