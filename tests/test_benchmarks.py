@@ -19,6 +19,22 @@ BENCHMARKS = REPOSITORY / "benchmarks"
 # smoke bench_images.py's covers: checked to hand over its arguments.
 NOT_SMOKED = {"bench_real_reports.py", "bench_formats.py"}
 SMOKED = sorted(p.name for p in BENCHMARKS.glob("bench_*.py") if p.name not in NOT_SMOKED)
+# Smokes that launch runs, pools or the CLI, or build a labeler, take 2-30 s each: the `slow`
+# tier runs them, so that `make test-fast` stays within a minute; the fast tier imports every
+# script and runs the smokes that take about a second.
+SLOW_SMOKES = {
+    "bench_checks.py",
+    "bench_cluster.py",
+    "bench_duplicates.py",
+    "bench_exports.py",
+    "bench_image_step.py",
+    "bench_images.py",
+    "bench_masks.py",
+    "bench_parents.py",
+    "bench_report_labels.py",
+    "bench_reruns.py",
+    "bench_verify.py",
+}
 SMOKE_TIMEOUT = 240  # seconds: far above a smoke run's few, for a loaded machine
 
 
@@ -43,7 +59,22 @@ def test_every_benchmark_is_smoked() -> None:
     assert "bench_images.py" in SMOKED
 
 
-@pytest.mark.parametrize("script", SMOKED)
+def test_every_benchmark_imports(tmp_path: Path) -> None:
+    """Each script and helper module imports (one interpreter for them all)."""
+    names = sorted(p.stem for p in BENCHMARKS.glob("*.py"))
+    code = (
+        f"import sys, importlib; sys.path.insert(0, {str(BENCHMARKS)!r}); "
+        f"[importlib.import_module(name) for name in {names!r}]; print(len({names!r}))"
+    )
+    completed = run_script(["-c", code], tmp_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.strip() == str(len(names))
+
+
+@pytest.mark.parametrize(
+    "script",
+    [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SMOKES else s for s in SMOKED],
+)
 def test_benchmark_smoke(script: str, tmp_path: Path) -> None:
     completed = run_script([str(BENCHMARKS / script), "--smoke"], tmp_path)
     assert completed.returncode == 0, (

@@ -454,9 +454,9 @@ def test_a_temporary_this_process_released_is_an_orphan_here_too(tmp_path):
     worker's late copy is removed by the next clean-up, also one in the same process."""
     from radharmony_pipeline.processing.storage.atomic import (
         release_temporaries,
-        remove_orphaned_temporaries,
         temporary_sibling,
     )
+    from radharmony_pipeline.processing.storage.store import remove_orphaned_temporaries
 
     released = temporary_sibling(tmp_path / "shard0-p.npy")
     held = temporary_sibling(tmp_path / "shard1-p.npy")
