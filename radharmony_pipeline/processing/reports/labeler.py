@@ -70,7 +70,7 @@ _NEGATION_BEFORE = "negation_before"
 _ENLARGED = "enlarged"
 _NORMAL_SIZE = "normal_size"
 _BORDERLINE_SIZE = "borderline_size"
-_QUESTION = "question"
+_EITHER_SIDE = "uncertain_either_side"
 _HEDGED_ATTRIBUTION = "hedged_attribution"
 _PSEUDO_NEGATION = "pseudo_negation"
 # The findings listed with a subject of normal size ("heart size and vascular engorgement
@@ -94,7 +94,7 @@ _CUE_GROUPS = frozenset(
         _ENLARGED,
         _NORMAL_SIZE,
         _BORDERLINE_SIZE,
-        _QUESTION,
+        _EITHER_SIDE,
         _HEDGED_ATTRIBUTION,
         _PSEUDO_NEGATION,
         _NOT_UNCERTAIN,
@@ -210,7 +210,7 @@ class _MentionFinder:
         add(_ENLARGED, _ENLARGED, phrases.ENLARGED)
         add(_NORMAL_SIZE, _NORMAL_SIZE, phrases.NORMAL_SIZE)
         add(_BORDERLINE_SIZE, _BORDERLINE_SIZE, phrases.BORDERLINE_SIZE)
-        add(_QUESTION, _QUESTION, phrases.QUESTION_MARKS)
+        add(_EITHER_SIDE, _EITHER_SIDE, phrases.UNCERTAIN_EITHER_SIDE)
         add(_HEDGED_ATTRIBUTION, _HEDGED_ATTRIBUTION, phrases.HEDGED_ATTRIBUTIONS)
         add(_PSEUDO_NEGATION, _PSEUDO_NEGATION, phrases.NOT_NEGATION)
         add(_UNCERTAIN_BEFORE, _UNCERTAIN_BEFORE, phrases.UNCERTAIN_BEFORE)
@@ -448,8 +448,8 @@ def _mention_cues(doc: Doc, mentions: list[Span], sentence_starts: list[int]) ->
     """The cues of each mention, in order."""
     clause = _clauses(sentence_starts, _cues(doc, _CLAUSE_END))
     neutral = _cues(doc, _NOT_UNCERTAIN)
-    before = _outside(_cues(doc, _UNCERTAIN_BEFORE), neutral) + _cues(doc, _QUESTION)
-    after = _outside(_cues(doc, _UNCERTAIN_AFTER), neutral) + _cues(doc, _QUESTION)
+    before = _outside(_cues(doc, _UNCERTAIN_BEFORE), neutral) + _cues(doc, _EITHER_SIDE)
+    after = _outside(_cues(doc, _UNCERTAIN_AFTER), neutral) + _cues(doc, _EITHER_SIDE)
     negations = _cues(doc, _NEGATION_BEFORE)
     part_ends = {span.end for span in _cues(doc, _DEVICE_PART)}
     listed = {span.start for span in _cues(doc, _LISTED_WITH_NORMAL_SUBJECT)}

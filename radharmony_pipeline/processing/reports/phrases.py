@@ -447,20 +447,27 @@ SIZE_RANGE_WORDS: tuple[str, ...] = ("to", "or", "-")
 ATTRIBUTE_REACH = 7
 
 # Uncertainty: written before the mentions it reaches, after them, or between two alternatives.
-UNCERTAIN_BEFORE: tuple[str, ...] = (
+# Hedges: cues before a mention that open a doubtful statement of their own, even after a
+# denial in the same clause ("no effusion, possible small pneumothorax"). The other cues before
+# ("suspicious", "apparent") qualify an item of a denied list: "no effusion or apparent
+# pneumothorax" denies both.
+HEDGES_AFTER_A_DENIAL: tuple[str, ...] = (
     "possible",
     "possibly",
     "probable",
     "probably",
     "likely",
     "most likely",
-    "presumed",
-    "presumably",
     "may",
     "might",
     "could",
     "may represent",
     "could represent",
+)
+UNCERTAIN_BEFORE: tuple[str, ...] = (
+    *HEDGES_AFTER_A_DENIAL,
+    "presumed",
+    "presumably",
     "may reflect",
     "suggestive of",
     "suggesting",
@@ -475,7 +482,6 @@ UNCERTAIN_BEFORE: tuple[str, ...] = (
     "suspected",
     "suspect",
     "question of",
-    "questionable",
     "cannot exclude",
     "can not exclude",
     "can't exclude",
@@ -517,25 +523,8 @@ UNCERTAIN_BEFORE: tuple[str, ...] = (
     "suspicion of",
     "completely exclude",
 )
-# Of the cues before, those that open a doubtful statement of their own even after a denial in
-# the same clause ("no effusion, possible small pneumothorax"). The others ("suspicious",
-# "apparent", "definite") qualify an item of a denied list: "no effusion or apparent
-# pneumothorax" denies both.
-HEDGES_AFTER_A_DENIAL: tuple[str, ...] = (
-    "possible",
-    "possibly",
-    "probable",
-    "probably",
-    "likely",
-    "most likely",
-    "may",
-    "might",
-    "could",
-    "may represent",
-    "could represent",
-)
-# A question mark doubts the finding on either side of it: "?pneumonia", "pneumonia?".
-QUESTION_MARKS: tuple[str, ...] = ("?",)
+# Doubt of the finding on either side: "?pneumonia", "pneumonia?", "questionable nodule".
+UNCERTAIN_EITHER_SIDE: tuple[str, ...] = ("?", "questionable")
 UNCERTAIN_AFTER: tuple[str, ...] = (
     "is possible",
     "are possible",
@@ -556,7 +545,6 @@ UNCERTAIN_AFTER: tuple[str, ...] = (
     "is suspected",
     "are suspected",
     "is questioned",
-    "questionable",
     "may be present",
     "could be present",
     "is a consideration",
