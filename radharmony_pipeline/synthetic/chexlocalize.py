@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from radharmony_pipeline.sources.chexlocalize import SEGMENTED_PATHOLOGIES
 from radharmony_pipeline.synthetic.encoding import jpeg_bytes
 from radharmony_pipeline.synthetic.expected import summed, write_expected_counts
 from radharmony_pipeline.synthetic.files import write_bytes, write_text
@@ -24,20 +25,8 @@ ROOTS = ("chexlocalize",)
 
 # The label CSV columns are the reader's: both sides follow the one documented header.
 LABELS = CHEXPERT_COLUMNS
-# The segmentation file's pathology names, in its order; it keeps CheXpert's older name
-# "Airspace Opacity" for the label the CSV calls "Lung Opacity".
-SEGMENTED_PATHOLOGIES = (
-    "Enlarged Cardiomediastinum",
-    "Cardiomegaly",
-    "Lung Lesion",
-    "Airspace Opacity",
-    "Edema",
-    "Consolidation",
-    "Atelectasis",
-    "Pneumothorax",
-    "Pleural Effusion",
-    "Support Devices",
-)
+# The segmentation file keeps CheXpert's older name "Airspace Opacity" for the label the CSV
+# calls "Lung Opacity".
 CSV_NAME_OF = {name: name for name in SEGMENTED_PATHOLOGIES} | {"Airspace Opacity": "Lung Opacity"}
 LOCALIZABLE = tuple(CSV_NAME_OF[name] for name in SEGMENTED_PATHOLOGIES)
 NOT_LOCALIZABLE = ("Pneumonia", "Pleural Other", "Fracture")
