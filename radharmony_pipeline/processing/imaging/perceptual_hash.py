@@ -334,15 +334,7 @@ def brute_force_pairs(words: np.ndarray, radius: int = DEFAULT_RADIUS) -> HashPa
         left.append(np.full(len(close), i))
         right.append(close + i + 1)
         bits.append(distance[close])
-    if not left:
-        empty = np.empty(0, dtype=np.int64)
-        return HashPairs(empty, empty, empty, 0)
-    return HashPairs(
-        np.concatenate(left).astype(np.int64),
-        np.concatenate(right).astype(np.int64),
-        np.concatenate(bits).astype(np.int64),
-        n * (n - 1) // 2,
-    )
+    return _gathered(left, right, bits, n * (n - 1) // 2)
 
 
 def brute_force_pairs_between(
@@ -357,12 +349,16 @@ def brute_force_pairs_between(
         query.append(np.full(len(close), i))
         target.append(close)
         bits.append(distance[close])
-    if not query:
+    return _gathered(query, target, bits, len(queries) * len(targets))
+
+
+def _gathered(
+    first: list[np.ndarray], second: list[np.ndarray], bits: list[np.ndarray], compared: int
+) -> HashPairs:
+    """The brute-force searches' per-row pieces as one HashPairs (none: nothing compared)."""
+    if not first:
         empty = np.empty(0, dtype=np.int64)
         return HashPairs(empty, empty, empty, 0)
     return HashPairs(
-        np.concatenate(query).astype(np.int64),
-        np.concatenate(target).astype(np.int64),
-        np.concatenate(bits).astype(np.int64),
-        len(queries) * len(targets),
+        *(np.concatenate(part).astype(np.int64) for part in (first, second, bits)), compared
     )
