@@ -29,6 +29,8 @@ SAMPLES = 16
 # Images are decoded for a tile of a few hundred pixels: JPEGs at a reduced DCT scale.
 PREVIEW_SIDE = 512
 INLINE_WIDTH = 640
+# The metadata entries a sheet adds to its stage's materialization: the file and the image.
+SHEET_METADATA = ("preview", "preview_inline")
 
 
 def mask_preview(
@@ -115,9 +117,10 @@ def _write_sheet(source, split, index, root, relative, prefer, masks_of, boxes_o
         return {}
     sheet = contact_sheet(samples)
     save_png(sheet, root / relative)
+    file_entry, inline_entry = SHEET_METADATA
     return {
-        "preview": dg.MetadataValue.path(str(root / relative)),
-        "preview_inline": dg.MetadataValue.md(inline_sheet(sheet)),
+        file_entry: dg.MetadataValue.path(str(root / relative)),
+        inline_entry: dg.MetadataValue.md(inline_sheet(sheet)),
     }
 
 

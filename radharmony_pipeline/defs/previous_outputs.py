@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -98,28 +99,85 @@ def previous_tables(
     return found
 
 
-def reused_or_built(
+@dataclass(frozen=True)
+class StageOutput:
+    """A table a stage writes and the materialization metadata entries the stage writes for
+    it itself (declared beside the asset): what a re-use copies from the last run."""
+
+    asset: str
+    metadata: tuple[str, ...]
+
+
+Built = tuple[pd.DataFrame, dict[str, Any]]
+
+
+def tables_reused_or_built(
     context: dg.AssetExecutionContext,
-    asset: str,
+    outputs: Sequence[StageOutput],
     fingerprint: str | None,
     root: Any,
-    build: Callable[[], tuple[pd.DataFrame, dict[str, Any]]],
-    still_there: Callable[[pd.DataFrame], bool] = lambda table: True,
-) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """The stage's one re-use path: its last table and the metadata it wrote itself, when its
-    inputs' `fingerprint` is the one recorded and what the table names is `still_there`;
-    else `build()`. Either way the metadata carries the re-use marks."""
-    previous = previous_tables(context, (asset,), fingerprint, root)
-    if previous is not None and not still_there(previous[asset][0]):
-        context.log.info(f"{context.partition_key}: a file the last `{asset}` names is gone")
+    build: Callable[[], Mapping[str, Built]],
+    still_there: Callable[[Mapping[str, pd.DataFrame]], bool] = lambda tables: True,
+) -> dict[str, Built]:
+    """The stages' one re-use path: per output, its last table and the metadata it declares,
+    when its inputs' `fingerprint` is the one recorded and what the tables name is
+    `still_there`; else what `build()` gives. Either way each output's metadata carries the
+    re-use marks."""
+    names = [output.asset for output in outputs]
+    previous = previous_tables(context, names, fingerprint, root)
+    if previous is not None and not still_there({name: previous[name][0] for name in names}):
+        context.log.info(f"{context.partition_key}: a file the last {names} name is gone")
         previous = None
     if previous is None:
-        table, metadata = build()
+        tables = dict(build())
+        for output in outputs:
+            _check_declared(output, tables[output.asset][1])
     else:
-        context.log.info(f"{context.partition_key}: inputs unchanged, `{asset}` re-used")
-        table, metadata = previous[asset][0], stage_metadata(previous[asset][1])
-    metadata.update(reuse_marks(fingerprint, previous is not None))
-    return table, metadata
+        context.log.info(f"{context.partition_key}: inputs unchanged, {names} re-used")
+        tables = {
+            output.asset: (
+                previous[output.asset][0],
+                {
+                    key: value
+                    for key, value in previous[output.asset][1].items()
+                    if key in output.metadata
+                },
+            )
+            for output in outputs
+        }
+    for _, metadata in tables.values():
+        metadata.update(reuse_marks(fingerprint, previous is not None))
+    return tables
+
+
+def reused_or_built(
+    context: dg.AssetExecutionContext,
+    output: StageOutput,
+    fingerprint: str | None,
+    root: Any,
+    build: Callable[[], Built],
+    still_there: Callable[[pd.DataFrame], bool] = lambda table: True,
+) -> Built:
+    """`tables_reused_or_built` for a stage with one output."""
+    return tables_reused_or_built(
+        context,
+        [output],
+        fingerprint,
+        root,
+        lambda: {output.asset: build()},
+        lambda tables: still_there(tables[output.asset]),
+    )[output.asset]
+
+
+def _check_declared(output: StageOutput, metadata: Mapping[str, Any]) -> None:
+    """A metadata entry the stage writes but does not declare would vanish at its next
+    re-use: caught when the stage builds, so the declaration cannot drift."""
+    undeclared = sorted(set(metadata) - set(output.metadata))
+    if undeclared:
+        raise ValueError(
+            f"`{output.asset}` writes metadata {undeclared} that its StageOutput does not "
+            "declare: add them to its `metadata`."
+        )
 
 
 def input_table(root: Any, asset: str, partition: str) -> pd.DataFrame:
@@ -134,17 +192,6 @@ def input_table(root: Any, asset: str, partition: str) -> pd.DataFrame:
             f"materialized. Fix: materialize `{asset}` for {partition} (the `all_stages` job "
             "does), then this asset again."
         ) from error
-
-
-def stage_metadata(metadata: Mapping[str, dg.MetadataValue]) -> dict[str, dg.MetadataValue]:
-    """The entries a stage wrote itself (counts, previews), without those its IO manager
-    adds to every table (columns, rows, checksum) and the re-use record."""
-    return {
-        key: value
-        for key, value in metadata.items()
-        if not key.startswith("dagster/")
-        and key not in {TABLE_CHECKSUM, INPUT_FINGERPRINT, REUSED, "schema_version", "path"}
-    }
 
 
 def _value(entry: Any) -> Any:

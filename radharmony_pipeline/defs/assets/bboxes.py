@@ -15,8 +15,8 @@ from ..checks.bboxes import CHECK_SPECS, check_results
 from ..checks.expectations import kept_validation
 from ..groups import ANNOTATIONS
 from ..metadata import status_counts, table_code_version
-from ..previews import box_preview
-from ..previous_outputs import input_table, reused_or_built, stage_fingerprint
+from ..previews import SHEET_METADATA, box_preview
+from ..previous_outputs import StageOutput, input_table, reused_or_built, stage_fingerprint
 from ..resources import DatasetsResource, OutputsResource, SuiteValidationResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
@@ -24,6 +24,9 @@ from ..stages import checked_stage, selected_output
 
 CODE_VERSION = "1"
 BOX_COLUMNS = ("image_id", "box_index", "label", "label_text")
+OUTPUT = StageOutput(
+    "bboxes", ("boxes", "clipped", "degenerate", "malformed", "status", *SHEET_METADATA)
+)
 
 
 @checked_stage(
@@ -67,7 +70,7 @@ def bboxes(
         return _box_table(source, split, raw_index, root, context.partition_key)
 
     # The same boxes from the same files: the table and sheet of the last run.
-    table, metadata = reused_or_built(context, "bboxes", fingerprint, root, build)
+    table, metadata = reused_or_built(context, OUTPUT, fingerprint, root, build)
     fail_if_strict(table, run_settings.strict, "bboxes")
     yield from selected_output(context, "bboxes", table, metadata)
     yield from check_results(

@@ -33,7 +33,7 @@ from ..checks.index_and_labels import (
 from ..groups import ANNOTATIONS
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions
-from ..previous_outputs import previous_tables, reuse_marks, stage_fingerprint
+from ..previous_outputs import StageOutput, stage_fingerprint, tables_reused_or_built
 from ..resources import DatasetsResource, OutputsResource, SuiteValidationResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
@@ -42,7 +42,13 @@ from .source_files import source_files
 
 CODE_VERSION = "3"  # 2: status and error columns (issue 9); 3: parent identity (issue 21)
 
-_OUTPUT_ORDER = ("raw_index", "labels")
+# The tables in the order they are yielded, each with the metadata the stage writes for it.
+OUTPUTS = (
+    StageOutput(
+        "raw_index", ("image_dir", "image_formats", "view_positions", "status", "images_present")
+    ),
+    StageOutput("labels", ("counts", "positives", "reports")),
+)
 
 
 @dg.multi_asset(
@@ -98,36 +104,39 @@ def raw_index_and_labels(
     fingerprint = stage_fingerprint(
         table_code_version(CODE_VERSION), context.partition_key, source, split
     )
-    previous = previous_tables(context, _OUTPUT_ORDER, fingerprint, outputs.root())
-    # Re-used tables are not read again: no read for a helper's GX import to overlap.
-    source_bytes = 0 if previous is not None else _validated_source_bytes(context, source, split)
-    validator = KeptReports(
-        suite_validation.for_source(source_bytes),
-        outputs.root(),
-        context.partition_key,
-        stored_in(context.partition_key),
-    )
+    validators: list[KeptReports] = []
+
+    def validator(source_bytes: int) -> KeptReports:
+        return KeptReports(
+            suite_validation.for_source(source_bytes),
+            outputs.root(),
+            context.partition_key,
+            stored_in(context.partition_key),
+        )
+
+    def build() -> dict[str, tuple[pd.DataFrame, dict]]:
+        # Started before the read, so that a helper's GX import overlaps it.
+        validators.append(validator(_validated_source_bytes(context, source, split)))
+        tables, present = _read_tables(context, source, split, run_settings)
+        built = _outputs(source, split, tables)
+        built["raw_index"][1]["images_present"] = dg.MetadataValue.int(present)
+        return built
+
     # Counting and summarizing the tables allocate Arrow memory too (hash tables over 239k
     # ids for ReXGradient train): same allocator as the read, see arrow_system_allocator.
     with arrow_system_allocator():
-        if previous is None:
-            tables, present = _read_tables(context, source, split, run_settings)
-        else:
-            # The metadata files and the code are as they were: the tables they gave.
-            tables = SplitTables(index=previous["raw_index"][0], labels=previous["labels"][0])
-            present = int(previous["raw_index"][1]["images_present"].value)
-            context.log.info(f"{context.partition_key}: metadata unchanged, tables re-used")
-        # The tables are final: their validation goes on while the rest is summarized.
-        suites = start_suites(context.selected_asset_check_keys, validator, tables)
+        # The same metadata files and code: the tables they gave.
+        written = tables_reused_or_built(context, OUTPUTS, fingerprint, outputs.root(), build)
+        tables = SplitTables(index=written["raw_index"][0], labels=written["labels"][0])
+        # The tables are final: their validation goes on while the rest is checked.
+        suites = start_suites(
+            context.selected_asset_check_keys, validators[0] if validators else validator(0), tables
+        )
         fail_if_strict(tables.index, run_settings.strict, "raw_index")
         metrics = source.count_metrics(tables)
-        outputs_metadata = _outputs(source, split, tables, metrics)
-        outputs_metadata["raw_index"][1]["images_present"] = dg.MetadataValue.int(present)
     context.log.info(f"{context.partition_key}: {len(tables.index)} images, {metrics}")
-    for name in _OUTPUT_ORDER:
-        value, metadata = outputs_metadata[name]
-        metadata.update(reuse_marks(fingerprint, previous is not None))
-        yield from selected_output(context, name, value, metadata)
+    for output in OUTPUTS:
+        yield from selected_output(context, output.asset, *written[output.asset])
     yield from check_results(
         context.selected_asset_check_keys,
         source,
@@ -209,9 +218,7 @@ def _with_parent_identity(source: DatasetSource, split: str, tables: SplitTables
     return SplitTables(index=index, labels=tables.labels)
 
 
-def _outputs(
-    source: DatasetSource, split: str, tables: SplitTables, metrics: dict[str, int]
-) -> dict[str, tuple]:
+def _outputs(source: DatasetSource, split: str, tables: SplitTables) -> dict[str, tuple]:
     """Each output's table and its materialization metadata."""
     return {
         "raw_index": (
@@ -228,7 +235,7 @@ def _outputs(
         "labels": (
             tables.labels,
             {
-                "counts": dg.MetadataValue.json(metrics),
+                "counts": dg.MetadataValue.json(source.count_metrics(tables)),
                 "positives": dg.MetadataValue.json(
                     {
                         column: int(tables.labels[column].eq(1).sum())

@@ -26,12 +26,16 @@ from ..checks.expectations import kept_validation
 from ..checks.masks import CHECK_SPECS, check_results
 from ..groups import ANNOTATIONS
 from ..metadata import status_counts, table_code_version
-from ..previews import mask_preview
-from ..previous_outputs import reused_or_built, stage_fingerprint
+from ..previews import SHEET_METADATA, mask_preview
+from ..previous_outputs import StageOutput, reused_or_built, stage_fingerprint
 from ..resources import DatasetsResource, OutputsResource, SuiteValidationResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
 from ..stages import HEAVY_POOL, checked_stage, output_root_in_shards, selected_output
+
+OUTPUT = StageOutput(
+    "masks", ("images", "masks_written", "masks_unchanged", "status", *SHEET_METADATA)
+)
 
 
 @checked_stage(
@@ -82,7 +86,7 @@ def masks(
     # was removed by hand or by `radharmony verify` (damaged): the stage writes it again.
     table, metadata = reused_or_built(
         context,
-        "masks",
+        OUTPUT,
         fingerprint,
         root,
         lambda: _mask_table(context, source, split, raw_index, root, run_settings),

@@ -15,7 +15,7 @@ from ..automation import REBUILD_WHEN_CHANGED, REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import CORPUS
 from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions, every_partition_of
-from ..previous_outputs import files_fingerprint, input_table, reused_or_built
+from ..previous_outputs import StageOutput, files_fingerprint, input_table, reused_or_built
 from ..resources import OutputsResource
 
 CODE_VERSION = "1"
@@ -35,6 +35,9 @@ DESCRIPTION = (
     "annotating all its classes on every image (ChestX-Det). The table holds the prevalence "
     "counts."
 )
+# What every profile's materialization shows: its PNG, the same inline, the images drawn.
+PROFILE_METADATA = ("profile", "profile_inline", "images")
+OUTPUT = StageOutput(PARTITION_PROFILE.name, (*PROFILE_METADATA, "report_label_prevalence"))
 
 
 @dg.asset(
@@ -70,7 +73,7 @@ def partition_profile(
     # Its tables' files as they were then, and its PNG still there: the last profile.
     table, metadata = reused_or_built(
         context,
-        PARTITION_PROFILE.name,
+        OUTPUT,
         fingerprint,
         root,
         build,
@@ -125,11 +128,12 @@ def _profile(tables: CorpusTables, name: str, outputs: OutputsResource) -> dg.Ou
     png, small = profile_pngs(tables, title, dpis=(FILE_DPI, INLINE_DPI))
     publish_bytes(path, png)
     inline = f"![profile of {name}](data:image/png;base64,{base64.b64encode(small).decode()})"
+    file_entry, inline_entry, images_entry = PROFILE_METADATA
     return dg.Output(
         label_prevalence(tables),
         metadata={
-            "profile": dg.MetadataValue.path(str(path)),
-            "profile_inline": dg.MetadataValue.md(inline),
-            "images": len(tables.raw_index),
+            file_entry: dg.MetadataValue.path(str(path)),
+            inline_entry: dg.MetadataValue.md(inline),
+            images_entry: len(tables.raw_index),
         },
     )
