@@ -1,5 +1,5 @@
-"""The decorator of a per-partition stage whose checks run in its own step, and what such
-a stage does on the way in and out."""
+"""The decorators of a per-partition stage whose checks run in its own step and of a table
+over the whole corpus, and what a stage does on the way in and out."""
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -9,7 +9,7 @@ import dagster as dg
 from ..processing.storage.layout_migration import migrate_stage_outputs
 from ..processing.storage.store import OutputPath
 from ..processing.tables.table_schemas import TableSchema
-from .automation import REBUILD_WHEN_CHANGED
+from .automation import REBUILD_WHEN_CHANGED, REBUILD_WHEN_PARTITIONS_SETTLE
 from .metadata import definition_metadata, table_code_version
 from .partitions import OWNERS, dataset_split_partitions
 
@@ -54,6 +54,29 @@ def checked_stage(
         check_specs=check_specs,
         can_subset=True,
         pool=pool,
+    )
+
+
+def corpus_table(
+    table: TableSchema,
+    group: str,
+    code_version: str,
+    description: str,
+    ins: Mapping[str, dg.AssetIn] | None = None,
+    kinds: frozenset[str] = frozenset({"parquet", "pandas"}),
+) -> Callable[..., dg.AssetsDefinition]:
+    """A table over the whole corpus in `group`, with `table`'s declared schema, rebuilt once
+    the partitions it reads (`ins`) have settled."""
+    return dg.asset(
+        name=table.name,
+        group_name=group,
+        owners=OWNERS,
+        ins=ins,
+        description=description,
+        automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
+        code_version=table_code_version(code_version),
+        metadata=definition_metadata(table),
+        kinds=set(kinds),
     )
 
 

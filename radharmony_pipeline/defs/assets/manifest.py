@@ -20,10 +20,9 @@ from ...processing.tables.table_schemas import (
     UNIFIED_MANIFEST,
 )
 from ...vocabulary import LABEL_COLUMNS
-from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import CORPUS
-from ..metadata import definition_metadata, table_code_version
-from ..partitions import OWNERS, every_partition_of
+from ..partitions import every_partition_of
+from ..stages import corpus_table
 
 CODE_VERSION = "4"  # 2: duplicate_group from near_duplicates; 3: parent identity; 4: reports
 # Joined where materialized: a partition without them has null report labels.
@@ -90,9 +89,10 @@ def column_lineage_markdown() -> str:
     return "\n".join(lines)
 
 
-@dg.asset(
-    group_name=CORPUS,
-    owners=OWNERS,
+@corpus_table(
+    UNIFIED_MANIFEST,
+    CORPUS,
+    CODE_VERSION,
     ins=every_partition_of(*PARTITION_TABLES, REPORT_LABELS)
     | {
         "near_duplicates": dg.AssetIn("near_duplicates"),
@@ -109,10 +109,6 @@ def column_lineage_markdown() -> str:
         "`parent_provenance`). Images whose stage errored are left out and "
         "counted by reason."
     ),
-    automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
-    code_version=table_code_version(CODE_VERSION),
-    kinds={"parquet", "pandas"},
-    metadata=definition_metadata(UNIFIED_MANIFEST),
 )
 def unified_manifest(
     context: dg.AssetExecutionContext,

@@ -16,12 +16,11 @@ from ...processing.storage.store import open_for_reading
 from ...processing.tables.table_schemas import NEAR_DUPLICATES
 from ...sources import parse_partition_key
 from ...vocabulary import STATUS_OK
-from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import CORPUS
-from ..metadata import definition_metadata, table_code_version
-from ..partitions import OWNERS, every_partition_of
+from ..partitions import every_partition_of
 from ..previews import inline_sheet
 from ..resources import OutputsResource
+from ..stages import corpus_table
 
 CODE_VERSION = "2"
 SHEET_GROUPS = 6
@@ -29,10 +28,10 @@ SHEET_MEMBERS = 4
 _KIND_LABELS = {"identical_file": "same file", "identical_pixels": "same pixels", "near": "near"}
 
 
-@dg.asset(
-    group_name=CORPUS,
-    owners=OWNERS,
-    ins=every_partition_of("images"),
+@corpus_table(
+    NEAR_DUPLICATES,
+    CORPUS,
+    CODE_VERSION,
     description=(
         f"Images whose {HASH_BITS}-bit perceptual hashes (dHash of the resized content) lie "
         f"within {DEFAULT_RADIUS} bits of each other, as connected components over every "
@@ -42,10 +41,7 @@ _KIND_LABELS = {"identical_file": "same file", "identical_pixels": "same pixels"
         "hashing, not by comparing every pair, and each is kept only when the resized pixels "
         "show the same film (different radiographs look alike)."
     ),
-    automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
-    code_version=table_code_version(CODE_VERSION),
-    metadata=definition_metadata(NEAR_DUPLICATES),
-    kinds={"parquet", "pandas"},
+    ins=every_partition_of("images"),
 )
 def near_duplicates(
     context: dg.AssetExecutionContext,

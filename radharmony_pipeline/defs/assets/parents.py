@@ -28,13 +28,13 @@ from ...sources import SOURCE_TYPES, SourceError
 from ...sources.nih_chestxray14 import KEY as NIH_KEY
 from ...sources.nih_chestxray14 import LAYOUT
 from ...vocabulary import STATUS_ERROR, STATUS_OK
-from ..automation import REBUILD_WHEN_PARTITIONS_SETTLE
 from ..groups import PARENTS
 from ..io_managers import read_table_file
 from ..metadata import definition_metadata, status_counts, table_code_version
 from ..partitions import OWNERS, every_partition_of
 from ..resources import DatasetsResource, OutputsResource
 from ..run_settings import RunSettingsResource, from_environment
+from ..stages import corpus_table
 
 CODE_VERSION = "1"
 NOT_CONFIGURED = "parent not configured"
@@ -132,9 +132,17 @@ def _previous_table(outputs: OutputsResource, name: str) -> pd.DataFrame | None:
         return None
 
 
-@dg.asset(
-    group_name=PARENTS,
-    owners=OWNERS,
+@corpus_table(
+    NIH_PARENT_LINKS,
+    PARENTS,
+    CODE_VERSION,
+    description=(
+        "Every ChestX-Det image matched to its NIH ChestX-ray14 original by content: the same "
+        "file, else the same resized pixels, else the one NIH image within "
+        f"{PARENT_MATCH_RADIUS} bits of perceptual hash. Several candidates: `ambiguous`; none: "
+        "`unmatched`; two ChestX-Det images on one NIH image: `shared_parent`. The NIH Image "
+        "Index gives the patient and the official split."
+    ),
     ins={
         "images": dg.AssetIn(
             "images",
@@ -143,17 +151,6 @@ def _previous_table(outputs: OutputsResource, name: str) -> pd.DataFrame | None:
         ),
         "nih_fingerprints": dg.AssetIn("nih_fingerprints"),
     },
-    description=(
-        "Every ChestX-Det image matched to its NIH ChestX-ray14 original by content: the same "
-        "file, else the same resized pixels, else the one NIH image within "
-        f"{PARENT_MATCH_RADIUS} bits of perceptual hash. Several candidates: `ambiguous`; none: "
-        "`unmatched`; two ChestX-Det images on one NIH image: `shared_parent`. The NIH Image "
-        "Index gives the patient and the official split."
-    ),
-    automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
-    code_version=table_code_version(CODE_VERSION),
-    metadata=definition_metadata(NIH_PARENT_LINKS),
-    kinds={"parquet", "pandas"},
 )
 def nih_parent_links(
     context: dg.AssetExecutionContext,
@@ -220,20 +217,17 @@ def _versions(paths: list) -> dict[str, str | None]:
     return {str(path): annotation_fingerprint(path) for path in paths}
 
 
-@dg.asset(
-    group_name=PARENTS,
-    owners=OWNERS,
-    ins=every_partition_of("raw_index") | {"nih_parent_links": dg.AssetIn("nih_parent_links")},
+@corpus_table(
+    PARENT_PROVENANCE,
+    PARENTS,
+    CODE_VERSION,
     description=(
         "Every image's identity in its parent dataset (CheXpert, MIMIC-CXR, NIH ChestX-ray14, "
         "ReXGradient): parent image, patient, study, official split, and the splits the parent "
         "patient has images in. From the datasets' own ids, MIMIC-CXR's split file and, for "
         "ChestX-Det, `nih_parent_links`; null where unknown, never guessed."
     ),
-    automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
-    code_version=table_code_version(CODE_VERSION),
-    metadata=definition_metadata(PARENT_PROVENANCE),
-    kinds={"parquet", "pandas"},
+    ins=every_partition_of("raw_index") | {"nih_parent_links": dg.AssetIn("nih_parent_links")},
 )
 def parent_provenance(
     context: dg.AssetExecutionContext,

@@ -11,12 +11,13 @@ from ...processing.reports.report_table import empty_report_labels, report_label
 from ...processing.storage.output_layout import preview, table_file
 from ...processing.storage.store import OutputPath, exists, publish_bytes
 from ...processing.tables.table_schemas import CORPUS_PROFILE, PARTITION_PROFILE, PARTITION_TABLES
-from ..automation import REBUILD_WHEN_CHANGED, REBUILD_WHEN_PARTITIONS_SETTLE
+from ..automation import REBUILD_WHEN_CHANGED
 from ..groups import CORPUS
 from ..metadata import definition_metadata, table_code_version
 from ..partitions import OWNERS, dataset_split_partitions, every_partition_of
 from ..previous_outputs import StageOutput, files_fingerprint, input_table, reused_or_built
 from ..resources import OutputsResource
+from ..stages import corpus_table
 
 CODE_VERSION = "1"
 FILE_DPI = 100
@@ -82,15 +83,13 @@ def partition_profile(
     return dg.Output(table, metadata=metadata)
 
 
-@dg.asset(
-    group_name=CORPUS,
-    owners=OWNERS,
-    ins=every_partition_of(*PARTITION_PROFILE_INPUTS),
+@corpus_table(
+    CORPUS_PROFILE,
+    CORPUS,
+    CODE_VERSION,
     description=f"A visual profile of every materialized partition together: {DESCRIPTION}",
-    automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
-    code_version=table_code_version(CODE_VERSION),
-    metadata=definition_metadata(CORPUS_PROFILE),
-    kinds={"png", "parquet"},
+    ins=every_partition_of(*PARTITION_PROFILE_INPUTS),
+    kinds=frozenset({"png", "parquet"}),
 )
 def corpus_profile(
     raw_index: dict[str, pd.DataFrame],
