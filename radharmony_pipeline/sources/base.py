@@ -445,13 +445,16 @@ def arrow_system_allocator() -> Iterator[None]:
         pa.set_memory_pool(previous)
 
 
-def read_json_entries(path: SourcePath, container: type[list] | type[dict]) -> object:
+def read_json_entries(
+    path: SourcePath, container: type[list] | type[dict], expected: str, download: str
+) -> list | dict:
     """Parse an annotation file whose top level is a `container` of entries (bare NaN tokens
     allowed, as in ReXGradient), naming line and column on error.
 
     A file without entries (zero bytes, blank, `[]` or `{}`) is an empty `container`: an
     empty split with typed tables, which its count check reports with expected vs found.
-    Anything else is returned as parsed, for the reader to check its shape.
+    Any other top level fails naming what was `expected` and the file of the `download` to
+    use instead.
 
     The standard parser is used on purpose: on these string-heavy files it measured faster
     than orjson, and it accepts NaN without a rewriting pass.
@@ -480,7 +483,32 @@ def read_json_entries(path: SourcePath, container: type[list] | type[dict]) -> o
         raise MetadataError(
             path, f"byte {exc.start}", "not UTF-8 JSON", "Re-download the file"
         ) from exc
-    return container() if data in ([], {}) else data
+    if data in ([], {}):
+        return container()
+    if not isinstance(data, container):
+        raise MetadataError(path, "top level", f"expected {expected}", f"Use {download}")
+    return data
+
+
+def fail_at_first_bad_row(
+    bad: np.ndarray | pd.Series, path: SourcePath, problem: Callable[[int], str], fix: str
+) -> None:
+    """Fail naming the CSV line of the first row where `bad` holds (line 1 is the header)
+    and that row's `problem` (given its position); nothing when no row is bad."""
+    positions = np.flatnonzero(np.asarray(bad, dtype=bool))
+    if len(positions):
+        row = int(positions[0])
+        raise MetadataError(path, f"row {row + 2}", problem(row), fix)
+
+
+def identity_counts(index: pd.DataFrame) -> dict[str, int]:
+    """The counts every dataset with patient and study ids documents: images, patients and
+    studies of a split's index."""
+    return {
+        "images": len(index),
+        "patients": int(index["patient_id"].nunique()),
+        "studies": int(index["study_id"].nunique()),
+    }
 
 
 def _json_text(path: SourcePath) -> str:

@@ -187,14 +187,12 @@ chestx-det/
         self.check_split(split)
         path = self.require(self.annotation_json(split), f"ChestX-Det {split} annotation JSON")
         self.require(self.image_dir(split), f"ChestX-Det {split} image folder")
-        entries = read_json_entries(path, list)
-        if not isinstance(entries, list):
-            raise MetadataError(
-                path,
-                "top level",
-                "expected a JSON list of image entries",
-                "Use ChestX_Det_<split>.json from the ChestX-Det download",
-            )
+        entries = read_json_entries(
+            path,
+            list,
+            "a JSON list of image entries",
+            "ChestX_Det_<split>.json from the ChestX-Det download",
+        )
         if entries and not any(isinstance(e, dict) and "polygons" in e for e in entries):
             raise MetadataError(
                 path,

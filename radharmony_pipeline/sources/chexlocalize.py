@@ -22,6 +22,7 @@ from .base import (
     confine_paths,
     empty_phrase_lists,
     entry_error,
+    identity_counts,
     index_frame,
     label_frame,
     read_csv,
@@ -30,7 +31,6 @@ from .base import (
     split_named_in,
 )
 from .counts import ExpectedCounts
-from .errors import MetadataError
 from .layouts import Found, chexlocalize_folders, chexlocalize_image_dir
 from .location import SourceLocation
 from .views import normalize_view_positions
@@ -262,14 +262,12 @@ chexlocalize/
     def read_segmentations(self, split: str) -> dict:
         """`{cxr_id: {pathology: RLE}}` as in gt_segmentations_<split>.json."""
         path = self.require(self.segmentation_json(split), "CheXlocalize segmentation JSON")
-        data = read_json_entries(path, dict)
-        if not isinstance(data, dict):
-            raise MetadataError(
-                path,
-                "top level",
-                "expected an object keyed by cxr_id",
-                "Use gt_segmentations_<split>.json from the CheXlocalize download",
-            )
+        data = read_json_entries(
+            path,
+            dict,
+            "an object keyed by cxr_id",
+            "gt_segmentations_<split>.json from the CheXlocalize download",
+        )
         return data
 
     def mask_jobs(
@@ -308,16 +306,15 @@ chexlocalize/
         return index["image_path"].str.endswith("_frontal.jpg").fillna(False).astype(bool)
 
     def count_metrics(self, tables: SplitTables) -> dict[str, int]:
-        index = tables.index
         return {
-            "images": len(index),
-            "patients": int(index["patient_id"].nunique()),
-            "studies": int(index["study_id"].nunique()),
+            **identity_counts(tables.index),
             "images_with_segmentation": int(tables.labels["has_segmentation"].sum()),
             "uncertain_labels": int(
                 sum(tables.labels[snake_case(n)].eq(-1).sum() for n in CHEXPERT_COLUMNS)
             ),
-            "entries_without_the_10_pathologies": len(self.irregular_entries(_split_of(index))),
+            "entries_without_the_10_pathologies": len(
+                self.irregular_entries(_split_of(tables.index))
+            ),
         }
 
     def irregular_entries(self, split: str) -> list[str]:

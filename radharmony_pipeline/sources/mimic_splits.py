@@ -3,12 +3,11 @@ user has put it at the MIMIC-CXR root beside `files/`."""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from ..processing.storage import source_store
 from ..processing.storage.source_store import SourcePath
-from .base import read_csv, require_columns
+from .base import fail_at_first_bad_row, read_csv, require_columns
 from .errors import MetadataError
 
 SPLIT_NAMES = ("mimic-cxr-2.0.0-split.csv.gz", "mimic-cxr-2.0.0-split.csv")
@@ -26,15 +25,14 @@ def read_official_splits(path: SourcePath) -> pd.DataFrame:
     table = read_csv(path, dtype={column: "string" for column in SPLIT_COLUMNS})
     require_columns(table, SPLIT_COLUMNS, path)
     table = table[list(SPLIT_COLUMNS)].apply(lambda column: column.str.strip())
-    bad = ~table["split"].isin(OFFICIAL_SPLITS).to_numpy()
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        raise MetadataError(
-            path,
-            f"row {row + 2}",
-            f"split {table['split'].iloc[row]!r} is not one of {', '.join(OFFICIAL_SPLITS)}",
-            "Use mimic-cxr-2.0.0-split.csv.gz as downloaded from MIMIC-CXR-JPG",
-        )
+    fail_at_first_bad_row(
+        ~table["split"].isin(OFFICIAL_SPLITS),
+        path,
+        lambda row: (
+            f"split {table['split'].iloc[row]!r} is not one of {', '.join(OFFICIAL_SPLITS)}"
+        ),
+        "Use mimic-cxr-2.0.0-split.csv.gz as downloaded from MIMIC-CXR-JPG",
+    )
     duplicated = table["dicom_id"].duplicated(keep=False) & ~table.duplicated(keep=False)
     if duplicated.any():
         dicom_id = table.loc[duplicated, "dicom_id"].iloc[0]

@@ -19,6 +19,8 @@ from .base import (
     SourceCard,
     SplitTables,
     confine_paths,
+    fail_at_first_bad_row,
+    identity_counts,
     index_frame,
     label_frame,
     read_csv,
@@ -283,11 +285,8 @@ mimic-cxr/{CHEXPERT_NAMES[0]}   (optional, MIMIC's report labels per study)"""
         return pd.Series([resolve(stem) for stem in stems], index=stems.index, dtype="string")
 
     def count_metrics(self, tables: SplitTables) -> dict[str, int]:
-        index = tables.index
         return {
-            "images": len(index),
-            "patients": int(index["patient_id"].nunique()),
-            "studies": int(index["study_id"].nunique()),
+            **identity_counts(tables.index),
             "annotations": int(tables.labels["num_boxes"].sum()),
         }
 
@@ -295,29 +294,25 @@ mimic-cxr/{CHEXPERT_NAMES[0]}   (optional, MIMIC's report labels per study)"""
 def _normalized_splits(boxes: pd.DataFrame, csv_path: SourcePath) -> pd.Series:
     raw = boxes["split"].astype("string").str.strip().str.lower()
     split = raw.map(_SPLITS)
-    bad = split.isna().to_numpy()
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        raise MetadataError(
-            csv_path,
-            f"row {row + 2}",
-            f"split {boxes['split'].iloc[row]!r} is not train, val or test",
-            "Use the MS-CXR CSV as downloaded",
-        )
+    fail_at_first_bad_row(
+        split.isna(),
+        csv_path,
+        lambda row: f"split {boxes['split'].iloc[row]!r} is not train, val or test",
+        "Use the MS-CXR CSV as downloaded",
+    )
     return split
 
 
 def _check_categories(boxes: pd.DataFrame, csv_path: SourcePath) -> None:
-    unknown = ~boxes["category_name"].isin(CATEGORIES)
-    if unknown.any():
-        row = int(np.flatnonzero(unknown.to_numpy())[0])
-        raise MetadataError(
-            csv_path,
-            f"row {row + 2}",
+    fail_at_first_bad_row(
+        ~boxes["category_name"].isin(CATEGORIES),
+        csv_path,
+        lambda row: (
             f"category_name {boxes['category_name'].iloc[row]!r} is not one of "
-            + ", ".join(CATEGORIES),
-            "Use the MS-CXR v1.1.0 CSV as downloaded",
-        )
+            + ", ".join(CATEGORIES)
+        ),
+        "Use the MS-CXR v1.1.0 CSV as downloaded",
+    )
 
 
 def _images_of(boxes: pd.DataFrame, csv_path: SourcePath) -> pd.DataFrame:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from ..processing.storage import source_store
 from ..processing.storage.source_store import FileState, SourcePath
-from .base import read_csv, require_columns
+from .base import fail_at_first_bad_row, read_csv, require_columns
 from .errors import DatasetLayoutError, MetadataError
 
 KEY = "nih_chestxray14"
@@ -72,11 +71,12 @@ class NihChestXray14:
         table = read_csv(path, dtype={"Image Index": "string", "Patient ID": "string"})
         require_columns(table, DATA_ENTRY_COLUMNS, path)
         index = table["Image Index"].str.strip()
-        if index.isna().any() or index.duplicated().any():
-            row = int(np.flatnonzero((index.isna() | index.duplicated()).to_numpy())[0])
-            raise MetadataError(
-                path, f"row {row + 2}", "Image Index missing or listed twice", "Re-download it"
-            )
+        fail_at_first_bad_row(
+            index.isna() | index.duplicated(),
+            path,
+            lambda row: "Image Index missing or listed twice",
+            "Re-download it",
+        )
         split = pd.Series(pd.NA, index=table.index, dtype="string")
         for name, listed in self._split_lists().items():
             split = split.mask(index.isin(listed), name)

@@ -28,6 +28,7 @@ from .base import (
     empty_phrase_lists,
     entry_error,
     garbage_collection_paused,
+    identity_counts,
     index_frame,
     label_frame,
     read_json_entries,
@@ -175,7 +176,13 @@ rexgradient/
 
     def _read_tables(self, path: SourcePath, split: str) -> SplitTables:
         # The parsed JSON is the largest object of the step; nothing keeps it past this call.
-        studies, images = _study_and_image_tables(read_json_entries(path, dict), path, split)
+        studies = read_json_entries(
+            path,
+            dict,
+            "an object keyed by study",
+            f"{metadata_json_name(split)} from the ReXGradient download",
+        )
+        studies, images = _study_and_image_tables(studies, path, split)
         image_path = pd.Series(images["image_path"])
         errors = RowErrors(len(image_path))
         errors.update(images["problems"])
@@ -240,12 +247,7 @@ rexgradient/
         )
 
     def count_metrics(self, tables: SplitTables) -> dict[str, int]:
-        index = tables.index
-        return {
-            "images": len(index),
-            "studies": int(index["study_id"].nunique()),
-            "patients": int(index["patient_id"].nunique()),
-        }
+        return identity_counts(tables.index)
 
 
 _STUDY_FIELDS = (
@@ -271,13 +273,6 @@ def _study_and_image_tables(
     A study or path that cannot be read gives an image row with a null path, and its reason
     in `images["problems"]` (by image position).
     """
-    if not isinstance(studies, dict):
-        raise MetadataError(
-            path,
-            "top level",
-            "expected an object keyed by study",
-            f"Use {metadata_json_name(split)} from the ReXGradient download",
-        )
     study_problems = _unusable_studies(studies, path)
     if study_problems:
         # Each unusable study stands in as one image without a path, so it is reported.
