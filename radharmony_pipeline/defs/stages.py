@@ -37,23 +37,24 @@ def checked_stage(
     (description, kinds); the output is optional within its own step.
     """
     return dg.multi_asset(
-        outs={
-            name: dg.AssetOut(
-                is_required=False,
-                owners=OWNERS,
-                group_name=group,
-                automation_condition=REBUILD_WHEN_CHANGED,
-                code_version=table_code_version(code_version),
-                metadata=definition_metadata(table),
-                **out,
-            )
-        },
+        outs={name: stage_out(table, group, code_version, **out)},
         ins=ins,
         deps=deps,
         partitions_def=dataset_split_partitions,
         check_specs=check_specs,
         can_subset=True,
         pool=pool,
+    )
+
+
+def stage_out(table: TableSchema, group: str, code_version: str, **out: Any) -> dg.AssetOut:
+    """A per-partition stage's output in `group` with `table`'s declared schema, rebuilt when
+    its inputs change and optional within its own step; `out` holds the rest of its
+    `AssetOut` (description, kinds)."""
+    return dg.AssetOut(
+        is_required=False,
+        **_table_asset(table, group, code_version, REBUILD_WHEN_CHANGED),
+        **out,
     )
 
 
@@ -69,15 +70,25 @@ def corpus_table(
     the partitions it reads (`ins`) have settled."""
     return dg.asset(
         name=table.name,
-        group_name=group,
-        owners=OWNERS,
         ins=ins,
         description=description,
-        automation_condition=REBUILD_WHEN_PARTITIONS_SETTLE,
-        code_version=table_code_version(code_version),
-        metadata=definition_metadata(table),
         kinds=set(kinds),
+        **_table_asset(table, group, code_version, REBUILD_WHEN_PARTITIONS_SETTLE),
     )
+
+
+def _table_asset(
+    table: TableSchema, group: str, code_version: str, automation: dg.AutomationCondition
+) -> dict[str, Any]:
+    """What every asset holding a declared table states: its owners and group, its schema as
+    definition metadata, its code version joined with the schema's, when it is rebuilt."""
+    return {
+        "owners": OWNERS,
+        "group_name": group,
+        "metadata": definition_metadata(table),
+        "code_version": table_code_version(code_version),
+        "automation_condition": automation,
+    }
 
 
 def selected_output(

@@ -27,6 +27,7 @@ from ..vocabulary import FORMAT_BY_SUFFIX, LABEL_COLUMNS, STATUS_ERROR, STATUS_O
 from .counts import ExpectedCounts, load_expected_counts
 from .errors import DatasetLayoutError, MetadataError
 from .layouts import nearby
+from .location import SourceLocation
 
 _UNSAFE_KEY_CHARACTER = r"[^A-Za-z0-9._-]"
 _TEXT_SLICE = 16384  # values per pyarrow conversion in text_column
@@ -132,6 +133,11 @@ class DatasetSource(ABC):
     documented_counts: ClassVar[ExpectedCounts]
     # What a short count usually means for this dataset, keyed by metric.
     count_hints: ClassVar[Mapping[str, str]] = {}
+
+    def __init__(self, location: SourceLocation, data_root: SourcePath):
+        # Kept, not resolved: opening a reader does no I/O (a store may be unreachable).
+        self._location = location
+        self._data_root = data_root
 
     @property
     @abstractmethod

@@ -123,8 +123,7 @@ chexlocalize/
     def __init__(self, location: SourceLocation, data_root: SourcePath):
         base = location.base_image_dir
         self._explicit_split = split_named_in(base, self.splits) if base else None
-        self._location = location
-        self._data_root = data_root
+        super().__init__(location, data_root)
         self._csv_override = location.csv_path
         self._mask_json_override = location.mask_json_path
 

@@ -29,7 +29,6 @@ from .base import (
 from .counts import ExpectedCounts
 from .errors import DatasetLayoutError, MetadataError
 from .layouts import Found, mimic_files_dir, ms_cxr_csv_folder, nearby
-from .location import SourceLocation
 from .mimic_chexpert import CHEXPERT_NAMES, chexpert_csv, read_study_labels
 from .mimic_splits import read_official_splits, split_csv
 from .mimic_views import metadata_csv, raw_view_positions
@@ -93,10 +92,6 @@ mimic-cxr/{CHEXPERT_NAMES[0]}   (optional, MIMIC's report labels per study)"""
         "patients": "rows of the MS-CXR CSV for split {split}",
         "studies": "rows of the MS-CXR CSV for split {split}",
     }
-
-    def __init__(self, location: SourceLocation, data_root: SourcePath):
-        self._location = location
-        self._data_root = data_root
 
     @cached_property
     def _layout(self) -> tuple[SourcePath | None, Found, Found]:

@@ -43,13 +43,14 @@ from .views import normalize_view_positions
 
 REPORT_SECTIONS = ("Indication", "Comparison", "Findings", "Impression")
 _HEADERS = tuple(name.upper() for name in REPORT_SECTIONS)
-_FILE_SPLIT = {"train": "train", "val": "valid", "test": "test"}
+# Split keys are normalized (`val`); the release's file names keep `valid`.
+FILE_SPLITS = {"train": "train", "val": "valid", "test": "test"}
 _AGE_UNIT_YEARS = {"Y": 1.0, "M": 1 / 12, "W": 7 / 365.25, "D": 1 / 365.25}
 _EMPTY_SECTIONS = {"", "none", "nan", "null"}
 
 
 def metadata_json_name(split: str) -> str:
-    return f"{_FILE_SPLIT[split]}_metadata_view_position.json"
+    return f"{FILE_SPLITS[split]}_metadata_view_position.json"
 
 
 class ReXGradientSource(DatasetSource):
@@ -90,8 +91,7 @@ rexgradient/
     }
 
     def __init__(self, location: SourceLocation, data_root: SourcePath):
-        self._location = location
-        self._data_root = data_root
+        super().__init__(location, data_root)
         self._json_given = location.csv_path
 
     @cached_property
@@ -153,7 +153,7 @@ rexgradient/
                 f"Pass {path.with_name(metadata_json_name(split)).name} (the JSON) instead",
             )
         if not source_store.exists(path):
-            csv_twin = path.with_name(f"{_FILE_SPLIT[split]}_metadata.csv")
+            csv_twin = path.with_name(f"{FILE_SPLITS[split]}_metadata.csv")
             detail = (
                 f"only {csv_twin.name} is there, which has no image paths; the JSON"
                 if source_store.exists(csv_twin)
@@ -250,7 +250,7 @@ rexgradient/
         return identity_counts(tables.index)
 
 
-_STUDY_FIELDS = (
+STUDY_FIELDS = (
     "PatientID",
     "AccessionNumber",
     "StudyInstanceUid",
@@ -259,7 +259,7 @@ _STUDY_FIELDS = (
     "StudyDate",
     *REPORT_SECTIONS,
 )
-_ENTRY_FIELDS = ("ImagePath", "ImageViewPosition", *_STUDY_FIELDS)
+_ENTRY_FIELDS = ("ImagePath", "ImageViewPosition", *STUDY_FIELDS)
 _ALL_ENTRY_FIELDS = itemgetter(*_ENTRY_FIELDS)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from radharmony_pipeline.sources.rexgradient import FILE_SPLITS, REPORT_SECTIONS, STUDY_FIELDS
 from radharmony_pipeline.synthetic.encoding import PNG_COMPRESS_LEVEL, png_bytes
 from radharmony_pipeline.synthetic.expected import summed, write_expected_counts
 from radharmony_pipeline.synthetic.files import write_bytes, write_text, write_text_chunks
@@ -30,8 +31,7 @@ DATASET = "rexgradient"
 ROOTS = ("rexgradient",)
 METADATA_DIR = "download/metadata"
 IMAGE_PREFIX = "../deid_png/"
-# Split keys are normalized (`val`); the files keep the release's `valid`.
-SPLIT_FILES = {"train": "train", "val": "valid", "test": "test"}
+SPLIT_FILES = FILE_SPLITS
 VIEW_POSITIONS = (
     "PA",
     "AP",
@@ -48,20 +48,8 @@ VIEW_POSITIONS = (
 VIEW_WEIGHTS = (0.375, 0.3, 0.24, 0.02, 0.015, 0.005, 0.005, 0.01, 0.005, 0.005, 0.02)
 LATERAL_VIEWS = {"LATERAL", "LL"}
 ETHNIC_GROUPS = ("White", "Black or African American", "Hispanic", "Asian", "Other")
-CSV_COLUMNS = (
-    "id",
-    "PatientID",
-    "AccessionNumber",
-    "StudyInstanceUid",
-    "PatientSex",
-    "PatientAge",
-    "StudyDate",
-    "Indication",
-    "Comparison",
-    "Findings",
-    "Impression",
-)
-_SECTIONS = ("Indication", "Comparison", "Findings", "Impression")
+# The CSV twin of the metadata JSON: a study per row, in the JSON's field order.
+CSV_COLUMNS = ("id", *STUDY_FIELDS)
 _AGE_UNITS = (("Y", 1, 90, 0.94), ("M", 1, 24, 0.04), ("W", 1, 9, 0.01), ("D", 1, 31, 0.01))
 
 
@@ -257,7 +245,7 @@ def _report_sections(rng: np.random.Generator, count: int) -> dict[str, list]:
     }
     if count > 1:
         # One study whose report is entirely missing, in every form the release uses.
-        for section, gap in zip(_SECTIONS, ("", "None", math.nan, math.nan), strict=True):
+        for section, gap in zip(REPORT_SECTIONS, ("", "None", math.nan, math.nan), strict=True):
             sections[section][1] = gap
     return sections
 
@@ -310,7 +298,7 @@ def _csv_text(studies: list[tuple[str, Study]]) -> str:
     writer.writerow(CSV_COLUMNS)
     for key, study in studies:
         row = [key, *(study[column] for column in CSV_COLUMNS[1:7])]
-        row += ["" if isinstance(study[s], float) else study[s] for s in _SECTIONS]
+        row += ["" if isinstance(study[s], float) else study[s] for s in REPORT_SECTIONS]
         writer.writerow(row)
     return buffer.getvalue()
 

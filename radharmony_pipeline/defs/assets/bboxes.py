@@ -128,22 +128,11 @@ def _box_table(
 
 
 def _degenerate_messages(native: pd.DataFrame) -> pd.Series:
-    return (
-        "box "
-        + native["box_index"].astype(str)
-        + " of "
-        + native["image_id"].astype(str)
-        + ": no area inside the "
-        + native["frame_width"].astype(str)
-        + "x"
-        + native["frame_height"].astype(str)
-        + " image after clipping (x="
-        + native["x"].astype(str)
-        + ", y="
-        + native["y"].astype(str)
-        + ", w="
-        + native["w"].astype(str)
-        + ", h="
-        + native["h"].astype(str)
-        + ")"
-    ).astype("string")
+    """Per box, why it has no area: its image's frame and the box as the dataset gives it."""
+    fields = ["box_index", "image_id", "frame_width", "frame_height", "x", "y", "w", "h"]
+    messages = [
+        f"box {box} of {image}: no area inside the {width}x{height} image after clipping "
+        f"(x={x}, y={y}, w={w}, h={h})"
+        for box, image, width, height, x, y, w, h in native[fields].itertuples(index=False)
+    ]
+    return pd.Series(messages, index=native.index, dtype="string")

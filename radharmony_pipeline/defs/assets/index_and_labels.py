@@ -22,7 +22,6 @@ from ...sources import (
 from ...sources.base import arrow_system_allocator
 from ...sources.preflight import ImagePresence, image_presence, missing_images_problem
 from ...vocabulary import LABEL_COLUMNS
-from ..automation import REBUILD_WHEN_CHANGED
 from ..checks.expectations import stored_in
 from ..checks.index_and_labels import (
     CHECK_SPECS,
@@ -31,13 +30,13 @@ from ..checks.index_and_labels import (
     suites_selected,
 )
 from ..groups import ANNOTATIONS
-from ..metadata import definition_metadata, status_counts, table_code_version
-from ..partitions import OWNERS, dataset_split_partitions
+from ..metadata import status_counts, table_code_version
+from ..partitions import dataset_split_partitions
 from ..previous_outputs import StageOutput, stage_fingerprint, tables_reused_or_built
 from ..resources import DatasetsResource, OutputsResource, SuiteValidationResource
 from ..row_errors import fail_if_strict
 from ..run_settings import RunSettingsResource
-from ..stages import selected_output
+from ..stages import selected_output, stage_out
 from .source_files import source_files
 
 CODE_VERSION = "3"  # 2: status and error columns (issue 9); 3: parent identity (issue 21)
@@ -53,34 +52,28 @@ OUTPUTS = (
 
 @dg.multi_asset(
     outs={
-        "raw_index": dg.AssetOut(
-            group_name=ANNOTATIONS,
+        "raw_index": stage_out(
+            RAW_INDEX,
+            ANNOTATIONS,
+            CODE_VERSION,
             description=(
                 "One row per image that the dataset's metadata names: image_id "
                 "(`<dataset>/<native id>`), image_key, patient/study ids, image_path relative "
                 "to the dataset's image folder, format, normalized view position, source size, "
                 "and documented dataset-specific columns."
             ),
-            is_required=False,
-            owners=OWNERS,
-            code_version=table_code_version(CODE_VERSION),
-            automation_condition=REBUILD_WHEN_CHANGED,
             kinds={"parquet", "pandas"},
-            metadata=definition_metadata(RAW_INDEX),
         ),
-        "labels": dg.AssetOut(
-            group_name=ANNOTATIONS,
+        "labels": stage_out(
+            declared_schema("labels"),
+            ANNOTATIONS,
+            CODE_VERSION,
             description=(
                 "Per image: the dataset's native label columns, report text (null, never "
                 "'None'), phrases, and the 21 unified tri-state label_* columns "
                 "(1 positive, 0 negative, null not annotated)."
             ),
-            is_required=False,
-            owners=OWNERS,
-            code_version=table_code_version(CODE_VERSION),
-            automation_condition=REBUILD_WHEN_CHANGED,
             kinds={"parquet", "pandas"},
-            metadata=definition_metadata(declared_schema("labels")),
         ),
     },
     internal_asset_deps={

@@ -334,27 +334,25 @@ class ImageJob:
             return None
 
     def _row(self, values: Mapping[str, Any], key: str, decoded: bool) -> ImageRow:
-        return ImageRow(
-            image_id=self.image_id,
+        return self._image_row(
             image_path=self.image_relative,
             mask_path=self.mask_relative,
-            size=self.size,
-            tensor_index=self.row,
-            resize=self.resize,
             decoded=decoded,
             input_key=key,
             **values,
         )
 
     def _error_row(self, message: str, key: str | None = None) -> ImageRow:
+        return self._image_row(status=STATUS_ERROR, error=message, input_key=key)
+
+    def _image_row(self, **fields: Any) -> ImageRow:
+        """A row of this image: its id, output side, array row and resize, and `fields`."""
         return ImageRow(
             image_id=self.image_id,
             size=self.size,
             tensor_index=self.row,
             resize=self.resize,
-            status=STATUS_ERROR,
-            error=message,
-            input_key=key,
+            **fields,
         )
 
 
