@@ -1,6 +1,9 @@
 """`huggingface_export` and `webdataset_export`: each partition's manifest rows as training
 shards under `<output>/exports/` (docs/exports.md)."""
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import dagster as dg
 import pandas as pd
 from pydantic import Field
@@ -53,8 +56,27 @@ class ExportConfig(dg.Config):
     )
 
 
-def _export_asset(name: str, description: str, kinds: set[str]):
-    return dg.asset(
+@dataclass(frozen=True)
+class ExportTarget:
+    """Where a partition's shards of one format go and what they are named."""
+
+    export: ExportFormat
+    folder: OutputPath
+    shard_names: ShardNames
+    index_name: str
+
+
+def _export_asset(
+    name: str,
+    description: str,
+    kinds: set[str],
+    target: Callable[[OutputPath, str], ExportTarget],
+) -> dg.AssetsDefinition:
+    """The export asset `name` of a format: the partition's manifest rows written as shards
+    where `target(root, partition)` says (which also writes what the format keeps beside
+    them)."""
+
+    @dg.asset(
         name=name,
         partitions_def=dataset_split_partitions,
         group_name=PUBLISHING,
@@ -65,9 +87,59 @@ def _export_asset(name: str, description: str, kinds: set[str]):
         code_version=EXPORT_CODE_VERSION,
         kinds=kinds,
     )
+    def export(
+        context: dg.AssetExecutionContext,
+        config: ExportConfig,
+        raw_index: pd.DataFrame,
+        labels: pd.DataFrame,
+        masks: pd.DataFrame,
+        bboxes: pd.DataFrame,
+        images: pd.DataFrame,
+        report_labels: pd.DataFrame,
+        outputs: OutputsResource,
+        run_settings: RunSettingsResource,
+    ) -> dg.MaterializeResult:
+        root, partition = outputs.root(), context.partition_key
+        # The same rows the manifest holds for this partition, from the same function.
+        rows, _excluded = partition_manifest(
+            partition, raw_index, labels, masks, bboxes, images, report_labels
+        )
+        samples = export_samples(rows, images, masks, root)
+        return _export(
+            context,
+            samples,
+            target(root, partition),
+            config.max_shard_bytes,
+            run_settings.workers,
+        )
+
+    return export
 
 
-@_export_asset(
+def _huggingface_target(root: OutputPath, partition: str) -> ExportTarget:
+    dataset, split = parse_partition_key(partition)
+    # The same bytes from every partition's run: the configurations of every dataset.
+    write_huggingface_configs(
+        root / HUGGINGFACE_FOLDER, {key: source.splits for key, source in SOURCE_TYPES.items()}
+    )
+    return ExportTarget(
+        huggingface_format(MASK_CLASSES),
+        root / HUGGINGFACE_FOLDER / dataset,
+        huggingface_shards(split),
+        huggingface_index_name(split),
+    )
+
+
+def _webdataset_target(root: OutputPath, partition: str) -> ExportTarget:
+    return ExportTarget(
+        WEBDATASET,
+        root / WEBDATASET_FOLDER / partition,
+        webdataset_shards(partition),
+        WEBDATASET_INDEX_NAME,
+    )
+
+
+huggingface_export = _export_asset(
     "huggingface_export",
     "The partition's manifest rows as Hugging Face `datasets` Parquet shards "
     "(`exports/huggingface/<dataset>/<split>-NNNNN.parquet`, one configuration per dataset, "
@@ -77,41 +149,10 @@ def _export_asset(name: str, description: str, kinds: set[str]):
     "(`report_label_*`, `report_label_source`), boxes with labels and phrases, report and ids; "
     "a shard index `<split>.index.json` lists every sample.",
     {"parquet", "huggingface"},
+    _huggingface_target,
 )
-def huggingface_export(
-    context: dg.AssetExecutionContext,
-    config: ExportConfig,
-    raw_index: pd.DataFrame,
-    labels: pd.DataFrame,
-    masks: pd.DataFrame,
-    bboxes: pd.DataFrame,
-    images: pd.DataFrame,
-    report_labels: pd.DataFrame,
-    outputs: OutputsResource,
-    run_settings: RunSettingsResource,
-) -> dg.MaterializeResult:
-    dataset, split = parse_partition_key(context.partition_key)
-    root = outputs.root()
-    samples = _samples(
-        context.partition_key, raw_index, labels, masks, bboxes, images, report_labels, root
-    )
-    # The same bytes from every partition's run: the configurations of every dataset.
-    write_huggingface_configs(
-        root / HUGGINGFACE_FOLDER, {key: source.splits for key, source in SOURCE_TYPES.items()}
-    )
-    return _export(
-        context,
-        samples,
-        huggingface_format(MASK_CLASSES),
-        root / HUGGINGFACE_FOLDER / dataset,
-        huggingface_shards(split),
-        huggingface_index_name(split),
-        config.max_shard_bytes,
-        run_settings.workers,
-    )
 
-
-@_export_asset(
+webdataset_export = _export_asset(
     "webdataset_export",
     "The partition's manifest rows as WebDataset tar shards of bounded size "
     "(`exports/webdataset/<partition>/<partition>-NNNNNN.tar`): per sample `<key>.png`, "
@@ -119,67 +160,24 @@ def huggingface_export(
     "report, boxes, phrases, report); "
     "`index.json` lists every shard and sample.",
     {"webdataset", "tar"},
+    _webdataset_target,
 )
-def webdataset_export(
-    context: dg.AssetExecutionContext,
-    config: ExportConfig,
-    raw_index: pd.DataFrame,
-    labels: pd.DataFrame,
-    masks: pd.DataFrame,
-    bboxes: pd.DataFrame,
-    images: pd.DataFrame,
-    report_labels: pd.DataFrame,
-    outputs: OutputsResource,
-    run_settings: RunSettingsResource,
-) -> dg.MaterializeResult:
-    root = outputs.root()
-    partition = context.partition_key
-    samples = _samples(partition, raw_index, labels, masks, bboxes, images, report_labels, root)
-    return _export(
-        context,
-        samples,
-        WEBDATASET,
-        root / WEBDATASET_FOLDER / partition,
-        webdataset_shards(partition),
-        WEBDATASET_INDEX_NAME,
-        config.max_shard_bytes,
-        run_settings.workers,
-    )
-
-
-def _samples(
-    partition: str,
-    raw_index: pd.DataFrame,
-    labels: pd.DataFrame,
-    masks: pd.DataFrame,
-    bboxes: pd.DataFrame,
-    images: pd.DataFrame,
-    report_labels: pd.DataFrame,
-    root: OutputPath,
-) -> ExportSamples:
-    # The same rows the manifest holds for this partition, from the same function.
-    rows, _excluded = partition_manifest(
-        partition, raw_index, labels, masks, bboxes, images, report_labels
-    )
-    return export_samples(rows, images, masks, root)
 
 
 def _export(
     context: dg.AssetExecutionContext,
     samples: ExportSamples,
-    export: ExportFormat,
-    folder: OutputPath,
-    shard_names: ShardNames,
-    index_name: str,
+    target: ExportTarget,
     max_shard_bytes: int,
     workers: int,
 ) -> dg.MaterializeResult:
     dataset, split = parse_partition_key(context.partition_key)
+    export, folder, index_name = target.export, target.folder, target.index_name
     result: ExportResult = export_partition(
         samples,
         export,
         folder,
-        shard_names,
+        target.shard_names,
         index_name,
         max_shard_bytes,
         identity={"partition": context.partition_key, "dataset": dataset, "split": split},
