@@ -1,50 +1,5 @@
 """Rehearsal at the real size: the whole corpus built, joined, exported and verified as a user
-does, through the CLI on a persistent instance, at N/4, N/2 and N of the documented counts.
-
-Per size it writes the four datasets (CheXlocalize, MS-CXR over MIMIC-CXR and ChestX-Det at
-their documented counts whatever the size; ReXGradient and an NIH ChestX-ray14 parent at the
-size's share of 273,004 and 112,120 films, rendered in parallel by the project's renderer as
-distinct, look-alike radiographs of about `--side` pixels), then runs, each as its own
-command under `/usr/bin/time`: a stat of each ReXGradient train image by coreutils (the
-disk's own cost of finding them, beside the steps that do), check-data, the observation job,
-every partition's `all_stages`, the corpus joins (`manifest`), every partition's `exports`,
-the card and `radharmony verify`; at the largest size, ReXGradient train's re-runs
-(unchanged, 1 % of its sources changed, and resumed after a kill -9 halfway through a first
-build). Run as root, it drops the page cache before each of those commands but the re-runs
-(which follow the builds as a user's next launch does), so every size meets its files as a
-user's first command after a download does (otherwise N/4 would be read from memory and N
-partly from the disk). It prints per step: wall, CPU (busy CPU seconds of the machine while
-the step runs: the rehearsal runs alone, and pool workers forked by a fork server are never
-the command's reaped children), peak RSS, the bytes it added under the output root, the
-reads the disk completed (on a cold cache a step's wall is its reads times the disk's
-latency, which varies over the day on this machine) and the pages the kernel reclaimed (what
-a step writing more than the free memory holds pays), with the seconds of each stage of a
-launched job (from the instance); then near_duplicates' time and hash pairs per size with a
-projection to 1,000,000 images, and the marginal cost per image between sizes, per step and
-per stage. The datasets written whole are rendered once (`--work`/whole_datasets) and
-hard-linked into each size; each size's figures and its commands' output are kept
-(`--work`/steps_n*.json, .log), so sizes run by separate commands combine. Everything lives
-under `--work` (up to about 60 GB at the full count with `--side 192`: the render, N's outputs
-and train's second build, for which N's measured exports are deleted). Every pass over a size
-starts from an empty output root and instance (a step chosen by `--step` is a first build and
-needs what it reads chosen too: every `all_stages` before `manifest`) and deletes them after,
-unless `--keep`; a size's data go after its last pass. With `--passes K` the sizes are run K
-times, in turn (N/4, N/2, N, N, N/2, N/4, …), and each step's figures are its medians, with the
-range of each ratio over the passes: on this machine one cold step's wall moves by tens of
-percent between runs.
-
-    .venv/bin/python benchmarks/bench_corpus.py --work /tmp/rehearsal
-    .venv/bin/python benchmarks/bench_corpus.py --work /tmp/r --fractions 0.02 --side 512
-    .venv/bin/python benchmarks/bench_corpus.py --work /tmp/rehearsal --step check-data \
-        --step "all_stages rexgradient"      # a few steps again, on the corpus already written
-    .venv/bin/python benchmarks/bench_corpus.py --work /tmp/rehearsal --passes 3 --step check-data
-    .venv/bin/python benchmarks/bench_corpus.py --smoke   # the report on made-up figures
-
-The corpus is written by corpus/generation.py, each step measured by corpus/sampling.py, the
-UI pages timed by corpus/browser.py and the figures printed by corpus/report.py.
-
-It is a benchmark, not a test (most of an hour at the full count on 2 cores).
-"""
+does, through the CLI on a persistent instance, at N/4, N/2 and N (corpus/ says how)."""
 
 from __future__ import annotations
 
@@ -60,11 +15,19 @@ from dataclasses import asdict
 from pathlib import Path
 from unittest import mock
 
+from commands import (
+    LAUNCHED_PARTITION,
+    launch_and_kill_halfway,
+    launch_command,
+    launch_summary,
+    stat_each_command,
+)
 from common import REPOSITORY as REPO
-from common import add_smoke, drop_page_cache
+from common import Table, add_options, drop_page_cache, write_table
 from corpus.browser import ui_pages
 from corpus.generation import TRAIN_SOURCES, write_corpus
 from corpus.report import (
+    figures_table,
     kept_sizes,
     log_file,
     marginal,
@@ -77,25 +40,13 @@ from corpus.report import (
     table,
 )
 from corpus.sampling import Step, _row, counted, run_step
-from launches import (
-    PARTITION,
-    change_sources,
-    launch_and_kill_halfway,
-    launch_command,
-    stat_each_command,
-    summary,
-)
+from synthetic_inputs import change_sources
 
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.sources import SOURCE_TYPES
 
 BIN = Path(sys.executable).parent
-
-
 CHANGED_SHARE = 0.01
-
-
-QUIET = json.dumps({"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
 
 
 def partitions() -> list[str]:
@@ -112,18 +63,19 @@ UI_STEP = "UI"
 
 
 RERUNS = "re-run train"
+# The step the results table shows when `--step` names none (every step is in its figures).
+HEADLINE = "all_stages rexgradient.train"
 
 
 def commands(data: Path) -> list[tuple[str, list[str]]]:
-    radharmony, dg = str(BIN / "radharmony"), str(BIN / "dg")
-    launch = [dg, "launch", "--config-json", QUIET, "--job"]
+    radharmony = str(BIN / "radharmony")
     stat_each = stat_each_command(data / TRAIN_SOURCES)
     steps = [(STAT_FLOOR, stat_each), ("check-data", [radharmony, "check-data"])]
-    steps.append(("observe", [*launch, "observe_source_files"]))
-    steps += [(f"all_stages {p}", [*launch, "all_stages", "--partition", p]) for p in partitions()]
-    steps.append(("manifest", [*launch, "manifest"]))
-    steps += [(f"exports {p}", [*launch, "exports", "--partition", p]) for p in partitions()]
-    steps.append(("card", [*launch, "dataset_card"]))
+    steps.append(("observe", launch_command("observe_source_files", None)))
+    steps += [(f"all_stages {p}", launch_command("all_stages", p)) for p in partitions()]
+    steps.append(("manifest", launch_command("manifest", None)))
+    steps += [(f"exports {p}", launch_command("exports", p)) for p in partitions()]
+    steps.append(("card", launch_command("dataset_card", None)))
     steps.append(("verify", [radharmony, "verify"]))
     return steps
 
@@ -188,7 +140,7 @@ def rehearse(
             drop_page_cache()
         step = run_step(name, command, env, output, log)
         if Path(command[0]).name == "dg" and step.ok:
-            step.stages = summary(env)["steps"]
+            step.stages = launch_summary(env)["steps"]
         print(f"  {_row(step)}", flush=True)
         keep(step)
         if name == "manifest":
@@ -223,7 +175,7 @@ def rerun_train(data: Path, output: Path, env: dict, size_dir: Path, log: Path) 
     resumed = size_dir / "resumed"
     resumed_env = {**env, "RADHARMONY_OUTPUT_ROOT": str(resumed)}
     killed = launch_and_kill_halfway(resumed_env, resumed, len(sources))
-    written = len(list(resumed.glob(layout.resized_png_glob(PARTITION))))
+    written = len(list(resumed.glob(layout.resized_png_glob(LAUNCHED_PARTITION))))
     print(f"  first build of train killed after {killed:.1f} s, {written} PNGs written")
     resume = run_step(f"{RERUNS}, resumed after kill -9", command, resumed_env, resumed, log)
     yield counted(resume, resumed_env)
@@ -251,7 +203,7 @@ def near_duplicate_search(home: Path, manifest: Step) -> dict:
     return figures
 
 
-def smoke() -> None:
+def smoke(args: argparse.Namespace) -> None:
     """No corpus (its small datasets alone are thousands of images): the step commands as
     built for a data root, then the report over two made-up sizes' kept figures."""
     names = [name for name, _ in commands(Path("/data"))]
@@ -261,22 +213,31 @@ def smoke() -> None:
         for fraction, images in ((0.5, 1000), (1.0, 2000)):
             runs = {
                 name: [asdict(Step(name, images / 100 + 1, images / 50, 300.0, images * 10, True))]
-                for name in names[:4]
+                for name in (*names[:3], HEADLINE)
             }
             search = {"images_compared": images, "seconds": images / 500}
             figures = {"counts": {"rexgradient": images}, "runs": runs, "search": search, "ui": {}}
             results_file(work, fraction).write_text(json.dumps(figures))
-        kept = kept_sizes(work)
-        results, images = stored_results(kept)
-        table(results, images)
+        report(args, work)
+
+
+def report(args: argparse.Namespace, work: Path) -> None:
+    """The figures kept under `work`, printed, and their table written as results."""
+    kept = kept_sizes(work)
+    results, images = stored_results(kept)
+    table(results, images)
+    if len(results) > 1:
         marginal(results, images)
         marginal_reads(results, images)
-        project_search(kept)
-        report_ui(kept)
+    project_search(kept)
+    report_ui(kept)
+    columns, rows = figures_table(results, images, tuple(args.step) or (HEADLINE,))
+    title = "The corpus at its real size"
+    write_table(args, Table("corpus", title, columns, rows, {"sizes": dict(kept)}))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--work", type=Path, help="folder for data, outputs, logs (required)")
     parser.add_argument("--fractions", default="0.25,0.5,1", help="shares of the documented counts")
     parser.add_argument("--side", type=int, default=192, help="pixel side of ReXGradient/NIH films")
@@ -300,10 +261,10 @@ def main() -> None:
         help="passes over the sizes (N/4, N/2, N, then N, N/2, N/4, …); each step's figures are "
         "its medians over the passes, with the range of its ratio",
     )
-    add_smoke(parser)
+    add_options(parser)
     args = parser.parse_args()
     if args.smoke:
-        smoke()
+        smoke(args)
         return
     if args.work is None:
         parser.error("--work is required")
@@ -333,14 +294,7 @@ def main() -> None:
             clear_outputs(size_dir)
             if index == args.passes - 1:
                 shutil.rmtree(size_dir, ignore_errors=True)
-    kept = kept_sizes(args.work)
-    results, images = stored_results(kept)
-    table(results, images)
-    if len(results) > 1:
-        marginal(results, images)
-        marginal_reads(results, images)
-    project_search(kept)
-    report_ui(kept)
+    report(args, args.work)
 
 
 if __name__ == "__main__":

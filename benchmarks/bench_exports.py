@@ -1,122 +1,36 @@
-"""Benchmark: export throughput per format against reading the same PNGs back.
-
-Writes N resized 224×224 radiograph PNGs (synthetic content, written the way `images` writes
-them), a union mask PNG for half of them and one native-resolution class mask each for those,
-then measures in the same run, on the same files (page cache warm for all):
-
-- the floor: reading every image and mask PNG's bytes (bare read), and reading plus decoding
-  them (Pillow, to numpy);
-- each export (`export_partition` as the assets call it, fresh folder each time): Hugging
-  Face Parquet (PNG bytes embedded, class masks resized and encoded) and WebDataset tar.
-
-Target: each export within 1.5× of the read-and-decode time of the same PNGs. Times are
-wall-clock, best of `--repeat` passes; the load average is printed at the start and the end.
-
-    .venv/bin/python benchmarks/bench_exports.py [--images 2000] [--repeat 3]
-"""
+"""Benchmark: each export format (Hugging Face Parquet, WebDataset tar) against reading and
+decoding the PNGs it exports."""
 
 from __future__ import annotations
 
 import argparse
 import io
+import math
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from common import add_smoke
+from common import Table, add_options, load_line, write_table
 from PIL import Image
+from synthetic_outputs import EXPORT_CLASS, export_samples
 
-from radharmony_pipeline.processing.annotations.masks import write_mask_png
 from radharmony_pipeline.processing.corpus.exports import (
     WEBDATASET,
-    ExportSample,
     export_partition,
     huggingface_format,
     huggingface_shards,
     webdataset_shards,
 )
-from radharmony_pipeline.processing.imaging.geometry import (
-    letterbox_geometry,
-    resize_image,
-    resize_mask,
-)
-from radharmony_pipeline.processing.imaging.tagged_png import (
-    radiograph_png,
-)
 from radharmony_pipeline.processing.storage import output_layout as layout
-from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
-from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
 SIZE = 224
 TARGET = 1.5
-CLASS = "nodule"
 PARTITION = "bench.train"
-
-
-def write_inputs(root: Path, count: int, rng: np.random.Generator) -> list[ExportSample]:
-    (root / layout.resized_image_folder(PARTITION)).mkdir(parents=True)
-    samples = []
-    template = render_radiograph(rng, 1024, 1024).pixels
-    for number in range(count):
-        height, width = 1024, int(rng.integers(800, 1024))
-        geometry = letterbox_geometry(height, width, SIZE)
-        noisy = template[:height, :width] + rng.normal(0, 0.02, (height, width))
-        pixels = resize_image(to_uint8(np.clip(noisy, 0, 1)), geometry)
-        key = f"bench__{number:06d}"
-        image = root / layout.resized_image(PARTITION, key)
-        image.parent.mkdir(exist_ok=True)
-        image.write_bytes(radiograph_png(pixels))
-        mask, class_masks = None, {}
-        if number % 2 == 0:
-            native = np.zeros((height, width), dtype=np.uint8)
-            top, left = rng.integers(100, 600, 2)
-            native[top : top + 200, left : left + 150] = 1
-            class_masks[CLASS] = root / layout.image_mask_folder(PARTITION, key) / f"{CLASS}.png"
-            class_masks[CLASS].parent.mkdir(parents=True)
-            write_mask_png(class_masks[CLASS], native, "bench")
-            mask = root / layout.resized_union_mask(PARTITION, key)
-            write_mask_png(mask, resize_mask(native, geometry), "bench")
-        record = {
-            "image_id": f"bench/{number:06d}",
-            "dataset": "bench",
-            "split": "train",
-            "image_path": image.relative_to(root).as_posix(),
-            "has_mask": mask is not None,
-            "mask_classes": [CLASS] if mask is not None else [],
-            **{column: None for column in LABEL_COLUMNS},
-        }
-        samples.append(
-            ExportSample(
-                key=key,
-                record=_complete(record),
-                image=image,
-                mask=mask,
-                class_masks=class_masks,
-                geometry=geometry,
-                provenance=(str(number),),
-            )
-        )
-    return samples
-
-
-def _complete(record: dict) -> dict:
-    from radharmony_pipeline.processing.corpus.exports import RECORD_COLUMNS
-
-    lists = ("bboxes", "bboxes_resized", "bbox_labels", "label_text")
-    return {c: record.get(c, [] if c in lists else None) for c in RECORD_COLUMNS}
-
-
-def pngs_of(samples: list[ExportSample]) -> list[Path]:
-    files = [sample.image for sample in samples]
-    files += [sample.mask for sample in samples if sample.mask is not None]
-    return files
-
-
-def read_bytes(files: list[Path]) -> int:
-    return sum(len(path.read_bytes()) for path in files)
+SHARD_BYTES = 256 * 2**20
 
 
 def read_and_decode(files: list[Path]) -> int:
@@ -127,8 +41,9 @@ def read_and_decode(files: list[Path]) -> int:
     return total
 
 
-def best_of(repeat: int, run) -> float:
-    best = float("inf")
+def best_of(repeat: int, run: Callable[[], object]) -> float:
+    """The best wall seconds of `repeat` calls (a call is only ever slowed by other load)."""
+    best = math.inf
     for _ in range(repeat):
         start = time.perf_counter()
         run()
@@ -137,62 +52,77 @@ def best_of(repeat: int, run) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """N resized 224² radiograph PNGs as `images` writes them, a union mask and a class mask
+    for half; the floor (their bytes read; read and decoded by Pillow) and each export as the
+    assets call it, fresh folder each time, best of `--repeat` on a warm page cache. Target:
+    each export within 1.5x of read + decode."""
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    add_smoke(parser)
+    add_options(parser)
     args = parser.parse_args()
     if args.smoke:
-        args.images, args.repeat = 24, 1
+        args.images, args.repeat = 8, 1
     workers = os.cpu_count() or 1
-    print(f"load average at start: {os.getloadavg()}; export threads: {workers}")
+    print(f"start: {load_line()}; export threads: {workers}")
     with tempfile.TemporaryDirectory(prefix="bench-exports-") as scratch:
         root = Path(scratch)
-        samples = write_inputs(root, args.images, np.random.default_rng(args.seed))
-        files = pngs_of(samples)
+        rng = np.random.default_rng(args.seed)
+        samples = export_samples(root, PARTITION, args.images, SIZE, rng)
+        files = [s.image for s in samples] + [s.mask for s in samples if s.mask is not None]
         megabytes = sum(path.stat().st_size for path in files) / 2**20
         print(f"{len(samples)} samples, {len(files)} PNGs, {megabytes:.1f} MiB")
-        read = best_of(args.repeat, lambda: read_bytes(files))
-        decode = best_of(args.repeat, lambda: read_and_decode(files))
-        for name, seconds in (("bare read", read), ("read + decode", decode)):
-            label = f"{name} of the PNGs:"
-            print(f"{label:28s} {seconds:7.3f} s ({len(samples) / seconds:8.0f} samples/s)")
+        seconds = {
+            "bare read of the PNGs": best_of(args.repeat, lambda: [p.read_bytes() for p in files]),
+            "read + decode of the PNGs": best_of(args.repeat, lambda: read_and_decode(files)),
+        }
         formats = {
-            "huggingface": (
-                huggingface_format((CLASS,)),
+            "Hugging Face": (
+                huggingface_format((EXPORT_CLASS,)),
                 huggingface_shards("train"),
                 "i.json",
                 layout.HUGGINGFACE_EXPORT,
             ),
-            "webdataset": (
+            "WebDataset": (
                 WEBDATASET,
                 webdataset_shards(PARTITION),
                 "index.json",
                 layout.WEBDATASET_EXPORT,
             ),
         }
-        verdicts = []
+        sizes = {}
         for name, (export, names, index, export_folder) in formats.items():
             folder = root / export_folder
 
             def run(export=export, names=names, index=index, folder=folder) -> None:
                 shutil.rmtree(folder, ignore_errors=True)
-                export_partition(samples, export, folder, names, index, 256 * 2**20, {}, workers)
+                export_partition(samples, export, folder, names, index, SHARD_BYTES, {}, workers)
 
-            seconds = best_of(args.repeat, run)
-            size = sum(p.stat().st_size for p in folder.iterdir()) / 2**20
-            ratio = seconds / decode
-            verdicts.append((name, ratio))
-            print(
-                f"{name} export:{' ' * (17 - len(name))}{seconds:7.3f} s "
-                f"({len(samples) / seconds:8.0f} samples/s, {size:.1f} MiB): "
-                f"{ratio:.2f}x read + decode, {seconds / read:.2f}x bare read"
-            )
-    print(f"load average at end: {os.getloadavg()}")
-    for name, ratio in verdicts:
-        met = "met" if ratio <= TARGET else "NOT met"
-        print(f"target {name} export <= {TARGET}x read + decode: {met} ({ratio:.2f}x)")
+            seconds[f"{name} export"] = best_of(args.repeat, run)
+            sizes[name] = sum(p.stat().st_size for p in folder.iterdir()) / 2**20
+    print(f"end: {load_line()}")
+    decode, read = seconds["read + decode of the PNGs"], seconds["bare read of the PNGs"]
+    rows = []
+    for name, value in seconds.items():
+        export = name.removesuffix(" export")
+        cell, target = f"{value:.3f} s ({len(samples) / value:,.0f} samples/s", ""
+        if export in sizes:
+            verdict = "met" if value / decode <= TARGET else "NOT met"
+            cell += f", {sizes[export]:.1f} MiB): {value / decode:.2f}× read + decode, "
+            cell += f"{value / read:.2f}× bare read"
+            target = f"≤ {TARGET}× read + decode: {verdict}"
+        rows.append([name, cell if export in sizes else cell + ")", target])
+    title = "Exports against reading and decoding their PNGs"
+    figures = {
+        "samples": len(samples),
+        "pngs": len(files),
+        "MiB": megabytes,
+        "seconds": seconds,
+        "export_MiB": sizes,
+        "workers": workers,
+    }
+    write_table(args, Table("exports", title, ["figure", "value", "target"], rows, figures))
 
 
 if __name__ == "__main__":

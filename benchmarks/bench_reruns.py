@@ -1,34 +1,5 @@
-"""Benchmark: re-runs, and what they stand on. Three sections (`--section`):
-
-* `launch` (the default): re-runs of one partition through `dg launch`, as a user launches
-  them. Writes a synthetic ReXGradient train split of `--images` (default 3000) radiographs of
-  180-200 pixels (per-image bookkeeping rather than pixels decides the cost), then, on an
-  instance and output root of its own: the first build of `all_stages`; `--repeats` pairs of
-  an unchanged re-run and a re-run after `--changed` of the sources were rewritten; a first
-  build on a new output root killed with SIGKILL once half of its PNGs are written, then
-  launched again (the resume). With `--cold` (as root) the page cache is dropped before each
-  unchanged re-run, after a cold stat of each train source by coreutils is timed (the disk's
-  own cost of the look an unchanged re-run must take). Each line gives the wall of the whole
-  launch, its ratio to the first build, the steps' durations and the stages' counts (images
-  decoded, packed rows written, tables re-used).
-* `cold` (formerly bench_cold_metadata.py): the floor of an unchanged re-run on a cold tree.
-  Writes once under `--work` the first `--files` (default 60,000) train films of the
-  full-count plan as 30 KB files in ReXGradient's layout, then per pass, after `drop_caches`
-  (root only; otherwise warm, and it says so): a `stat` of every file in sequence (the first
-  3,000) and on 16 and 64 threads, a `stat` plus the first 4 KB on 16 and 64 threads, a warm
-  `stat` on 16 threads; ms per file and the projection to train's 238,968 images.
-* `layout` (formerly bench_layout_migration.py): a flat output root (one small file per
-  resized image, a union mask and a mask folder for every other image, the tables naming
-  them) of `--images` (default 238,968) migrated into shard folders by
-  `migrate_stage_outputs`, paired per repeat with the floor, one `os.rename` per entry; their
-  ratio, and a migration that finds nothing to do (what every later step pays).
-
-    .venv/bin/python benchmarks/bench_reruns.py [--images 3000] [--changed 0.01] [--repeats 2]
-        [--keep DIR] [--cold]
-    sudo .venv/bin/python benchmarks/bench_reruns.py --section cold --work /tmp/cold [--files N]
-    .venv/bin/python benchmarks/bench_reruns.py --section layout [--images 238968] [--repeats 3]
-    .venv/bin/python benchmarks/bench_reruns.py --smoke   # every section, tiny
-"""
+"""Benchmark: do re-runs redo only what changed (`launch`), and what do they stand on: the
+cold look at each source (`cold`) and moving a flat output root into shard folders (`layout`)."""
 
 from __future__ import annotations
 
@@ -45,54 +16,64 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from common import (
-    REPOSITORY,
-    SMALL_SIDES,
-    add_smoke,
-    can_drop_page_cache,
-    drop_page_cache,
-    write_rexgradient_partition,
-)
-from launches import (
-    PARTITION,
-    change_sources,
+from commands import (
+    LAUNCHED_PARTITION,
     cold_stat_floor,
-    environment,
     launch,
     launch_and_kill_halfway,
-    summary,
+    launch_environment,
+    launch_summary,
 )
+from common import (
+    REPOSITORY,
+    Table,
+    add_options,
+    can_drop_page_cache,
+    drop_page_cache,
+    write_table,
+)
+from synthetic_inputs import SMALL_SIDES, change_sources, write_rexgradient_partition
 
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.layout_migration import migrate_stage_outputs
 from radharmony_pipeline.synthetic import rexgradient
 
 SIDES = SMALL_SIDES
+PARTITION = LAUNCHED_PARTITION
 REUSING_STAGES = ("raw_index", "labels", "bboxes", "masks", "partition_profile")
 TRAIN_IMAGES = 238_968
+SECTIONS = ("launch", "cold", "layout")
 
 
 # --- launch: dg launch as a user runs it ------------------------------------------------------
 
 
-def describe(name: str, wall: float, first: float | None, env: dict[str, str]) -> None:
-    found = summary(env)
+def described(name: str, wall: float, first: float, env: dict[str, str]) -> dict:
+    """The run's line printed, with what it did; its figures."""
+    found = launch_summary(env)
     counts = found["counts"]
     images = counts.get("images", {})
     reused = [stage for stage in REUSING_STAGES if counts.get(stage, {}).get("reused")]
-    ratio = f" ({wall / first:.2f}x first build)" if first else ""
     steps = ", ".join(f"{step} {seconds}s" for step, seconds in found["steps"].items())
-    print(f"{name}: wall {wall:.1f} s{ratio}")
+    print(f"{name}: wall {wall:.1f} s ({wall / first:.2f}x first build)")
     print(
         f"    decoded {images.get('decoded')}, packed rows written "
         f"{images.get('packed_rows_written')}, replayed {images.get('packed_rows_replayed')}, "
         f"re-used: {', '.join(reused) or 'none'}"
     )
-    print(f"    steps: {steps}")
+    print(f"    steps: {steps}", flush=True)
+    return {"run": name, "wall": wall, "ratio": wall / first, **images, "reused": reused}
 
 
-def launch_section(args: argparse.Namespace) -> int:
-    """First build, unchanged and changed re-runs, a killed build resumed, via dg launch."""
+def launch_section(args: argparse.Namespace) -> Table:
+    """Re-runs of one partition through `dg launch`, as a user launches them, on a synthetic
+    ReXGradient train split of `--images` 180-200 px radiographs (per-image bookkeeping, not
+    pixels, decides the cost), with an instance and output root of its own: the first build
+    of `all_stages`; `--repeats` pairs of an unchanged re-run and one after `--changed` of the
+    sources were rewritten; a first build on a new root killed (SIGKILL) once half its PNGs
+    are written, then launched again. With `--cold` (as root) the page cache is dropped
+    before each unchanged re-run, after timing a cold stat of each source by coreutils (the
+    disk's own cost of the look the re-run must take)."""
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench-reruns-"))
     try:
         data, home = work / "data", work / "dagster_home"
@@ -111,28 +92,31 @@ def launch_section(args: argparse.Namespace) -> int:
         print(f"{len(sources)} train images of {SIDES[0]}-{SIDES[1]} px "
               f"({time.perf_counter() - start:.0f} s to write), cores: {os.cpu_count()}, "
               f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
-        env = environment(data, work / "output", home)
+        env = launch_environment(data, work / "output", home)
         first = launch(env)
-        describe("first build", first, None, env)
+        runs, floors = [described("first build", first, first, env)], []
         for round_number in range(args.repeats):
             if args.cold:
-                floor = cold_stat_floor(listed)
-                print(f"disk: stat each train source, cold, in sequence: {floor:.1f} s")
+                floors.append(cold_stat_floor(listed))
+                print(f"disk: stat each train source, cold, in sequence: {floors[-1]:.1f} s")
                 drop_page_cache()
-            describe("unchanged re-run", launch(env), first, env)
+            runs.append(described("unchanged re-run", launch(env), first, env))
             changed = change_sources(sources, args.changed, round_number)
-            describe(f"{changed} sources changed", launch(env), first, env)
-        if args.smoke:  # the first build alone
-            return 0
-        resumed_env = environment(data, work / "resumed", home)
-        killed = launch_and_kill_halfway(resumed_env, work / "resumed", args.images)
-        written = len(list((work / "resumed").glob(layout.resized_png_glob(PARTITION))))
-        print(f"first build killed after {killed:.1f} s with {written} PNGs written")
-        describe("resumed", launch(resumed_env), first, resumed_env)
+            share = f"{changed} sources changed ({changed / len(sources):.0%})"
+            runs.append(described(share, launch(env), first, env))
+        if not args.smoke:  # a smoke run's dozen images are built before a kill could land
+            resumed_env = launch_environment(data, work / "resumed", home)
+            killed = launch_and_kill_halfway(resumed_env, work / "resumed", args.images)
+            written = len(list((work / "resumed").glob(layout.resized_png_glob(PARTITION))))
+            name = f"killed after {killed:.1f} s ({written:,} PNGs), resumed"
+            runs.append(described(name, launch(resumed_env), first, resumed_env))
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
-    return 0
+    rows = [[r["run"], f"{r['wall']:.1f} s", f"{r['ratio']:.2f}×", r.get("decoded")] for r in runs]
+    columns = [f"run ({len(sources):,} images)", "wall", "ratio", "decoded"]
+    figures = {"images": len(sources), "runs": runs, "cold_stat_floor": floors}
+    return Table("reruns", "Re-runs through `dg launch`", columns, rows, figures)
 
 
 # --- cold: the floor of an unchanged re-run's look -------------------------------------------
@@ -155,7 +139,8 @@ def write_tree(root: Path, files: int, smoke: bool = False) -> list[Path]:
         for path in paths:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(content)
-        os.sync()
+        if not smoke:  # written data reach the disk before a cold look; a smoke run looks warm
+            os.sync()
         done.touch()
     return paths
 
@@ -182,27 +167,44 @@ def ms_per_file(
     return (time.perf_counter() - start) / len(paths) * 1e3
 
 
-def cold_section(work: Path, files: int, smoke: bool) -> None:
-    """The cold floor of an unchanged re-run's look at each file."""
+def cold_section(work: Path, files: int, smoke: bool) -> Table:
+    """The floor of an unchanged re-run on a cold tree: the first `files` train films of the
+    full-count plan as 30 KB files in ReXGradient's layout (written once under `work`), then
+    after `drop_caches` (root only; otherwise warm, and it says so) a stat of every file in
+    sequence (the first 3,000) and on 16 and 64 threads, a stat plus the first 4 KB on 16 and
+    64 threads, and a warm stat; ms per file, projected to train's 238,968 images."""
     paths = write_tree(work, files, smoke)
     cold = can_drop_page_cache() and not smoke
-    state = "cold" if cold else "warm (not root: drop_caches unavailable)"
+    state = "cold" if cold else "warm" if smoke else "warm (not root: drop_caches unavailable)"
     passes = [
-        ("stat", os.stat, 1, paths[:3000], cold),
-        ("stat", os.stat, 16, paths, cold),
-        ("stat", os.stat, 64, paths, cold),
-        ("stat + first 4 KB", stat_and_header, 16, paths, cold),
-        ("stat + first 4 KB", stat_and_header, 64, paths, cold),
-        ("stat", os.stat, 16, paths, False),
+        ("stat, in sequence", os.stat, 1, paths[:3000], cold),
+        ("stat, 16 threads", os.stat, 16, paths, cold),
+        ("stat, 64 threads", os.stat, 64, paths, cold),
+        ("stat + first 4 KB, 16 threads", stat_and_header, 16, paths, cold),
+        ("stat + first 4 KB, 64 threads", stat_and_header, 64, paths, cold),
+        ("stat, 16 threads, warm", os.stat, 16, paths, False),
     ]
+    figures = {}
     for name, look, threads, chosen, is_cold in passes:
-        per_file = ms_per_file(look, chosen, threads, is_cold)
+        figures[name] = ms_per_file(look, chosen, threads, is_cold)
         print(
-            f"{state if is_cold else 'warm':<5} {name:<18} {threads:>2} threads: "
-            f"{len(chosen):>6} files, {per_file:.3f} ms each; "
-            f"{per_file * TRAIN_IMAGES / 1e3:5.1f} s for train's {TRAIN_IMAGES:,}",
+            f"{state if is_cold else 'warm':<5} {name:<30}: {len(chosen):>6} files, "
+            f"{figures[name]:.3f} ms each; {figures[name] * TRAIN_IMAGES / 1e3:5.1f} s for "
+            f"train's {TRAIN_IMAGES:,}",
             flush=True,
         )
+    seconds = {name: ms * TRAIN_IMAGES / 1e3 for name, ms in figures.items()}
+    return Table(
+        "cold_metadata",
+        "The cold floor of an unchanged re-run",
+        [f"look ({len(paths):,} files, {'cold' if cold else 'warm'})", "ms per file"],
+        [[name, f"{ms:.3f}"] for name, ms in figures.items()],
+        {"files": len(paths), "cold": cold, "ms_per_file": figures},
+        f"At train's {TRAIN_IMAGES:,} images: {seconds['stat, 16 threads']:.0f} s for the "
+        f"stats alone on 16 threads, {seconds['stat + first 4 KB, 16 threads']:.0f} s with a "
+        "header read each.",
+        "--section cold",
+    )
 
 
 # --- layout: a flat root into shard folders --------------------------------------------------
@@ -243,11 +245,11 @@ def write_flat_root(root: Path, count: int) -> list[tuple[str, str]]:
 
 
 def bare_renames(root: Path, moves: list[tuple[str, str]]) -> float:
-    """One rename per entry into its (created) shard folder: the floor of any migration."""
+    """One rename per entry into its shard folder, each folder created once: the floor of any
+    migration (a few thousand images fill every shard)."""
     start = time.perf_counter()
-    for folder in (layout.resized_image_folder(PARTITION), layout.mask_folder(PARTITION)):
-        for shard in range(layout.SHARD_COUNT):
-            (root / folder / f"{shard:0{layout.SHARD_DIGITS}x}").mkdir()
+    for shard in sorted({Path(sharded).parent for _, sharded in moves}):
+        (root / shard).mkdir()
     for flat, sharded in moves:
         os.rename(root / flat, root / sharded)
     return time.perf_counter() - start
@@ -260,8 +262,11 @@ def migration(root: Path) -> float:
     return time.perf_counter() - start
 
 
-def layout_section(images: int, repeats: int) -> None:
-    """A flat root's migration into shard folders against the bare renames."""
+def layout_section(images: int, repeats: int) -> Table:
+    """A flat output root of `images` images (a small file per resized image, a union mask
+    and a mask folder for every other one, the tables naming them) moved into shard folders
+    by `migrate_stage_outputs`, paired per repeat with the floor, one rename per entry; then
+    a migration that finds nothing to do (what every later step pays)."""
     with tempfile.TemporaryDirectory(prefix="bench-layout-") as scratch:
         template = Path(scratch) / "template"
         moves = write_flat_root(template, images)
@@ -274,32 +279,39 @@ def layout_section(images: int, repeats: int) -> None:
             again.append(migration(roots[0]))
             for root in roots:
                 shutil.rmtree(root)
-        ratios = [migrated / renamed for migrated, renamed in pairs]
-        entries = len(moves)
-        best_migration = min(m for m, _ in pairs)
-        best_renames = min(r for _, r in pairs)
-        print(f"{images:,} images, {entries:,} entries moved (images, union masks, mask folders)")
-        print(
-            f"migration    {best_migration:.2f} s "
-            f"({best_migration / entries * 1e6:.1f} µs per entry)"
-        )
-        print(
-            f"bare renames {best_renames:.2f} s  ({best_renames / entries * 1e6:.1f} µs per entry)"
-        )
-        print(
-            "ratio migration / renames, paired per repeat: "
-            f"median {statistics.median(ratios):.2f}x "
-            f"(range {min(ratios):.2f}-{max(ratios):.2f}x)"
-        )
-        print(f"nothing to do (a later step's check): {min(again) * 1e3:.1f} ms")
+    ratios = [migrated / renamed for migrated, renamed in pairs]
+    entries, median = len(moves), statistics.median(ratios)
+    migrated, renamed = min(m for m, _ in pairs), min(r for _, r in pairs)
+    per_entry = {
+        name: seconds / entries * 1e6 for name, seconds in (("m", migrated), ("r", renamed))
+    }
+    rows = [
+        [
+            f"migration ({entries:,} entries)",
+            f"{migrated:.2f} s ({per_entry['m']:.0f} µs per entry)",
+        ],
+        ["bare renames", f"{renamed:.2f} s ({per_entry['r']:.0f} µs per entry)"],
+        [
+            "migration / renames, paired",
+            f"median {median:.2f}× ({min(ratios):.2f}–{max(ratios):.2f}×)",
+        ],
+        ["nothing to do", f"{min(again) * 1e3:.1f} ms"],
+    ]
+    print(f"{images:,} images, {entries:,} entries moved (images, union masks, mask folders)")
+    print(*(f"{name}: {value}" for name, value in rows), sep="\n")
+    figures = {"images": images, "entries": entries, "pairs": pairs, "nothing_to_do": again}
+    title = "Moving a flat root into shard folders"
+    return Table(
+        "layout_migration", title, ["figure", "value"], rows, figures, "", "--section layout"
+    )
 
 
 # --- entry point ----------------------------------------------------------------------------
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--section", choices=("launch", "cold", "layout"), default="launch")
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--section", choices=SECTIONS, help="default launch; --smoke: cold, layout")
     parser.add_argument("--images", type=int, help="launch: 3000; layout: 238968")
     parser.add_argument("--changed", type=float, default=0.01, help="share changed per round")
     parser.add_argument("--repeats", type=int, help="launch: re-run pairs (2); layout: 3")
@@ -309,7 +321,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--work", type=Path, help="cold: folder for the tree (kept; required)")
     parser.add_argument("--files", type=int, default=60_000, help="cold: files in the tree")
-    add_smoke(parser)
+    add_options(parser)
     args = parser.parse_args(argv)
     if args.section == "cold" and args.work is None and not args.smoke:
         parser.error("--section cold needs --work")
@@ -318,21 +330,21 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
-    if args.smoke:  # every section, tiny: one dg launch (the first build), 300 entries, 200 files
-        args.images, args.repeats, args.cold = 12, 0, False
-        launch_section(args)
-        layout_section(300, 1)
-        with tempfile.TemporaryDirectory(prefix="bench-cold-") as work:
-            cold_section(Path(work), 200, smoke=True)
-        return 0
-    if args.section == "layout":
-        layout_section(args.images or 238_968, args.repeats or 3)
-    elif args.section == "cold":
-        cold_section(args.work, args.files, smoke=False)
-    else:
-        args.images = args.images or 3000
-        args.repeats = 2 if args.repeats is None else args.repeats
-        return launch_section(args)
+    # A smoke run is tiny and skips `launch` unless named: one dg launch takes several seconds.
+    sections = (
+        [args.section] if args.section else (["cold", "layout"] if args.smoke else ["launch"])
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-cold-") as scratch:
+        if "launch" in sections:
+            args.images = 12 if args.smoke else args.images or 3000
+            args.repeats = (0 if args.smoke else 2) if args.repeats is None else args.repeats
+            write_table(args, launch_section(args))
+        if "cold" in sections:
+            work, files = (Path(scratch), 40) if args.smoke else (args.work, args.files)
+            write_table(args, cold_section(work, files, args.smoke))
+        if "layout" in sections:
+            images = 20 if args.smoke else args.images or TRAIN_IMAGES
+            write_table(args, layout_section(images, 1 if args.smoke else args.repeats or 3))
     return 0
 
 

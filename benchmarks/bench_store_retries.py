@@ -1,20 +1,5 @@
 """Benchmark: what the object-store retry layer costs when nothing fails, and what 10 %
-injected 503 SlowDown answers cost a run.
-
-1. Requests: publishing and reading back small objects (a resized PNG's size) on a moto S3
-   server, through the storage layer (`publish`, `read_bytes`: every request under the retry
-   policy) against the same requests made on the s3fs client directly (the floor: no layer).
-2. A run: the stages of two tiny partitions with datasets and outputs on the store, through
-   the fault proxy of the tests, fault-free and with 10 % of requests answered 503.
-
-A shared machine is noisy: rounds interleave the two sides, in an order reversed every
-round (A-B, B-A, ...); each side's median wall and CPU time (this process's, the client's
-side of each request) is printed with its spread (min-max over the rounds), and the cost is
-the median of the per-round ratios, so that a drift in load between rounds cancels out.
-Run: `.venv/bin/python benchmarks/bench_store_retries.py [--objects N] [--rounds R]`;
-`--smoke` needs
-no services and checks the timing and printing helpers only.
-"""
+injected 503 SlowDown answers cost a run."""
 
 from __future__ import annotations
 
@@ -30,17 +15,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from cluster_services import (  # noqa: E402
-    AWS_ENVIRONMENT,
-    BUCKET,
-    Services,
-    free_port,
-    port_open,
-    s3,
-    start_moto,
-    wait_until,
-)
-from common import add_smoke, timed  # noqa: E402
+import cluster_services as services  # noqa: E402
+from common import Table, add_options, timed, write_table  # noqa: E402
 
 from radharmony_pipeline.processing.storage.atomic import temporary_sibling  # noqa: E402
 from radharmony_pipeline.processing.storage.store import output_path, publish, read_bytes  # noqa: E402
@@ -97,32 +73,45 @@ def summary(timings: list[tuple[float, float]], per: int, unit: float, label: st
 
 def ratio_line(test: list, base: list, position: int) -> str:
     ratios = [t[position] / b[position] for t, b in zip(test, base, strict=True)]
-    median, low, high = (100 * (r - 1) for r in (statistics.median(ratios), *minmax(ratios)))
+    median, low, high = (
+        100 * (r - 1) for r in (statistics.median(ratios), min(ratios), max(ratios))
+    )
     return f"{median:+.1f} % (rounds {low:+.1f} % to {high:+.1f} %)"
 
 
-def minmax(values: list[float]) -> tuple[float, float]:
-    return min(values), max(values)
+def request_rows(objects: int, rounds: int, with_layer, without_layer) -> tuple[list, dict]:
+    """The layer against the bare client, interleaved: rows and figures."""
+    layered, bare = interleaved(with_layer, without_layer, rounds)
+    rows = [
+        [
+            "requests: s3fs client directly (floor)",
+            summary(bare, objects, 1000, "ms per object"),
+            "",
+        ],
+        ["requests: through the retry layer", summary(layered, objects, 1000, "ms per object"), ""],
+        ["cost of the layer, wall", ratio_line(layered, bare, 0), "≤ 5 %"],
+        ["cost of the layer, CPU", ratio_line(layered, bare, 1), ""],
+    ]
+    return rows, {"objects": objects, "rounds": rounds, "layered": layered, "bare": bare}
 
 
-def request_figures(endpoint: str, objects: int, rounds: int) -> None:
-    os.environ.update({**AWS_ENVIRONMENT, "AWS_ENDPOINT_URL": endpoint})
-    root = output_path(f"s3://{BUCKET}/bench")
+def request_figures(endpoint: str, objects: int, rounds: int) -> tuple[list, dict]:
+    os.environ.update({**services.AWS_ENVIRONMENT, "AWS_ENDPOINT_URL": endpoint})
+    root = output_path(f"s3://{services.BUCKET}/bench")
     payload = os.urandom(17_000)
     with_layer(root, 20, payload), without_layer(root, 20, payload)  # warm-up
-    layered, bare = interleaved(
+    print(f"requests: {objects} objects x {rounds} rounds (publish + read back, 17 kB each)")
+    return request_rows(
+        objects,
+        rounds,
         lambda: with_layer(root, objects, payload),
         lambda: without_layer(root, objects, payload),
-        rounds,
     )
-    print(f"requests: {objects} objects x {rounds} rounds (publish + read back, 17 kB each)")
-    print(f"  s3fs client directly (floor): {summary(bare, objects, 1000, 'ms per object')}")
-    print(f"  through the retry layer:      {summary(layered, objects, 1000, 'ms per object')}")
-    print(f"  cost of the layer, wall: {ratio_line(layered, bare, 0)} (target <= 5 %)")
-    print(f"  cost of the layer, CPU:  {ratio_line(layered, bare, 1)}")
 
 
-def run_figures(services: Services, proxy_port: int, control: Path, rounds: int) -> None:
+def run_figures(
+    running: services.Services, proxy_port: int, control: Path, rounds: int
+) -> tuple[list, dict]:
     import dagster as dg
     from fault_support import STAGES
     from test_sources_on_s3 import DEFINITIONS
@@ -130,10 +119,13 @@ def run_figures(services: Services, proxy_port: int, control: Path, rounds: int)
     from radharmony_pipeline.defs.resources import pipeline_resources
     from radharmony_pipeline.synthetic import generate_datasets
 
-    os.environ.update({**AWS_ENVIRONMENT, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy_port}"})
+    bucket = services.BUCKET
+    os.environ.update(
+        {**services.AWS_ENVIRONMENT, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy_port}"}
+    )
     local = Path(tempfile.mkdtemp(prefix="bench-store-")) / "data"
     generate_datasets(local, scale="tiny", seed=7, mimic_format="mixed")
-    s3(services).put(f"{local}/", f"{BUCKET}/data/", recursive=True)
+    services.s3(running).put(f"{local}/", f"{bucket}/data/", recursive=True)
 
     def one_run(prefix: str, faults: dict) -> None:
         control.write_text(json.dumps(faults))
@@ -142,7 +134,7 @@ def run_figures(services: Services, proxy_port: int, control: Path, rounds: int)
             result = dg.materialize(
                 DEFINITIONS,
                 partition_key=key,
-                resources=pipeline_resources(f"s3://{BUCKET}/data", f"s3://{BUCKET}/{prefix}"),
+                resources=pipeline_resources(f"s3://{bucket}/data", f"s3://{bucket}/{prefix}"),
                 selection=STAGES.without_checks(),
                 instance=dg.DagsterInstance.ephemeral(),
                 raise_on_error=False,
@@ -159,48 +151,55 @@ def run_figures(services: Services, proxy_port: int, control: Path, rounds: int)
     )
     control.write_text("{}")
     print(f"run: stages of {', '.join(PARTITIONS)} on S3, {rounds} rounds (from scratch)")
-    print(f"  fault-free:          {summary(clean, 1, 1, 's')}")
-    print(f"  10 % answered 503:   {summary(faulty, 1, 1, 's')}")
-    print(f"  10 % 503s against fault-free, wall: {ratio_line(faulty, clean, 0)}")
+    rows = [
+        ["run: fault-free", summary(clean, 1, 1, "s"), ""],
+        ["run: 10 % answered 503", summary(faulty, 1, 1, "s"), ""],
+        ["10 % 503s against fault-free, wall", ratio_line(faulty, clean, 0), ""],
+    ]
+    return rows, {"rounds": rounds, "clean": clean, "faulty": faulty}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """On a moto S3 server: small objects published and read back through the storage layer
+    (every request under the retry policy) against the same requests on the s3fs client
+    (the floor); then the stages of two tiny partitions on the store through the tests'
+    fault proxy, fault-free and with 10 % of requests answered 503. Rounds interleave the two
+    sides, A-B then B-A (a drift in load cancels out); the cost is the median of per-round
+    ratios. `--smoke` needs no services: two sums stand in for the sides."""
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--objects", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--run-rounds", type=int, default=2)
     parser.add_argument("--skip-run", action="store_true", help="only the request figures")
-    add_smoke(parser)
+    add_options(parser)
     args = parser.parse_args()
-    if args.smoke:  # no moto, no proxy: the interleaving and the printed figures only
-        clean, faulty = interleaved(lambda: sum(range(10_000)), lambda: sum(range(20_000)), 2)
-        print(f"smoke: {summary(clean, 1, 1e3, 'ms')}; {ratio_line(faulty, clean, 0)}")
+    title = "The object-store retry layer: fault-free, and with 10 % of requests answered 503"
+    if args.smoke:  # no moto, no proxy: two sums stand in for the two sides
+        rows, figures = request_rows(1, 2, lambda: sum(range(20_000)), lambda: sum(range(10_000)))
+        write_table(
+            args, Table("store_retries", title, ["figure", "value", "target"], rows, figures)
+        )
         return
     logs = Path(tempfile.mkdtemp(prefix="bench-store-logs-"))
-    services = Services()
+    running = services.Services()
     try:
-        start_moto(services, logs)
-        request_figures(services.s3_endpoint, args.objects, args.rounds)
+        services.start_moto(running, logs)
+        rows, figures = request_figures(running.s3_endpoint, args.objects, args.rounds)
         if not args.skip_run:
             os.environ["RADHARMONY_WORKERS"] = "2"
             control = logs / "faults.json"
             control.write_text("{}")
-            port = free_port()
-            upstream = services.s3_endpoint.rsplit(":", 1)[1]
-            proxy = services.start(
-                [
-                    sys.executable,
-                    str(REPO / "tests" / "fault_proxy.py"),
-                    str(port),
-                    upstream,
-                    str(control),
-                ],
-                logs / "proxy.log",
-            )
-            wait_until(lambda: port_open(port), "fault proxy", proxy)
-            run_figures(services, port, control, args.run_rounds)
+            port = services.free_port()
+            upstream = running.s3_endpoint.rsplit(":", 1)[1]
+            proxy_script = str(REPO / "tests" / "fault_proxy.py")
+            command = [sys.executable, proxy_script, str(port), upstream, str(control)]
+            proxy = running.start(command, logs / "proxy.log")
+            services.wait_until(lambda: services.port_open(port), "fault proxy", proxy)
+            run_rows, figures["run"] = run_figures(running, port, control, args.run_rounds)
+            rows += run_rows
     finally:
-        services.stop()
+        running.stop()
+    write_table(args, Table("store_retries", title, ["figure", "value", "target"], rows, figures))
 
 
 if __name__ == "__main__":

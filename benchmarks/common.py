@@ -1,61 +1,59 @@
-"""What every benchmark needs, in one place: no benchmark imports another.
-
-* the machine and load lines printed at the start of a run;
-* `timed`: wall, CPU and peak RSS of a call (median of repeats, optionally page cache
-  dropped first), and `pool_cpu_times` for the stage's worker processes;
-* `drop_page_cache` (root only);
-* synthetic sources: full-resolution CheXpert-like JPEGs, noisy radiographs, small PNGs and
-  a ReXGradient partition or its metadata alone;
-* the `images` stage's jobs as the asset builds them, and the two baselines the image
-  benchmarks compare it to: the naive letterbox and the MONAI chain;
-* `bare_json_load` (the floor of reading a metadata JSON) in a fresh process;
-* `--smoke` and results JSON under benchmarks/results/<name>.json.
-
-Pool workers re-import the main script (as __mp_main__), so this module's top level holds
-only imports and definitions.
-"""
+"""What every benchmark needs: the run's context, options and results JSON, timing, the page
+cache, and the `images` stage as its asset runs it. No benchmark imports another."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import multiprocessing.forkserver
 import os
 import platform
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import cv2
 import numpy as np
 import psutil
-from PIL import Image
+from tables import table as markdown_table
 
-from radharmony_pipeline.processing.jobs.image_jobs import (
-    ImageJob,
-    ImageRow,
-    build_packed_images,
-    image_job_stopped,
-)
-from radharmony_pipeline.processing.storage import output_layout as layout
-from radharmony_pipeline.processing.storage.atomic import temporary_sibling
-from radharmony_pipeline.synthetic import rexgradient
-from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
-from radharmony_pipeline.synthetic.seeding import dataset_rng
+if TYPE_CHECKING:
+    from radharmony_pipeline.processing.jobs.image_jobs import ImageJob, ImageRow
 
+# Pool workers re-import the main script (as __mp_main__), and with it this module: its top
+# level holds only imports and definitions, and the stage's modules are imported when used.
 BENCHMARKS = Path(__file__).resolve().parent
 REPOSITORY = BENCHMARKS.parent
-RESULTS = BENCHMARKS / "results"
+# A run's tables go to results/runs/ (not in git); publishing one is moving it up to results/,
+# whose files the README's tables are generated from: a partial or noisy run (a smoke, a
+# single step, a before/after comparison) never replaces a published figure by itself.
+RUNS = BENCHMARKS / "results" / "runs"
 SIZE = 224  # the output side every image benchmark resizes to
+# Names bench_cluster.py takes from here, imported when asked for: the synthetic package's
+# import costs a script that writes no sources a second.
+FROM_SYNTHETIC_INPUTS = ("DEFAULT_NOISE", "prepare_jpeg_sources")
+STARTED = datetime.now(UTC)  # this module is imported as a run starts: `measured` begins here
+LOAD_AT_START = os.getloadavg()[0]
 
-# --- the run's context ---------------------------------------------------------------------
+
+def __getattr__(name: str) -> object:
+    if name in FROM_SYNTHETIC_INPUTS:
+        import synthetic_inputs
+
+        return getattr(synthetic_inputs, name)
+    raise AttributeError(f"module 'common' has no attribute {name!r}")
+
+
+# --- the run's context, options and results ------------------------------------------------
 
 
 def machine_line() -> str:
@@ -79,12 +77,78 @@ def add_smoke(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def write_results(name: str, figures: dict, path: Path | None = None) -> Path:
-    """The figures as JSON in `path` (default benchmarks/results/<name>.json)."""
-    target = path or RESULTS / f"{name}.json"
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """--smoke and --results DIR, which every benchmark writing results JSON takes."""
+    add_smoke(parser)
+    parser.add_argument(
+        "--results",
+        type=Path,
+        metavar="DIR",
+        help="folder for the results JSON (default benchmarks/results/runs; with --smoke a "
+        "new temporary folder)",
+    )
+
+
+@dataclass
+class Table:
+    """One results file: a titled table as the README shows it, the figures behind it."""
+
+    name: str  # the file's name under the results folder, without .json
+    title: str
+    columns: list[str]
+    rows: list[list[object]]
+    figures: dict = field(default_factory=dict)
+    note: str = ""
+    section: str = ""  # the options that choose it, after the script's name
+
+
+def write_table(args: argparse.Namespace, result: Table) -> Path:
+    """`result` written as <results folder>/<name>.json and printed as the README shows it."""
+    if args.results is None:
+        args.results = Path(tempfile.mkdtemp(prefix="bench-results-")) if args.smoke else RUNS
+    script = Path(sys.argv[0]).name
+    ended, loads = datetime.now(UTC), (LOAD_AT_START, os.getloadavg()[0])
+    record = {
+        "benchmark": f"{script} {result.section}".strip(),
+        "title": result.title,
+        "source": f"commit {_commit()}",
+        "measured": f"{STARTED:%Y-%m-%d %H:%M}–{ended:%H:%M} UTC, load "
+        f"{min(loads):.1f}–{max(loads):.1f}",
+        "command": f".venv/bin/python benchmarks/{script} {shlex.join(_own_options())}".strip(),
+        "columns": result.columns,
+        "rows": [["" if cell is None else str(cell) for cell in row] for row in result.rows],
+        **({"note": result.note} if result.note else {}),
+        "figures": result.figures,
+    }
+    target = args.results / f"{result.name}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps({"benchmark": name, **figures}, indent=2) + "\n")
+    target.write_text(json.dumps(record, indent=2, ensure_ascii=False, default=_plain) + "\n")
+    print(f"\n### {result.title}\n", *markdown_table(result.columns, record["rows"]), sep="\n")
+    print(f"(written to {target})", flush=True)
     return target
+
+
+def _own_options() -> list[str]:
+    """This run's options without --results, which says where figures go, not what ran."""
+    kept, options = [], iter(sys.argv[1:])
+    for option in options:
+        if option == "--results":
+            next(options, None)  # its folder
+        elif not option.startswith("--results="):
+            kept.append(option)
+    return kept
+
+
+def _commit() -> str:
+    done = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=REPOSITORY, capture_output=True, text=True
+    )
+    return done.stdout.strip() or "unknown"
+
+
+def _plain(value: object) -> object:
+    """NumPy scalars and paths as JSON takes them."""
+    return value.item() if isinstance(value, np.generic) else str(value)
 
 
 # --- timing --------------------------------------------------------------------------------
@@ -117,15 +181,26 @@ def timed(function: Callable[[], object], repeats: int = 1, cold: bool = False) 
     return Timing(statistics.median(walls), statistics.median(cpus), peak_rss_mib(), result)
 
 
-def cpu_per_image(function: Callable[[object], object], items: Sequence, repeats: int) -> float:
-    """The best over `repeats` of the CPU seconds per item of function over `items`."""
+def per_item(
+    function: Callable[[object], object],
+    items: Sequence,
+    repeats: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """The best over `repeats` passes of `clock` seconds per item of function over `items`
+    (the best: a pass can only be slowed down by other load, never sped up)."""
     best = math.inf
     for _ in range(repeats):
-        start = time.process_time()
+        start = clock()
         for item in items:
             function(item)
-        best = min(best, (time.process_time() - start) / len(items))
+        best = min(best, (clock() - start) / len(items))
     return best
+
+
+def cpu_per_image(function: Callable[[object], object], items: Sequence, repeats: int) -> float:
+    """The best over `repeats` of the CPU seconds per item of function over `items`."""
+    return per_item(function, items, repeats, time.process_time)
 
 
 def pool_cpu_seconds() -> float:
@@ -150,7 +225,7 @@ def pool_cpu_times() -> tuple[float, float]:
     return user, system
 
 
-# --- the page cache ------------------------------------------------------------------------
+# --- the page cache ---------------------------------------------------------------------------
 
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
@@ -165,214 +240,36 @@ def can_drop_page_cache() -> bool:
     return os.access(DROP_CACHES, os.W_OK)
 
 
-# --- the floor of reading a metadata JSON --------------------------------------------------
-
-BARE_LOAD = (
-    "import json, resource, sys, time\n"
-    "start, cpu = time.perf_counter(), time.process_time()\n"
-    "with open(sys.argv[1], 'rb') as handle:\n"
-    "    data = json.load(handle)\n"
-    "wall, cpu = time.perf_counter() - start, time.process_time() - cpu\n"
-    "rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
-    "print(wall, cpu, rss, len(data))\n"
-)
-
-
-def bare_json_load(path: Path) -> dict:
-    """A bare json.load of `path` in a fresh process: the load's wall and CPU seconds, the
-    process's peak RSS and the number of top-level entries."""
-    completed = subprocess.run(
-        [sys.executable, "-c", BARE_LOAD, str(path)], capture_output=True, text=True, check=True
-    )
-    wall, cpu, rss, entries = completed.stdout.split()
-    return {
-        "seconds": float(wall),
-        "cpu": float(cpu),
-        "peak_rss_mib": float(rss),
-        "studies": int(entries),
-    }
-
-
-# --- synthetic sources ---------------------------------------------------------------------
-
-JPEG_SEED = 0
-JPEG_QUALITY = 90
-WIDTH_RANGE = (2300, 2400)  # CheXpert full-resolution frontals are ~2320 x 2828
-HEIGHT_RANGE = (2800, 2900)
-LATERAL_FRACTION = 0.15  # a share of lateral views, as in CheXpert
-# render_radiograph is smooth and compresses to ~0.2 MB; real full-resolution CheXpert JPEGs
-# are ~2 MB (quantum mottle, fine texture). Entropy decoding, which no DCT scale skips, grows
-# with the compressed size, so Gaussian noise of this standard deviation (in [0, 1] units,
-# 0.02 ~ 5 grey levels) brings files to ~1.5 MB and decode cost close to the real thing.
-DEFAULT_NOISE = 0.02
-
-
-def jpeg_source_name(index: int) -> str:
-    return f"patient{index:05d}_study1_view1.jpg"
-
-
-def write_radiograph_jpeg(
-    path: Path, index: int, noise: float, shape: tuple[int, int] | None = None
-) -> None:
-    """One seeded CheXpert-like radiograph (its own generator, so any subset regenerates
-    identically); `shape` (height, width) replaces the full-resolution size (smoke runs)."""
-    rng = np.random.default_rng([JPEG_SEED, index])
-    width = int(rng.integers(WIDTH_RANGE[0], WIDTH_RANGE[1] + 1))
-    height = int(rng.integers(HEIGHT_RANGE[0], HEIGHT_RANGE[1] + 1))
-    if shape is not None:
-        height, width = shape
-    view = "lateral" if rng.random() < LATERAL_FRACTION else "frontal"
-    pixels = render_radiograph(rng, height, width, view).pixels
-    if noise > 0:
-        pixels = pixels + np.float32(noise) * rng.standard_normal(pixels.shape, dtype=np.float32)
-    temp = temporary_sibling(path)  # a killed run must not leave a truncated JPEG to reuse
-    Image.fromarray(to_uint8(pixels)).save(temp, format="JPEG", quality=JPEG_QUALITY)
-    os.replace(temp, path)
-
-
-def prepare_jpeg_sources(
-    folder: Path, count: int, noise: float, shape: tuple[int, int] | None = None
-) -> tuple[list[Path], int, float]:
-    """The `count` JPEGs in `folder`, writing missing ones: (paths, written, seconds)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / jpeg_source_name(index) for index in range(count)]
-    start = time.perf_counter()
-    missing = [(index, path) for index, path in enumerate(paths) if not path.is_file()]
-    for index, path in missing:
-        write_radiograph_jpeg(path, index, noise, shape)
-    return paths, len(missing), time.perf_counter() - start
-
-
-def noisy_radiograph(seed: int, index: int, height: int, width: int, noise: float) -> np.ndarray:
-    """A frontal radiograph in [0, 1] plus Gaussian detector noise, seeded per image."""
-    rng = np.random.default_rng([seed, index, height, width])
-    pixels = render_radiograph(rng, height, width, "frontal").pixels
-    noisy = pixels + np.float32(noise) * rng.standard_normal(pixels.shape, dtype=np.float32)
-    return np.clip(noisy, 0, 1)
-
-
-def write_radiograph_png(path: Path, rng: np.random.Generator, height: int, width: int) -> None:
-    """An 8-bit PNG radiograph (an existing file replaced, a hard link's other names kept)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    cv2.imwrite(str(path), to_uint8(render_radiograph(rng, height, width, "frontal").pixels))
-
-
-REXGRADIENT_PARTITION = "rexgradient.train"
-SMALL_SIDES = (180, 200)
-
-
-def write_rexgradient_partition(
-    root: Path, images: int, seed: int = 0, sides: tuple[int, int] = SMALL_SIDES
-) -> list[Path]:
-    """ReXGradient metadata with `images` train images (tiny val and test), one rendered
-    radiograph of `sides` per ImagePath under root/rexgradient; the train PNGs' paths."""
-    sizes = {
-        "train": rexgradient.SplitSize(images * 6 // 10, images, images * 4 // 10),
-        "val": rexgradient.SplitSize(3, 5, 2),
-        "test": rexgradient.SplitSize(3, 5, 2),
-    }
-    studies = rexgradient.write_metadata(root / "rexgradient", seed, sizes, sides)
-    train = []
-    for split_index, split in enumerate(rexgradient.SPLIT_FILES):
-        index = 0
-        for _, study in studies[split]:
-            for path, (height, width) in zip(study["ImagePath"], study["ImageShape"], strict=True):
-                rng = dataset_rng(seed, "rexgradient", 1, split_index, index)
-                target = (
-                    root / "rexgradient" / "deid_png" / path.removeprefix(rexgradient.IMAGE_PREFIX)
-                )
-                write_radiograph_png(target, rng, height, width)
-                if split == "train":
-                    train.append(target)
-                index += 1
-    return train
-
-
-def write_rexgradient_metadata(base: Path, smoke: bool, seed: int = 0) -> Path:
-    """ReXGradient metadata without images under base/rexgradient, at the release's size
-    (or, for a smoke run, 40 train images); the rexgradient root."""
-    if not smoke:
-        from radharmony_pipeline.synthetic import write_full_scale_rexgradient_metadata
-
-        return write_full_scale_rexgradient_metadata(base, seed)
-    sizes = {
-        "train": rexgradient.SplitSize(24, 40, 16),
-        "val": rexgradient.SplitSize(3, 5, 2),
-        "test": rexgradient.SplitSize(3, 5, 2),
-    }
-    rexgradient.write_metadata(base / "rexgradient", seed, sizes, SMALL_SIDES)
-    return base / "rexgradient"
-
-
-# --- the images stage's jobs and its two baselines -----------------------------------------
-
-
-def stage_jobs(sources: Sequence[Path], output_root: Path, partition: str) -> list[ImageJob]:
-    """The jobs the `images` asset builds for these sources (letterbox, SIZE, no union
-    masks), their PNGs where the layout puts `partition`'s under `output_root`."""
-    return [
-        ImageJob(
-            image_id=source.stem,
-            source_file=source,
-            union_mask_file=None,
-            output_root=output_root,
-            image_relative=layout.resized_image(partition, source.stem),
-            mask_relative=None,
-            size=SIZE,
-            resize="letterbox",
-            row=row,
-        )
-        for row, source in enumerate(sources)
-    ]
-
-
-def naive_letterbox(pixels: np.ndarray) -> np.ndarray:
-    """The naive loop's resize: INTER_AREA of the long side to SIZE, centred zero padding."""
-    height, width = pixels.shape
-    scale = SIZE / max(height, width)
-    # Half up like letterbox_geometry, so both place the content identically.
-    new_height = max(1, math.floor(height * scale + 0.5))
-    new_width = max(1, math.floor(width * scale + 0.5))
-    content = cv2.resize(pixels, (new_width, new_height), interpolation=cv2.INTER_AREA)
-    frame = np.zeros((SIZE, SIZE), dtype=np.uint8)
-    top, left = (SIZE - new_height) // 2, (SIZE - new_width) // 2
-    frame[top : top + new_height, left : left + new_width] = content
-    return frame
-
-
-def monai_chain(reader: str) -> Callable[[str], object] | None:
-    """The kind of transform chain the seed library runs per image (LoadImage ->
-    ScaleIntensityRangePercentiles 0.5/99.5 -> Resize longest SIZE -> SpatialPad); None
-    without monai (the `bench` extra)."""
-    if importlib.util.find_spec("monai") is None:
-        return None
-    from monai.transforms import (
-        Compose,
-        LoadImage,
-        Resize,
-        ScaleIntensityRangePercentiles,
-        SpatialPad,
-    )
-
-    return Compose(
-        [
-            LoadImage(image_only=True, ensure_channel_first=True, reader=reader),
-            ScaleIntensityRangePercentiles(lower=0.5, upper=99.5, b_min=0.0, b_max=1.0, clip=True),
-            Resize(spatial_size=SIZE, size_mode="longest", mode="area"),
-            SpatialPad(spatial_size=(SIZE, SIZE)),
-        ]
-    )
-
+# --- the images stage, as its asset runs it --------------------------------------------------
 
 STAGE_PARTITION = "chexpert.train"
 WARMUP_IMAGES = 6  # the untimed pass over a few images before timed stage runs
 
 
+def stage_jobs(sources: Sequence[Path], output_root: Path, partition: str) -> list[ImageJob]:
+    """The jobs the `images` asset builds for these sources (letterbox, SIZE, no union
+    masks), their PNGs where the layout puts `partition`'s under `output_root`."""
+    from radharmony_pipeline.processing.jobs.image_jobs import ImageJob
+    from radharmony_pipeline.processing.storage import output_layout as layout
+
+    alike = {"union_mask_file": None, "mask_relative": None, "size": SIZE, "resize": "letterbox"}
+    return [
+        ImageJob(
+            image_id=source.stem,
+            source_file=source,
+            output_root=output_root,
+            image_relative=layout.resized_image(partition, source.stem),
+            row=row,
+            **alike,
+        )
+        for row, source in enumerate(sources)
+    ]
+
+
 @dataclass
 class StageRun:
     seconds: float
-    cpu_seconds: float
+    cpu_seconds: float  # this process's and its workers'
     rows: list[ImageRow]
     packed: Path
 
@@ -381,21 +278,29 @@ def run_stage(
     sources: Sequence[Path], output_root: Path, workers: int, partition: str = STAGE_PARTITION
 ) -> StageRun:
     """What `images` does for one partition, minus Dagster: jobs built as the asset builds
-    them, then build_packed_images (the asset's own call)."""
+    them, build_packed_images (the asset's own call) and the rows' table."""
+    from radharmony_pipeline.processing.jobs.image_jobs import (
+        build_packed_images,
+        image_job_stopped,
+        image_table,
+    )
+    from radharmony_pipeline.processing.storage import output_layout as layout
+
     folder = output_root / layout.resized_image_folder(partition)
     packed = output_root / layout.packed_images(partition)
     start, cpu_start = time.perf_counter(), pool_cpu_seconds()
     folder.mkdir(parents=True, exist_ok=True)
     jobs = stage_jobs(sources, output_root, partition)
     # As the asset runs them: executor and time limit from the run settings (imported here,
-    # not at the top, so pool workers re-importing this module do not import dagster).
+    # as the stage's modules above, so pool workers re-importing this module import neither).
     from radharmony_pipeline.defs.run_settings import RunSettingsResource
 
     settings = RunSettingsResource(workers=workers)
     limit = settings.time_limit(image_job_stopped)
     rows = build_packed_images(jobs, packed, SIZE, settings.executor(), time_limit=limit)
+    table = image_table(rows)
     seconds, cpu_seconds = time.perf_counter() - start, pool_cpu_seconds() - cpu_start
-    failed = [row for row in rows if row.status != "ok"]
-    if failed:
-        raise SystemExit(f"images stage: {len(failed)} rows failed, first: {failed[0].error}")
+    failed = table[table["status"] != "ok"]
+    if len(failed):
+        raise SystemExit(f"images stage: {len(failed)} rows failed: {failed['error'].iloc[0]}")
     return StageRun(seconds, cpu_seconds, rows, packed)

@@ -1,10 +1,12 @@
 """Every benchmark still runs: each `benchmarks/bench_*.py --smoke` on tiny input, in a fresh
-process, in a temporary folder (TMPDIR too, so nothing is left elsewhere); bench_real_reports.py
-on a small CSV written here; and the figures in benchmarks/README.md are the ones
-benchmarks/tables.py generates from benchmarks/results/*.json."""
+process, in a temporary folder (TMPDIR too, so nothing is left elsewhere), writing the results
+files it owns there, each with its table and positive figures; the sections a smoke run leaves
+out because they start Dagster run in the slow tier; and the figures in benchmarks/README.md
+are the ones benchmarks/tables.py generates from benchmarks/results/*.json."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,27 +16,31 @@ import pytest
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPOSITORY / "benchmarks"
-# bench_real_reports.py needs a data file rather than synthetic input: run on the CSV below
-# instead. bench_formats.py is the old command of `bench_images.py --sections formats`, whose
-# smoke bench_images.py's covers: checked to hand over its arguments.
-NOT_SMOKED = {"bench_real_reports.py", "bench_formats.py"}
-SMOKED = sorted(p.name for p in BENCHMARKS.glob("bench_*.py") if p.name not in NOT_SMOKED)
-# Smokes that launch runs, pools or the CLI, or build a labeler, take 2-30 s each: the `slow`
-# tier runs them, so that `make test-fast` stays within a minute; the fast tier imports every
-# script and runs the smokes that take about a second.
-SLOW_SMOKES = {
-    "bench_checks.py",
-    "bench_cluster.py",
-    "bench_duplicates.py",
-    "bench_exports.py",
-    "bench_image_step.py",
-    "bench_images.py",
-    "bench_masks.py",
-    "bench_parents.py",
-    "bench_report_labels.py",
-    "bench_reruns.py",
-    "bench_verify.py",
+SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("bench_*.py"))
+# The results files (benchmarks/results/<name>.json) each script's smoke run writes.
+WRITES = {
+    "bench_checks.py": {"check_data", "verify"},
+    "bench_corpus.py": {"corpus"},
+    "bench_duplicates.py": {"duplicates", "hash_choice", "film_similarity", "parents"},
+    "bench_exports.py": {"exports"},
+    "bench_images.py": {"images_formats", "images_jpeg"},
+    "bench_masks.py": {"masks"},
+    "bench_report_labels.py": {"report_agreement", "report_labels", "report_table", "real_reports"},
+    "bench_reruns.py": {"cold_metadata", "layout_migration"},
+    "bench_store_retries.py": {"store_retries"},
 }
+# bench_cluster.py writes no results file: its smoke run is checked by what it prints.
+PRINTS = {"bench_cluster.py": "images/s"}
+# The sections a smoke run leaves out: each starts Dagster (its CLI, a `dg launch` or a run in
+# process), several seconds before any work, so the slow tier runs them, tiny, with the file
+# each writes.
+DAGSTER_SECTIONS = [
+    ("bench_checks.py", "--section", "cli", "checks"),
+    ("bench_checks.py", "--section", "index", "index"),
+    ("bench_images.py", "--sections", "step", "images_step"),
+    ("bench_reruns.py", "--section", "launch", "reruns"),
+]
+RESULT_KEYS = {"benchmark", "title", "source", "measured", "command", "columns", "rows", "figures"}
 SMOKE_TIMEOUT = 240  # seconds: far above a smoke run's few, for a loaded machine
 
 
@@ -54,67 +60,83 @@ def run_script(arguments: list[str], folder: Path) -> subprocess.CompletedProces
     )
 
 
+def succeeded(completed: subprocess.CompletedProcess, what: str) -> None:
+    assert completed.returncode == 0, (
+        f"{what} exited {completed.returncode}\n"
+        f"stdout:\n{completed.stdout[-3000:]}\nstderr:\n{completed.stderr[-3000:]}"
+    )
+
+
+def numbers(value: object) -> list[float]:
+    """Every number in a JSON value (booleans are not figures)."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int | float):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [n for item in value for n in numbers(item)] if isinstance(value, list) else []
+
+
+def check_results(folder: Path, script: str, expected: set[str]) -> None:
+    """`folder` holds exactly the expected results files, each a titled table as tables.py
+    renders it, from this script's smoke run, with positive figures behind it."""
+    written = {path.stem: json.loads(path.read_text()) for path in folder.glob("*.json")}
+    assert set(written) == expected
+    for name, result in written.items():
+        assert set(result) >= RESULT_KEYS, f"{name}: {sorted(RESULT_KEYS - set(result))} missing"
+        assert result["benchmark"].startswith(script)
+        assert result["command"].startswith(f".venv/bin/python benchmarks/{script} --smoke")
+        assert result["rows"], f"{name}: no rows"
+        assert all(len(row) == len(result["columns"]) for row in result["rows"]), name
+        assert any(n > 0 for n in numbers(result["figures"])), f"{name}: no positive figure"
+
+
 def test_every_benchmark_is_smoked() -> None:
-    assert len(SMOKED) >= 5
-    assert "bench_images.py" in SMOKED
+    assert set(SCRIPTS) == set(WRITES) | set(PRINTS)
+    assert len(SCRIPTS) <= 10
 
 
 def test_every_benchmark_imports(tmp_path: Path) -> None:
-    """Each script and helper module imports (one interpreter for them all)."""
-    names = sorted(p.stem for p in BENCHMARKS.glob("*.py"))
+    """Each shared module and section package imports (one interpreter for all); each script
+    is imported by its smoke run, and a module only a slow-tier section uses is imported here."""
+    names = sorted(p.stem for p in BENCHMARKS.glob("*.py") if not p.name.startswith("bench_"))
+    names += sorted(
+        f"{p.parent.name}.{p.stem}" for p in BENCHMARKS.glob("*/*.py") if p.stem != "__init__"
+    )
     code = (
         f"import sys, importlib; sys.path.insert(0, {str(BENCHMARKS)!r}); "
         f"[importlib.import_module(name) for name in {names!r}]; print(len({names!r}))"
     )
     completed = run_script(["-c", code], tmp_path)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    succeeded(completed, "importing the benchmarks")
     assert completed.stdout.strip() == str(len(names))
 
 
-@pytest.mark.parametrize(
-    "script",
-    [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SMOKES else s for s in SMOKED],
-)
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_benchmark_smoke(script: str, tmp_path: Path) -> None:
-    completed = run_script([str(BENCHMARKS / script), "--smoke"], tmp_path)
-    assert completed.returncode == 0, (
-        f"{script} --smoke exited {completed.returncode}\n"
-        f"stdout:\n{completed.stdout[-3000:]}\nstderr:\n{completed.stderr[-3000:]}"
+    results = tmp_path / "results"
+    arguments = [str(BENCHMARKS / script), "--smoke"]
+    completed = run_script(
+        arguments + (["--results", str(results)] if script in WRITES else []), tmp_path
     )
-    assert completed.stdout.strip(), f"{script} --smoke printed nothing"
+    succeeded(completed, f"{script} --smoke")
+    if script in WRITES:
+        check_results(results, script, WRITES[script])
+    else:
+        assert PRINTS[script] in completed.stdout, completed.stdout[-3000:]
 
 
-def test_old_formats_command_runs_the_images_section(tmp_path: Path) -> None:
-    completed = run_script([str(BENCHMARKS / "bench_formats.py"), "--help"], tmp_path)
-    assert completed.returncode == 0, completed.stderr
-    assert "bench_images.py" in completed.stdout and "--sections" in completed.stdout
-
-
-# Three made-up reports, coded by hand: one with effusion and atelectasis, one with a
-# nodule, one normal study.
-REPORTS_CSV = """\
-uid,findings,impression,mesh,gold_Atelectasis,gold_Cardiomegaly,gold_Effusion,gold_Mass,\
-gold_Nodule,gold_Pneumonia,gold_Pneumothorax
-1,"Small left pleural effusion. Patchy opacity at the left base, likely atelectasis.",\
-"Left effusion with basilar atelectasis.",Pleural Effusion/left,1,0,1,0,0,0,0
-2,"A 7 mm nodule projects over the right upper lobe. The heart is normal in size.",\
-"Right upper lobe nodule.",Nodule/right/upper lobe,0,0,0,0,1,0,0
-3,"The lungs are clear. No pneumothorax or pleural effusion. Heart size is normal.",\
-"No acute cardiopulmonary disease.",normal,0,0,0,0,0,0,0
-"""
-
-
-def test_real_reports_on_a_small_csv(tmp_path: Path) -> None:
-    reports = tmp_path / "reports.csv"
-    reports.write_text(REPORTS_CSV)
-    figures = tmp_path / "figures.json"
-    script = str(BENCHMARKS / "bench_real_reports.py")
-    completed = run_script([script, str(reports), "--json", str(figures)], tmp_path)
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "3 reports from reports.csv" in completed.stdout
-    micro = [line for line in completed.stdout.splitlines() if line.startswith("micro")]
-    assert len(micro) == 1, completed.stdout
-    assert figures.is_file()
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "option", "section", "name"), DAGSTER_SECTIONS)
+def test_dagster_section_smoke(
+    script: str, option: str, section: str, name: str, tmp_path: Path
+) -> None:
+    results = tmp_path / "results"
+    arguments = [str(BENCHMARKS / script), "--smoke", option, section]
+    completed = run_script([*arguments, "--results", str(results)], tmp_path)
+    succeeded(completed, f"{script} --smoke {option} {section}")
+    check_results(results, script, {name})
 
 
 def test_readme_figures_are_generated_from_the_results() -> None:
@@ -123,3 +145,4 @@ def test_readme_figures_are_generated_from_the_results() -> None:
         "benchmarks/README.md's figures differ from benchmarks/results/*.json: run "
         f"`.venv/bin/python benchmarks/tables.py --write`\n{completed.stdout}{completed.stderr}"
     )
+    assert len((BENCHMARKS / "README.md").read_bytes()) <= 20_000

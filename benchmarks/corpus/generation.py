@@ -37,7 +37,7 @@ FILM_PNG_LEVEL = 1
 
 def write_corpus(
     data: Path, work: Path, fraction: float, largest: float, side: int, seed: int, workers: int
-):
+) -> dict[str, int]:
     """The four datasets and the NIH parent under `data`; return their image counts.
 
     Each size is a share of one corpus rendered once under `work` at the largest size asked:

@@ -167,6 +167,28 @@ def table(results: list[tuple[float, Runs]], images: dict[float, int]) -> None:
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
+def figures_table(
+    results: list[tuple[float, Runs]], images: dict[float, int], shown: tuple[str, ...]
+) -> tuple[list[str], list[list[str]]]:
+    """The steps whose names begin with one of `shown` at every size, one row each: wall /
+    CPU / peak RSS of each pass, and the median wall / CPU (the results file's table; every
+    step's figures are in the file beside it)."""
+    chosen = [(f, {n: r for n, r in sized.items() if n.startswith(shown)}) for f, sized in results]
+    passes = max((len(runs) for _, sized in chosen for runs in sized.values()), default=1)
+    columns = ["step", "size (images)", *(f"pass {n + 1}" for n in range(passes))]
+    rows = []
+    for fraction, sized in chosen:
+        for name, runs in sized.items():
+            cells = [
+                f"{r.wall:.1f} s / {r.cpu:.1f} s / {r.peak_rss_mb / 1024:.2f} GB" for r in runs
+            ]
+            cells += [""] * (passes - len(runs))
+            middle = typical(runs)
+            size = f"{fraction:g} ({images[fraction]:,})"
+            rows.append([name, size, *cells, f"{middle.wall:.1f} s / {middle.cpu:.1f} s"])
+    return [*columns, "median (wall / CPU)"], rows
+
+
 def size_folder(work: Path, fraction: float) -> Path:
     """A size's data, output root and instance."""
     return work / f"n{fraction:g}"

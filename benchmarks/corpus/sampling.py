@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from commands import launch_summary
 from common import REPOSITORY as REPO
-from launches import summary
 
 
 @dataclass
@@ -101,7 +101,7 @@ def counted(step: Step, env: dict) -> Step:
     """The step with its stages' seconds, after printing its line and what its images stage
     decoded and wrote."""
     print(f"  {_row(step)}", flush=True)
-    launched = summary(env)
+    launched = launch_summary(env)
     step.stages = launched["steps"]
     print(f"    stages: {json.dumps(step.stages)}", flush=True)
     print(f"    images: {json.dumps(launched['counts'].get('images', {}))}", flush=True)

@@ -28,8 +28,8 @@ _MAX_LINEAR_CHANGE = 0.1
 _MAX_SHIFT = 0.1 * GRID
 _ECC_CRITERIA = (cv2.TERM_CRITERIA_COUNT | cv2.TERM_CRITERIA_EPS, 30, 1e-5)
 # Between the lowest copy (0.994) and the highest different film (0.931) measured by
-# benchmarks/bench_duplicates.py: residuals 0.006 and 0.069, the threshold's 0.02 is about
-# three times the one and a third of the other.
+# `benchmarks/bench_duplicates.py --section films`: residuals 0.006 and 0.069, the
+# threshold's 0.02 is about three times the one and a third of the other.
 SAME_FILM_MIN_CORRELATION = 0.98
 
 

@@ -39,8 +39,8 @@ from .table_schemas import SchemaMismatchError
 
 # Before its tables are final a step reads and parses its source and looks up every image it
 # names; from a source this large that takes about as long as GX's import, which the helper
-# then overlaps (benchmarks/README.md, "Where GX is imported"). ReXGradient's train JSON is
-# above it from a quarter of its count up; every other split's metadata is far below.
+# then overlaps. ReXGradient's train JSON is above it from a quarter of its count up; every
+# other split's metadata is far below.
 HELPER_SOURCE_BYTES = 32 << 20
 # How long a wait for the helper's report goes between checks that the helper is alive.
 _LIVENESS_SECONDS = 1.0

@@ -1,24 +1,28 @@
-"""Launching the pipeline as a user does (`dg launch` in a fresh process) and reading back
-what the run did: the helpers of bench_reruns.py and bench_corpus.py."""
+"""The pipeline's commands run as a user runs them, and what they cost: `dg launch` and what
+the run did (from its instance), a cold stat of each source by coreutils, and any command
+under /usr/bin/time with the peak RSS of its largest process and of its process tree."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import cv2
-import numpy as np
-from common import REPOSITORY, REXGRADIENT_PARTITION, drop_page_cache, write_radiograph_png
+import psutil
+from common import REPOSITORY, drop_page_cache
 
 from radharmony_pipeline.processing.storage import output_layout as layout
 
-PARTITION = REXGRADIENT_PARTITION
+# --- `dg launch` as a user runs it, and what the run did -------------------------------------
 
+LAUNCHED_PARTITION = "rexgradient.train"
+QUIET = json.dumps({"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
 SUMMARY = """
 import json, sys
 import dagster as dg
@@ -40,17 +44,7 @@ with dg.DagsterInstance.get() as instance:
 """
 
 
-def change_sources(sources: list[Path], share: float, round_number: int) -> int:
-    """Rewrite a fresh share of the sources with other pixels; how many."""
-    count = max(1, round(len(sources) * share))
-    rng = np.random.default_rng(1000 + round_number)
-    for position in rng.choice(len(sources), count, replace=False):
-        height, width = cv2.imread(str(sources[position]), cv2.IMREAD_UNCHANGED).shape
-        write_radiograph_png(sources[position], rng, height, width)
-    return count
-
-
-def environment(data: Path, output: Path, home: Path) -> dict[str, str]:
+def launch_environment(data: Path, output: Path, home: Path) -> dict[str, str]:
     venv = Path(sys.executable).parent
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith(("RADHARMONY_", "DAGSTER_"))},
@@ -62,14 +56,16 @@ def environment(data: Path, output: Path, home: Path) -> dict[str, str]:
     }
 
 
-def launch_command() -> list[str]:
-    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+def launch_command(
+    job: str = "all_stages", partition: str | None = LAUNCHED_PARTITION
+) -> list[str]:
     dg = str(Path(sys.executable).with_name("dg"))
-    return [dg, "launch", "--job", "all_stages", "--partition", PARTITION,
-            "--config-json", json.dumps(quiet)]  # fmt: skip
+    chosen = ["--partition", partition] if partition else []
+    return [dg, "launch", "--config-json", QUIET, "--job", job, *chosen]
 
 
 def launch(env: dict[str, str]) -> float:
+    """Wall seconds of `dg launch` of ReXGradient train's `all_stages`."""
     start = time.perf_counter()
     completed = subprocess.run(launch_command(), cwd=REPOSITORY, env=env, capture_output=True)
     wall = time.perf_counter() - start
@@ -86,7 +82,7 @@ def launch_and_kill_halfway(env: dict[str, str], output: Path, images: int) -> f
         launch_command(), cwd=REPOSITORY, env=env, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    pattern = layout.resized_png_glob(PARTITION)
+    pattern = layout.resized_png_glob(LAUNCHED_PARTITION)
     while process.poll() is None and len(list(output.glob(pattern))) < images // 2:
         time.sleep(0.2)
     if process.returncode is not None:  # e.g. the disk filled up: there is nothing to kill
@@ -113,8 +109,44 @@ def cold_stat_floor(listed: Path) -> float:
     return time.perf_counter() - start
 
 
-def summary(env: dict[str, str]) -> dict:
+def launch_summary(env: dict[str, str]) -> dict:
+    """The latest run's status, its steps' seconds and its stages' counts (decoded, reused,
+    packed rows written and replayed), from the instance."""
     completed = subprocess.run(
         [sys.executable, "-c", SUMMARY], env=env, capture_output=True, text=True, check=True
     )
     return json.loads(completed.stdout)
+
+
+# --- any command under /usr/bin/time ---------------------------------------------------------
+
+
+def under_time(command: list[str], env: dict | None = None) -> tuple[float, int, int, str]:
+    """(wall, peak RSS of the largest process as /usr/bin/time gives it, peak summed RSS of
+    the process tree sampled every 50 ms, stderr) of a command, which must succeed."""
+    started, tree_peak = time.perf_counter(), 0
+    process = subprocess.Popen(
+        ["/usr/bin/time", "-f", "maxrss_kb=%M", *command],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    watched = psutil.Process(process.pid)
+    while process.poll() is None:
+        tree_peak = max(tree_peak, _tree_rss(watched))
+        time.sleep(0.05)
+    wall, (out, err) = time.perf_counter() - started, process.communicate()
+    if process.returncode != 0:
+        raise SystemExit(f"{command[:4]} failed ({process.returncode}):\n{out}\n{err}")
+    largest = int(re.search(r"maxrss_kb=(\d+)", err).group(1)) * 1024
+    return wall, largest, tree_peak, err
+
+
+def _tree_rss(process: psutil.Process) -> int:
+    total = 0
+    with contextlib.suppress(psutil.Error):  # it ended meanwhile
+        for member in [process, *process.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):  # this one ended meanwhile
+                total += member.memory_info().rss
+    return total

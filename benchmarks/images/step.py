@@ -1,38 +1,18 @@
-"""Benchmark: the `images` step's marginal CPU per image against the work alone (issue 30
-item 3), on small radiographs (about 190² pixels, where per-row bookkeeping shows) and on
-ReXGradient-sized 8-bit PNGs (730 × 742).
+"""The `step` section of bench_images.py: the `images` step's marginal CPU per image against
+the work alone, on small films (~190², where per-row bookkeeping shows) and on ReXGradient-sized
+8-bit PNGs (730 x 742).
 
-For each image size it writes two synthetic ReXGradient train partitions (`--images` and a
-sixteenth of it; the project's renderer) and builds every stage once on each (the warm-up:
-the pool's fork server started, the upstream tables written). Then each repeat measures,
-back to back, user and system CPU of:
-
-* step: the `images` asset materialized alone on each partition, its outputs set aside first
-  so every image is decoded, in this process through the `all_stages` job (its checks
-  included, two workers, as on this machine): jobs built from `raw_index`, the pool, rows,
-  table, checks, Parquet and metadata; this process, the fork server and the workers it
-  reaped;
-* pool: `build_packed_images` alone on the same sources (`stage` in image_formats.py);
-* work alone: the per-image calls in sequence in one process, over the larger partition's
-  sources (its `work alone`), into a new folder as the step's are;
-* with rows: the same, each image's pixels also written into its row of a packed array
-  allocated as the step's (the step's output the work alone leaves out: 49 KB of new pages
-  per image at S = 224, whose cost on this machine swings between about 0.01 and 0.3 ms);
-
-step and pool as marginal CPU per image between the two partitions. It prints every
-repeat and the median ratio step / work alone (target ≤ 1.3×), of user + system CPU, of
-user CPU alone, and against the work alone with rows: system time (creating files, pages
-touched for the first time) moves by tens of percent from run to run on this machine, user
-time much less. The difference between step and pool is the asset's per-row bookkeeping,
-between pool and work alone the jobs', pool's and packed array's.
-
-    .venv/bin/python benchmarks/bench_image_step.py [--images 6000] [--repeats 3] [--smoke]
-"""
+Two synthetic ReXGradient train partitions (`--images` and a sixteenth of it) get every stage
+built once (the warm-up). Then each repeat measures, back to back, user and system CPU per
+image between the two partitions of: the `images` asset materialized alone through
+`all_stages` (checks included, two workers; its outputs set aside first, so every image is
+decoded); `build_packed_images` alone (the pool); and over the larger partition's sources the
+work alone, then the same writing each image's packed row (49 KB of new pages per image,
+0.01-0.3 ms each on this machine). Target: step / work alone <= 1.3x. Step minus pool is the
+asset's per-row bookkeeping; pool minus work alone the jobs', pool's and packed array's."""
 
 from __future__ import annotations
 
-import argparse
-import os
 import shutil
 import statistics
 import tempfile
@@ -40,16 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import dagster as dg
-from common import (
-    REXGRADIENT_PARTITION,
-    SIZE,
-    add_smoke,
-    load_line,
-    machine_line,
-    pool_cpu_times,
-    write_rexgradient_partition,
-)
-from image_formats import stage_run, work_alone
+from baselines import work_alone
+from common import SIZE, Table, load_line, pool_cpu_times, run_stage
+from synthetic_inputs import REXGRADIENT_PARTITION, write_rexgradient_partition
 
 from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.defs.jobs import ALL_STAGES_JOB
@@ -58,13 +31,15 @@ from radharmony_pipeline.processing.storage.packed_rows import PackedRowWriter
 from radharmony_pipeline.processing.storage.store import allocate_array
 
 PARTITION = REXGRADIENT_PARTITION
-# (name, (shortest, longest) side): count-driven and ReXGradient-sized 8-bit PNGs.
-IMAGE_SIZES = {"small ~190²": (180, 200), "rex-sized 730x742": (730, 742)}
+# --only's names, their films' (shortest, longest) side, and the name the table gives them:
+# count-driven small films, and ReXGradient-sized 8-bit PNGs.
+IMAGE_SIZES = {"small ~190²": ((180, 200), "~190²"), "rex-sized 730x742": ((730, 742), "730 × 742")}
 TARGET = 1.3
+# A smoke run builds only these, without their checks (Great Expectations' import alone
+# takes seconds), once, on one partition.
+SMOKE_SELECTION = dg.AssetSelection.assets("raw_index", "labels", "masks", "images")
 
-
-# (user, system) CPU seconds.
-Cpu = tuple[float, float]
+Cpu = tuple[float, float]  # (user, system) CPU seconds
 
 
 def cpu_of(run: Callable[..., object], *arguments: object) -> Cpu:
@@ -83,18 +58,31 @@ def set_aside(path: Path, trash: Path) -> None:
     inode freed in the last minutes when it allocates one, so creating files just after
     deleting thousands costs a scan past them per file, and the run would measure that."""
     trash.mkdir(exist_ok=True)
-    path.rename(trash / f"{len(list(trash.iterdir()))}-{path.name}")
+    if path.exists():  # a smoke run has built nothing yet
+        path.rename(trash / f"{len(list(trash.iterdir()))}-{path.name}")
 
 
-def images_step(data: Path, output: Path, instance: dg.DagsterInstance, trash: Path) -> None:
+def step_job(data: Path, output: Path, smoke: bool) -> dg.JobDefinition:
+    """`all_stages` on these roots; in a smoke run, the images stage and what it reads."""
+    definitions = build_definitions(data, output)
+    if not smoke:
+        return definitions.resolve_job_def(ALL_STAGES_JOB)
+    job = dg.define_asset_job("smoke", SMOKE_SELECTION.without_checks())
+    return dg.Definitions.merge(definitions, dg.Definitions(jobs=[job])).resolve_job_def("smoke")
+
+
+def images_step(
+    data: Path, output: Path, instance: dg.DagsterInstance, trash: Path, smoke: bool = False
+) -> None:
     """One materialization of `images` for the partition, every image decoded (its outputs
-    set aside first)."""
+    set aside first); in a smoke run with what it reads."""
     for path in output.glob(f"{layout.packed_images(PARTITION)}*"):
         set_aside(path, trash)
     set_aside(output / layout.resized_image_folder(PARTITION), trash)
-    job = build_definitions(data, output).resolve_job_def(ALL_STAGES_JOB)
-    result = job.execute_in_process(
-        partition_key=PARTITION, instance=instance, asset_selection=[dg.AssetKey("images")]
+    result = step_job(data, output, smoke).execute_in_process(
+        partition_key=PARTITION,
+        instance=instance,
+        asset_selection=None if smoke else [dg.AssetKey("images")],
     )
     materialized = result.asset_materializations_for_node("images")
     decoded = materialized[0].metadata["decoded"].value
@@ -123,10 +111,15 @@ def marginal(few: Cpu, all_: Cpu, added: int) -> Cpu:
     return (all_[0] - few[0]) / added, (all_[1] - few[1]) / added
 
 
-def measure(work: Path, sides: tuple[int, int], images: int, repeats: int) -> list[dict[str, Cpu]]:
-    """Per repeat, per image (user, system) CPU of step, pool, work alone and with rows."""
+def measure(
+    work: Path, sides: tuple[int, int], images: int, repeats: int, smoke: bool
+) -> list[dict[str, Cpu]]:
+    """Per repeat, per image (user, system) CPU of step, pool, work alone and with rows; a
+    smoke run has no warm-up and one partition, its whole cost taken as marginal."""
     counts = {"few": max(2, images // 16), "all": images}
-    added = counts["all"] - counts["few"]
+    if smoke:
+        counts = {"all": images}
+    added = counts["all"] - counts.get("few", 0)
     sources = {}
     repeat_results = []
     trash = work / "set-aside"
@@ -135,14 +128,17 @@ def measure(work: Path, sides: tuple[int, int], images: int, repeats: int) -> li
             data, output = work / name / "data", work / name / "output"
             sources[name] = write_rexgradient_partition(data, count, sides=sides)
             job = build_definitions(data, output).resolve_job_def(ALL_STAGES_JOB)
-            if not job.execute_in_process(partition_key=PARTITION, instance=instance).success:
+            if (
+                not smoke
+                and not job.execute_in_process(partition_key=PARTITION, instance=instance).success
+            ):
                 raise SystemExit(f"all_stages failed on {data}")
         for repeat in range(repeats):
-            step, pool = {}, {}
+            step, pool = {"few": (0.0, 0.0)}, {"few": (0.0, 0.0)}
             for name in counts:
                 data, output = work / name / "data", work / name / "output"
-                step[name] = cpu_of(images_step, data, output, instance, trash)
-                pool[name] = cpu_of(stage_run, sources[name], work / f"pool-{name}-{repeat}", 2)
+                step[name] = cpu_of(images_step, data, output, instance, trash, smoke)
+                pool[name] = cpu_of(run_stage, sources[name], work / f"pool-{name}-{repeat}", 2)
             alone = cpu_of(work_alone_in_sequence, sources["all"], work / f"alone-{repeat}")
             with_rows = cpu_of(work_alone_with_rows, sources["all"], work / f"rows-{repeat}")
             repeat_results.append(
@@ -160,36 +156,13 @@ def describe(cpu: Cpu) -> str:
     return f"{sum(cpu) * 1e3:6.3f} ms ({cpu[0] * 1e3:5.3f} user)"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=int, default=6000, help="images of the larger partition")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", choices=sorted(IMAGE_SIZES), help="one image size only")
-    add_smoke(parser)
-    args = parser.parse_args()
-    if args.smoke:  # the small size only, 80 and 5 images, once; no verdict
-        args.images, args.repeats, args.only = 80, 1, "small ~190²"
-    os.environ["RADHARMONY_WORKERS"] = "2"
-    print(machine_line())
-    print(load_line())
-    verdicts = []
-    # One folder for every size, deleted at the end: see set_aside.
-    folder = Path(tempfile.mkdtemp(prefix="bench-image-step-"))
-    try:
-        for name, sides in IMAGE_SIZES.items():
-            if not args.only or name == args.only:
-                verdicts.append(report(name, sides, args.images, args.repeats, folder))
-    finally:
-        shutil.rmtree(folder)
-    print(load_line())
-    return 0 if all(verdicts) or args.smoke else 1
-
-
-def report(name: str, sides: tuple[int, int], images: int, repeats: int, folder: Path) -> bool:
-    """Measure one image size and print every repeat and the median; whether it passes."""
+def report(
+    name: str, sides: tuple[int, int], images: int, repeats: int, folder: Path, smoke: bool
+) -> dict:
+    """Measure one image size and print every repeat and the median; its figures."""
     # ReXGradient-sized renders cost ~50 ms each: a quarter of the count keeps it minutes.
     images = images if sides[1] < 400 or images < 64 else max(64, images // 4)
-    repeat_results = measure(folder / f"{sides[0]}x{sides[1]}", sides, images, repeats)
+    repeat_results = measure(folder / f"{sides[0]}x{sides[1]}", sides, images, repeats, smoke)
     ratios, user_ratios, row_ratios = [], [], []
     for repeat, cpu in enumerate(repeat_results, 1):
         alone = cpu["work alone"]
@@ -211,8 +184,44 @@ def report(name: str, sides: tuple[int, int], images: int, repeats: int, folder:
         f"{statistics.median(user_ratios):4.2f}x; against the work alone with rows "
         f"{statistics.median(row_ratios):4.2f}x"
     )
-    return ratio <= TARGET
+    return {
+        "images": images,
+        "ratio": ratio,
+        "ratios": ratios,
+        "user_ratio": statistics.median(user_ratios),
+        "with_rows_ratio": statistics.median(row_ratios),
+        "repeats": repeat_results,
+    }
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def run_step_section(images: int, repeats: int, only: str | None, smoke: bool) -> Table:
+    print(load_line())
+    figures = {}
+    # One folder for every size, deleted at the end: see set_aside.
+    folder = Path(tempfile.mkdtemp(prefix="bench-image-step-"))
+    try:
+        for name, (sides, label) in IMAGE_SIZES.items():
+            if not only or name == only:
+                figures[label] = report(name, sides, images, repeats, folder, smoke)
+    finally:
+        shutil.rmtree(folder)
+    print(load_line())
+    rows = [
+        [
+            label,
+            f"{size['ratio']:.2f}× ({min(size['ratios']):.2f}–{max(size['ratios']):.2f}×): "
+            + ("met" if size["ratio"] <= TARGET else "not met"),
+            f"{size['user_ratio']:.2f}×",
+            f"{size['with_rows_ratio']:.2f}×",
+        ]
+        for label, size in figures.items()
+    ]
+    return Table(
+        "images_step",
+        "The `images` step against the work alone",
+        ["films", f"step / work alone (target ≤ {TARGET}×)", "user CPU only", "step / with rows"],
+        rows,
+        figures,
+        "User + system CPU per image, the median of the repeats (their range in brackets).",
+        "--sections step",
+    )
