@@ -1,9 +1,11 @@
-"""Real services for the cluster test, on loopback: PostgreSQL, a moto S3 server and a Dask
-scheduler with worker processes. Each is a separate process, stopped by its PID."""
+"""Real services for the cluster test, on loopback: PostgreSQL, an S3 server (moto, in memory,
+or s3rver, on disk: tests/s3_server.js) and a Dask scheduler with worker processes. Each is a
+separate process, stopped by its PID."""
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import signal
@@ -12,11 +14,20 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]
+# The disk-backed S3 server: s3rver from the npm registry (package.json, installed into
+# node_modules by `make s3-server`) behind our launcher, which closes its gaps (see the script).
+S3_SERVER_SCRIPT = REPO / "tests" / "s3_server.js"
+S3_SERVER_PACKAGE = REPO / "node_modules" / "s3rver" / "package.json"
+S3_SERVER_INSTALL = "make s3-server"
+# s3rver's ListObjectsV2 continuation tokens use DES, which Node's OpenSSL 3 only has there.
+NODE_OPTIONS = ["--openssl-legacy-provider"]
 PG_USER = "radharmony"
 PG_PASSWORD = "radharmony-test"
 PG_DATABASE = "dagster"
@@ -105,7 +116,7 @@ class Services:
     def stop(self) -> None:
         for process in reversed(self.processes):
             if process.poll() is None:
-                # SIGINT: a fast, clean shutdown for postgres (and Dask, moto).
+                # SIGINT: a fast, clean shutdown for postgres (and Dask, moto, s3rver).
                 process.send_signal(signal.SIGINT)
         for process in reversed(self.processes):
             try:
@@ -201,6 +212,52 @@ def start_moto(services: Services, logs: Path) -> None:
     services.s3_endpoint = f"http://127.0.0.1:{port}"
     wait_until(lambda: port_open(port), "moto_server", server)
     s3(services).mkdir(BUCKET)
+
+
+def s3_server_command(
+    directory: Path, port: int, buckets: tuple[str, ...] = (), request_log: Path | None = None
+) -> list[str]:
+    """The command that serves `directory` as S3 on 127.0.0.1:`port` (tests/s3_server.js);
+    a clear error naming the install step when node or the installed s3rver is missing."""
+    node = shutil.which("node")
+    if node is None or not S3_SERVER_PACKAGE.exists():
+        missing = "node (Debian's nodejs)" if node is None else f"{S3_SERVER_PACKAGE.parent}"
+        raise RuntimeError(
+            f"the disk-backed S3 server needs {missing}: run `{S3_SERVER_INSTALL}` in {REPO} "
+            "(installs s3rver from the npm registry as package.json pins it)"
+        )
+    command = [node, *NODE_OPTIONS, str(S3_SERVER_SCRIPT), "--directory", str(directory)]
+    command += ["--address", "127.0.0.1", "--port", str(port)]
+    for bucket in buckets:
+        command += ["--bucket", bucket]
+    return command + (["--request-log", str(request_log)] if request_log else [])
+
+
+def start_s3_server(
+    services: Services, logs: Path, directory: Path | None = None, request_log: bool = False
+) -> subprocess.Popen:
+    """s3rver on disk at `directory` (by default a temp folder removed at stop) with the
+    test bucket; its requests are counted (s3_requests), and logged one a line to
+    logs/s3-requests.log when `request_log`."""
+    if directory is None:
+        directory = Path(tempfile.mkdtemp(prefix="radharmony-s3-"))
+        services.scratch.append(directory)
+    port = free_port()
+    command = s3_server_command(
+        directory, port, (BUCKET,), logs / "s3-requests.log" if request_log else None
+    )
+    environment = {**os.environ, **AWS_ENVIRONMENT}
+    server = services.start(command, logs / "s3-server.log", env=environment)
+    services.s3_endpoint = f"http://127.0.0.1:{port}"
+    wait_until(lambda: port_open(port), "s3_server.js", server)
+    return server
+
+
+def s3_requests(services: Services) -> dict:
+    """What the disk-backed server served so far: requests by kind (GET, GET_RANGE, HEAD, PUT,
+    LIST, COPY, DELETE, PART, MULTIPART_START, ...), by status class, bytes in and out."""
+    with urllib.request.urlopen(f"{services.s3_endpoint}/-/stats", timeout=30) as answer:
+        return json.loads(answer.read())
 
 
 def s3(services: Services):

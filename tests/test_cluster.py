@@ -1,7 +1,8 @@
 """The pipeline beyond one machine, against real services started on loopback: a Dagster
-instance on PostgreSQL, every output on an S3 server (moto), per-image work on a Dask
-scheduler with two worker processes; runs launched through the `dagster` CLI. Outputs must
-equal those of a local in-process run of the same data, byte for byte where they are files.
+instance on PostgreSQL, every output on a disk-backed S3 server (s3rver behind
+tests/s3_server.js), per-image work on a Dask scheduler with two worker processes; runs
+launched through the `dagster` CLI. Outputs must equal those of a local in-process run of the
+same data, byte for byte where they are files.
 
 Select with `pytest -m cluster`.
 """
@@ -28,8 +29,8 @@ from cluster_services import (
     pg_connect,
     s3,
     start_dask,
-    start_moto,
     start_postgres,
+    start_s3_server,
 )
 from fault_support import output_files
 
@@ -106,7 +107,7 @@ def cluster(tmp_path_factory):
     saved = {name: os.environ.get(name) for name in [*AWS_ENVIRONMENT, "AWS_ENDPOINT_URL"]}
     try:
         start_postgres(services, logs)
-        start_moto(services, logs)
+        start_s3_server(services, logs)
         start_dask(services, logs, workers=2)
         # This process reads the bucket too (comparisons, ManifestDataset).
         os.environ.update({**AWS_ENVIRONMENT, "AWS_ENDPOINT_URL": services.s3_endpoint})

@@ -407,6 +407,19 @@ def test_a_missing_dataset_prefix_names_the_url_and_the_variable(store):
     assert "RADHARMONY_CHESTX_DET_ROOT" in message
 
 
+@pytest.fixture
+def no_kept_s3_clients():
+    """s3fs keeps one filesystem per set of options for the process, its client bound to the
+    endpoint of the moment it was made: one made by an earlier test (on this module's store)
+    would answer here, and one made here (on a closed port) would answer the tests after."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.mark.usefixtures("no_kept_s3_clients")
 def test_an_unreachable_store_fails_fast_with_the_fix(monkeypatch):
     closed = f"http://127.0.0.1:{free_port()}"
     for name, value in AWS_ENVIRONMENT.items():

@@ -27,6 +27,7 @@ from radharmony_pipeline.processing.storage.store import (
     listing,
     output_path,
     publish,
+    publish_file,
     read_bytes,
 )
 
@@ -72,6 +73,28 @@ def test_publish_makes_the_object_visible_and_leaves_no_temporary_key(bucket):
     publish(target, lambda handle: handle.write(b"complete"))
     assert target.read_bytes() == b"complete"
     assert {key for key in all_keys(bucket) if key.startswith("publish/")} == {"publish/table.bin"}
+
+
+def test_publishing_an_object_is_one_upload_to_its_own_key(bucket, tmp_path, monkeypatch):
+    """A PUT is atomic on object storage: no temporary key, copy or delete around it."""
+    fs = bucket.fs
+    calls = []
+    for name in ("pipe_file", "put_file", "cp_file", "copy", "rm_file", "rm", "mv"):
+        original = getattr(fs, name)
+
+        def recorded(*args, _name=name, _original=original, **kwargs):
+            calls.append((_name, args[0] if _name == "pipe_file" else args))
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(fs, name, recorded)
+    table = bucket / "single-put" / "table.parquet"
+    publish(table, lambda handle: handle.write(b"the table"))
+    local = tmp_path / "array.npy"
+    local.write_bytes(b"the array")
+    array = bucket / "single-put" / "array.npy"
+    publish_file(array, local)
+    assert calls == [("pipe_file", table.path), ("pipe_file", array.path)]
+    assert read_bytes(table) == b"the table" and read_bytes(array) == b"the array"
 
 
 def test_only_a_local_file_of_the_very_same_bytes_holds_them(bucket, tmp_path):

@@ -5,7 +5,8 @@ denies a prefix. Datasets and outputs both live on the store, behind the proxy.
 
 A run either completes with objects byte-identical to a fault-free run, or fails with one
 clear message, leaves no partial or temporary object, and a re-run once the store is back
-completes it to the same bytes.
+completes it to the same bytes. Outputs are published by one PUT each (no temporary key): an
+upload cut halfway is refused by the store, which keeps the object it had (or none).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from radharmony_pipeline.defs.resources import (
     pipeline_resources,
 )
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
+from radharmony_pipeline.processing.storage.retry_policy import ObjectStoreError, RetryPolicy
+from radharmony_pipeline.processing.storage.store import output_path, publish_bytes
 from radharmony_pipeline.synthetic import generate_datasets
 
 pytestmark = pytest.mark.cluster
@@ -174,11 +177,11 @@ def test_an_outage_longer_than_the_retries_fails_clearly_and_a_rerun_completes(s
     assert f"s3://{BUCKET}/" in message  # names the object
     assert "kept failing" in message and f"{QUICK_RETRIES.attempts} attempts" in message
     assert "run the same command" in message
-    # Whatever was published is complete. A temporary key whose removal the outage
-    # prevented may remain (no reader looks at temporary names): the re-run removes it.
+    # Whatever was published is complete, and nothing else is there: each output is one PUT
+    # (no temporary key to leave behind), and the Dask shards are not used by a local pool.
     during = objects(store, prefix)
-    published = {name: content for name, content in during.items() if TEMP_MARKER not in name}
-    assert all(reference[name] == content for name, content in published.items())
+    assert not [name for name in during if TEMP_MARKER in name]
+    assert all(reference[name] == content for name, content in during.items())
 
     (rerun,) = run(prefix, [partition])
     assert rerun.success
@@ -186,6 +189,41 @@ def test_an_outage_longer_than_the_retries_fails_clearly_and_a_rerun_completes(s
     found = objects(store, prefix)
     assert sorted(found) == sorted(expected)
     assert all(found[name] == expected[name] for name in found)
+
+
+@pytest.mark.timeout(300)
+def test_an_upload_cut_halfway_leaves_the_old_object_or_none(store):
+    """Every upload either cut halfway through its body (half of it reaches the server, then
+    the connection drops) or forwarded whole, with one attempt each. A cut one fails, and the
+    object read past the proxy is the one it replaced (or none): the store refused the short
+    body. A whole one succeeds with the new object. Never the half that arrived."""
+    one_attempt = RetryPolicy(attempts=1, first_backoff=0, max_backoff=0)
+    root = output_path(f"s3://{BUCKET}/cut", one_attempt)
+    direct = s3(store.services)
+    old, new = b"OLD:" + bytes(range(256)) * 200, b"NEW:" + bytes(range(255, -1, -1)) * 300
+    names = [f"{kind}-{number}.bin" for kind in ("replaced", "created") for number in range(12)]
+    for name in names[:12]:
+        direct.pipe_file(f"{BUCKET}/cut/{name}", old)
+    failed = set()
+    store.set(cut_rate=1.0)
+    try:
+        for name in names:
+            try:
+                publish_bytes(root / name, new)
+            except ObjectStoreError:
+                failed.add(name)
+    finally:
+        stats = store.stats()
+        store.set()
+    # Bodies were cut halfway through, and some uploads failed for it (aiohttp sends an
+    # idempotent request again once when a reused connection drops, so not every cut fails).
+    assert stats["cut_requests"] > 0 and failed
+    found = objects(store, "cut")
+    for name in names:
+        before = old if name.startswith("replaced") else None
+        expected = before if name in failed else new
+        assert found.get(name) == expected, f"{name}: {len(found.get(name) or b'')} bytes"
+    assert not [name for name in found if TEMP_MARKER in name]
 
 
 @pytest.mark.timeout(300)

@@ -30,7 +30,7 @@ from radharmony_pipeline.processing.storage.retry_policy import (
     is_local,
     with_retries,
 )
-from radharmony_pipeline.processing.storage.store import output_path
+from radharmony_pipeline.processing.storage.store import output_path, read_bytes
 
 SourcePath = Path | UPath
 # (size, modification time in ns) of a local file; (size, ETag) of an object.
@@ -222,12 +222,12 @@ class _ObjectRanges(io.RawIOBase):
 
 
 def read_source_bytes(path: SourcePath) -> bytes:
-    """The whole file: one request for an object."""
+    """The whole file: one request (a GET) for an object (store.read_bytes)."""
     if is_local(path):
         with _open_local(path) as handle:
             return handle.read()
     with _store_errors(path):
-        return with_retries(path, "read the object", lambda: path.fs.cat_file(path.path))
+        return read_bytes(path)
 
 
 class FileContent(io.BytesIO):

@@ -10,6 +10,14 @@ Every request to an object store made through this module (and source_store) is 
 under one `RetryPolicy` (retry_policy.py), carried in the path's options so that worker
 processes apply the same one; the S3 client's own retries are switched off so attempts do not
 multiply.
+
+At hundreds of thousands of images, requests are what a run on a bucket costs, so each
+operation here is as few as S3 allows: an output is published by one PUT (a file above
+MULTIPART_THRESHOLD by a multipart upload in bounded parts, each part its own retried
+request), an object read by one GET, its size looked up by one HEAD, a folder listed by one
+LIST per 1,000 keys. A read never asks first whether the object exists: s3fs's whole-object
+read would add a HEAD (and, for a missing key, a LIST to tell a folder from nothing) to
+every GET.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import itertools
 import os
 import shutil
 import tempfile
@@ -38,7 +47,6 @@ from radharmony_pipeline.processing.storage.atomic import (
 from radharmony_pipeline.processing.storage.retry_policy import (
     DEFAULT_RETRY_POLICY,
     RETRY_OPTION,
-    ObjectStoreError,
     RetryPolicy,
     is_local,
     with_retries,
@@ -54,6 +62,13 @@ _CLIENT_CONFIG = {
     "read_timeout": 60,
     "retries": {"total_max_attempts": 1, "mode": "standard"},
 }
+
+# Above this size a file is uploaded in parts of PART_BYTES (more when 10,000 parts would not
+# hold it), read one at a time, so that a multi-GB packed array costs one part of memory, and
+# a fault costs one part again rather than the whole upload. Below it, one PUT from memory.
+MULTIPART_THRESHOLD = 64 * 2**20
+PART_BYTES = 64 * 2**20
+MAX_PARTS = 10_000  # S3's limit
 
 # The local roots this process was given (output_path): a full or read-only volume is reported
 # with the output root the failing file is under.
@@ -101,12 +116,13 @@ def as_local_path(path: Any) -> Path:
 
 
 def publish(path: OutputPath, write: Writer) -> None:
-    """Write through `write(handle)` so no reader ever sees a partial object.
+    """Write through `write(handle)` so no reader ever sees a partial file or object.
 
-    Local: a temporary sibling renamed into place. Object stores have no rename, and a store
-    may keep the part of a body it received before a connection was cut: the bytes are
-    uploaded under a temporary key, copied to the name and the temporary key deleted, each
-    request under the retry policy (`write` runs once, into memory).
+    Local: a temporary sibling renamed into place. Object stores: one PUT of the bytes
+    (`write` runs once, into memory), retried under the retry policy. A PUT is atomic there: a
+    reader sees the old object or the new one, and a body cut short by a lost connection is
+    refused by the store (the request announces its length and carries its checksums:
+    Content-Length, x-amz-content-sha256, x-amz-checksum-crc32), so no temporary key is needed.
     """
     buffer = io.BytesIO()
     write(buffer)
@@ -120,7 +136,8 @@ def publish_bytes(path: OutputPath, content: bytes) -> None:
         with output_write_errors(local, len(content)):
             write_atomically(local, lambda temp: temp.write_bytes(content))
         return
-    _publish_object(path, content)
+    # One request, retried on its own: a fault costs this upload again.
+    with_retries(path, "write the object", lambda: path.fs.pipe_file(path.path, content))
 
 
 def holds_bytes(path: OutputPath, content: bytes) -> bool:
@@ -140,45 +157,99 @@ def holds_bytes(path: OutputPath, content: bytes) -> bool:
 
 
 def publish_file(path: OutputPath, local_file: Path) -> None:
-    """Publish a finished local file at `path` (a rename locally, one upload otherwise)."""
+    """Publish a finished local file at `path`: a rename locally; on an object store one PUT,
+    or above MULTIPART_THRESHOLD a multipart upload in bounded parts (upload_in_parts), which
+    the store shows only once it is complete."""
     if is_local(path):
         with output_write_errors(Path(path), 0):
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             os.replace(local_file, path)
         return
-    _publish_object(path, local_file)
+    if not _is_s3(path):  # another fsspec store: its own upload, retried whole
+        with_retries(path, "write the object", lambda: path.fs.put_file(str(local_file), path.path))
+    elif os.path.getsize(local_file) > MULTIPART_THRESHOLD:
+        upload_in_parts(path, local_file)
+    else:
+        publish_bytes(path, Path(local_file).read_bytes())
 
 
-def _publish_object(path: UPath, content: bytes | Path) -> None:
-    temp = temporary_sibling(path)
+def part_size(size: int, part_bytes: int | None = None) -> int:
+    """Bytes per part of a `size`-byte multipart upload: `part_bytes` (PART_BYTES), or more
+    when MAX_PARTS parts of it would not hold the file."""
+    return max(part_bytes or PART_BYTES, -(-size // MAX_PARTS))
+
+
+def upload_in_parts(path: UPath, local_file: Path, part_bytes: int | None = None) -> None:
+    """Upload `local_file` to `path` as an S3 multipart upload: parts read one at a time (one
+    part in memory), each part its own request under the retry policy, then one request that
+    completes the upload; until then readers see the old object or none. On failure the
+    upload is aborted (its parts deleted) and the error raised."""
     fs = path.fs
-
-    def upload() -> None:
-        if isinstance(content, bytes):
-            fs.pipe_file(temp.path, content)
-        else:
-            fs.put_file(str(content), temp.path)
-
+    bucket, key, _version = fs.split_path(path.path)
+    size = os.path.getsize(local_file)
+    started = with_retries(
+        path,
+        "start the upload",
+        lambda: fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key),
+    )
+    upload = {"Bucket": bucket, "Key": key, "UploadId": started["UploadId"]}
     try:
-        # Each request retried on its own: a fault costs one request again, not the lot.
-        with_retries(path, "write the object", upload)
-        with_retries(path, "write the object", lambda: fs.cp_file(temp.path, path.path))
+        parts = []
+        chunk_bytes = part_size(size, part_bytes)
+        with open(local_file, "rb") as handle:
+            for number in itertools.count(1):
+                chunk = handle.read(chunk_bytes)
+                if not chunk:
+                    break
+                answer = with_retries(
+                    path,
+                    f"upload part {number} of the object",
+                    lambda chunk=chunk, number=number: fs.call_s3(
+                        "upload_part", PartNumber=number, Body=chunk, **upload
+                    ),
+                )
+                parts.append({"PartNumber": number, "ETag": answer["ETag"]})
+                del chunk, answer  # the part's bytes go before the next is read
+        _complete_upload(path, upload, parts, size)
     except BaseException:
-        # A failed attempt's temporary key may hold part of the bytes. Should the store stay
-        # down, the next run's clean-up removes it (its writer is gone); the error reported
-        # is the write's.
-        with contextlib.suppress(ObjectStoreError):
-            remove(temp)
+        # Best effort: a store that stays down keeps the parts until its own clean-up of
+        # abandoned uploads; they are never visible as an object.
+        with contextlib.suppress(Exception):
+            fs.call_s3("abort_multipart_upload", **upload)
         raise
-    remove(temp)
+
+
+def _complete_upload(path: UPath, upload: dict[str, str], parts: list, size: int) -> None:
+    """Complete the multipart upload. A retry after a completion whose answer was lost finds
+    the upload gone (NoSuchUpload): the object then has the file's size, or the error
+    stands."""
+    fs = path.fs
+    attempts = itertools.count(1)
+
+    def complete() -> None:
+        attempt = next(attempts)
+        try:
+            fs.call_s3("complete_multipart_upload", MultipartUpload={"Parts": parts}, **upload)
+        except FileNotFoundError:
+            if attempt == 1 or file_size(path) != size:
+                raise
+
+    with_retries(path, "complete the upload", complete)
+
+
+def _is_s3(path: Any) -> bool:
+    return getattr(path, "protocol", "") in ("s3", "s3a")
 
 
 def read_bytes(path: OutputPath) -> bytes:
-    """The whole file or object (one request, retried)."""
+    """The whole file or object (one GET, retried; FileNotFoundError if absent)."""
     if is_local(path):
         with open(path, "rb") as handle:
             return handle.read()
-    return with_retries(path, "read the object", lambda: path.fs.cat_file(path.path))
+    # One request: s3fs reads a whole object with several ranged requests at once, and asks
+    # its size first (a HEAD, and for a missing key a LIST too) to decide whether to.
+    options = {"max_concurrency": 1} if _is_s3(path) else {}
+    return with_retries(path, "read the object", lambda: path.fs.cat_file(path.path, **options))
 
 
 def read_head(path: OutputPath, size: int) -> bytes:
@@ -204,10 +275,18 @@ def open_for_reading(path: OutputPath) -> Iterator[BinaryIO]:
 
 
 def file_size(path: OutputPath) -> int:
-    """Bytes of a file or object (FileNotFoundError if absent)."""
+    """Bytes of a file or object (FileNotFoundError if absent): one HEAD on S3, where s3fs's
+    size lookup adds a LIST for a missing key to tell a folder from nothing."""
     if is_local(path):
         return os.stat(path).st_size
-    return with_retries(path, "look up the object", lambda: path.fs.size(path.path))
+    if not _is_s3(path):
+        return with_retries(path, "look up the object", lambda: path.fs.size(path.path))
+    fs = path.fs
+    bucket, key, _version = fs.split_path(path.path)
+    answer = with_retries(
+        path, "look up the object", lambda: fs.call_s3("head_object", Bucket=bucket, Key=key)
+    )
+    return int(answer["ContentLength"])
 
 
 def exists(path: OutputPath) -> bool:

@@ -1,0 +1,239 @@
+"""What the output root costs in S3 requests, counted by the disk-backed server (s3rver behind
+tests/s3_server.js): one request per publish, read, size lookup and page of a listing; a large
+file uploaded in bounded parts and, on failure, aborted; and the `images` step on the cluster
+path (Dask workers, outputs on the bucket) within 3 requests per image.
+
+Select with `pytest -m cluster`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from cluster_services import (
+    AWS_ENVIRONMENT,
+    BUCKET,
+    Services,
+    s3,
+    s3_requests,
+    start_dask,
+    start_s3_server,
+)
+
+from radharmony_pipeline.defs.resources import pipeline_resources
+from radharmony_pipeline.processing.storage import store
+from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
+from radharmony_pipeline.processing.storage.retry_policy import ObjectStoreError
+from radharmony_pipeline.processing.storage.source_store import read_source_bytes, source_path
+from radharmony_pipeline.processing.storage.store import (
+    file_size,
+    listing,
+    output_path,
+    publish_bytes,
+    publish_file,
+    read_bytes,
+    read_head,
+)
+from radharmony_pipeline.settings import SCHEDULER_VARIABLE
+from radharmony_pipeline.synthetic import generate_datasets
+
+pytestmark = pytest.mark.cluster
+
+REQUESTS_PER_IMAGE = 3  # issue 60's target for the `images` step
+PART = 5 * 2**20  # S3's smallest part but the last
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    """The disk-backed server, with AWS_* pointing at it for the module. s3fs keeps one client
+    per set of options for the process, bound to the endpoint it was made for: none kept
+    from before the module is used here, and none made here outlives it."""
+    import s3fs
+
+    logs = tmp_path_factory.mktemp("s3-logs")
+    services = Services()
+    patch = pytest.MonkeyPatch()
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        start_s3_server(services, logs, request_log=True)
+        for name, value in {**AWS_ENVIRONMENT, "AWS_ENDPOINT_URL": services.s3_endpoint}.items():
+            patch.setenv(name, value)
+        yield services, logs / "s3-requests.log"
+    finally:
+        patch.undo()
+        services.stop()
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+def counted(services: Services, action) -> dict[str, int]:
+    """The requests `action()` made, by kind."""
+    before = s3_requests(services)["requests"]
+    action()
+    after = s3_requests(services)["requests"]
+    return {
+        kind: after[kind] - before.get(kind, 0)
+        for kind in after
+        if after[kind] != before.get(kind, 0)
+    }
+
+
+def test_each_store_operation_is_one_request(server):
+    services, _log = server
+    root = output_path(f"s3://{BUCKET}/single")
+    table = root / "tables" / "t.parquet"
+    assert counted(services, lambda: publish_bytes(table, b"PAR1...PAR1")) == {"PUT": 1}
+    assert counted(services, lambda: read_bytes(table)) == {"GET": 1}
+    assert counted(services, lambda: read_head(table, 4)) == {"GET_RANGE": 1}
+    assert counted(services, lambda: file_size(table)) == {"HEAD": 1}
+
+    def read_missing() -> None:
+        with pytest.raises(FileNotFoundError):
+            read_bytes(root / "tables" / "missing.parquet")
+
+    def size_missing() -> None:
+        with pytest.raises(FileNotFoundError):
+            file_size(root / "tables" / "missing.parquet")
+
+    # No existence check before a read: a missing object is the GET's 404 (s3fs alone would
+    # add a HEAD and a LIST).
+    assert counted(services, read_missing) == {"GET": 1}
+    assert counted(services, size_missing) == {"HEAD": 1}
+    # A source image on the bucket likewise.
+    source = source_path(f"s3://{BUCKET}/single/tables/t.parquet")
+    assert counted(services, lambda: read_source_bytes(source)) == {"GET": 1}
+
+
+def test_a_listing_is_one_request_per_1000_keys(server):
+    services, _log = server
+    client = s3(services)
+    keys = {f"{BUCKET}/listed/{number % 7}/{number:05d}.png": b"x" for number in range(2001)}
+    client.pipe(keys)
+    found: set[str] = set()
+    requests = counted(
+        services, lambda: found.update(listing(output_path(f"s3://{BUCKET}/listed")))
+    )
+    assert len(found) == 2001
+    assert requests == {"LIST": 3}
+
+
+def test_a_large_file_is_uploaded_in_bounded_parts(server, tmp_path: Path, monkeypatch):
+    services, _log = server
+    monkeypatch.setattr(store, "MULTIPART_THRESHOLD", PART)
+    monkeypatch.setattr(store, "PART_BYTES", PART)
+    local = tmp_path / "array.npy"
+    content = os.urandom(2 * PART + 1234)
+    local.write_bytes(content)
+    target = output_path(f"s3://{BUCKET}/parts/array.npy")
+    requests = counted(services, lambda: publish_file(target, local))
+    assert requests == {"MULTIPART_START": 1, "PART": 3, "MULTIPART_COMPLETE": 1}
+    assert read_bytes(target) == content
+    # Many parts would be needed: each grows so that S3's 10,000 parts hold the file.
+    assert store.part_size(10_000 * PART + 1, PART) == PART + 1
+
+
+def test_a_failed_multipart_upload_is_aborted_and_the_old_object_stays(
+    server, tmp_path, monkeypatch
+):
+    services, _log = server
+    monkeypatch.setattr(store, "MULTIPART_THRESHOLD", PART)
+    monkeypatch.setattr(store, "PART_BYTES", PART)
+    target = output_path(f"s3://{BUCKET}/aborted/array.npy")
+    publish_bytes(target, b"the old array")
+    local = tmp_path / "array.npy"
+    local.write_bytes(os.urandom(3 * PART))
+    fs = target.fs
+    call = fs.call_s3
+
+    def denied_second_part(method: str, *args, **kwargs):
+        if method == "upload_part" and kwargs["PartNumber"] == 2:
+            raise PermissionError("access denied to part 2")
+        return call(method, *args, **kwargs)
+
+    monkeypatch.setattr(fs, "call_s3", denied_second_part)
+    requests: dict[str, int] = {}
+
+    def upload() -> None:
+        with pytest.raises(ObjectStoreError, match="upload part 2"):
+            publish_file(target, local)
+
+    requests = counted(services, upload)
+    assert requests == {"MULTIPART_START": 1, "PART": 1, "MULTIPART_ABORT": 1}
+    assert read_bytes(target) == b"the old array"
+
+
+@pytest.fixture(scope="module")
+def dask_on_the_bucket(server, tmp_path_factory: pytest.TempPathFactory):
+    """Two single-threaded `dask worker` processes that reach the bucket, and the setting
+    that sends the per-image work to them."""
+    services, _log = server
+    logs = tmp_path_factory.mktemp("dask-logs")
+    dask = Services(s3_endpoint=services.s3_endpoint)
+    patch = pytest.MonkeyPatch()
+    try:
+        start_dask(dask, logs, workers=2)
+        patch.setenv(SCHEDULER_VARIABLE, dask.scheduler)
+        yield dask
+    finally:
+        patch.undo()
+        dask.stop()
+
+
+@pytest.mark.timeout(600)
+def test_the_images_step_on_the_cluster_path_costs_at_most_3_requests_per_image(
+    server, dask_on_the_bucket, tmp_path: Path
+):
+    """ReXGradient train at the small scale (50 images, no masks): each image is one GET of
+    its PNG (re-used if current; a 404 on a first build) and one PUT; the Dask chunks' shards
+    and the step's tables, array and listings add less than one request per image."""
+    from radharmony_pipeline.defs.assets.images import images
+    from radharmony_pipeline.defs.assets.index_and_labels import raw_index_and_labels
+    from radharmony_pipeline.defs.assets.masks import masks
+
+    services, request_log = server
+    data = tmp_path / "data"
+    generate_datasets(data, scale="small", seed=0, datasets=["rexgradient"])
+    partition = "rexgradient.train"
+    resources = pipeline_resources(data_root=data, output_root=f"s3://{BUCKET}/steps")
+    stages = [raw_index_and_labels, masks, images]
+    upstream = [dg.AssetKey(name) for name in ("raw_index", "labels", "masks")]
+    assert dg.materialize(
+        stages, partition_key=partition, resources=resources, selection=upstream
+    ).success
+
+    def images_step() -> tuple[dg.ExecuteInProcessResult, list[list[str]]]:
+        """The `images` step alone, and the server's log lines of its requests."""
+        s3_requests(services)  # answered once every earlier request's line is in the log
+        offset = request_log.stat().st_size
+        result = dg.materialize(
+            stages, partition_key=partition, resources=resources, selection=[dg.AssetKey("images")]
+        )
+        assert result.success
+        s3_requests(services)
+        with open(request_log, "rb") as log:
+            log.seek(offset)
+            return result, [line.split() for line in log.read().decode().splitlines()]
+
+    def decoded(result: dg.ExecuteInProcessResult) -> int:
+        (materialization,) = result.asset_materializations_for_node("images")
+        return materialization.metadata["decoded"].value
+
+    first, lines = images_step()
+    assert decoded(first) == 50
+    on_images = Counter(fields[0] for fields in lines if fields[4].endswith(".png"))
+    assert on_images == {"GET": 50, "PUT": 50}, on_images
+    assert len(lines) <= REQUESTS_PER_IMAGE * 50, Counter(fields[0] for fields in lines)
+    # Nothing was ever written under a temporary key but the Dask chunks' shards.
+    temporary = {fields[4] for fields in lines if TEMP_MARKER in fields[4]}
+    assert all("-shard" in path for path in temporary)
+    assert not [key for key in s3(services).find(f"{BUCKET}/steps") if TEMP_MARKER in key]
+
+    # Unchanged: each image's PNG header is read (one ranged GET), nothing is decoded.
+    again, lines = images_step()
+    assert decoded(again) == 0
+    on_images = Counter(fields[0] for fields in lines if fields[4].endswith(".png"))
+    assert on_images == {"GET_RANGE": 50}, on_images
+    assert len(lines) <= REQUESTS_PER_IMAGE * 50, Counter(fields[0] for fields in lines)
