@@ -13,7 +13,7 @@ CHROMIUM ?= /usr/bin/chromium
 APT_GET ?= apt-get
 CHROMIUM_INSTALL := $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -q chromium
 
-.PHONY: install install-dev install-bench chromium demo test test-fast ui docs lint bench clean-demo
+.PHONY: install install-dev install-bench chromium demo test test-fast coverage ui docs lint bench clean-demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,21 +58,23 @@ demo: install
 	DAGSTER_HOME=$(CURDIR)/dagster_home $(BIN)/radharmony demo
 
 ## The whole test suite, after installing what it needs (Python packages, chromium), in two
-## processes: tests/conftest.py keeps each module, and every user of a costly session fixture,
-## in one of them. `make test PYTEST_ARGS=` runs it in one process.
-PYTEST_ARGS ?= -n 2 --dist loadfile
-test: install-dev chromium
+## processes, a test module at a time in file-name order (so a module's fixtures are built in
+## one process). `make test PYTEST_ARGS=` runs it in one process.
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
+test: install-dev chromium s3-server
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 ## The quick check of a change: every test that no tier marker (pyproject.toml) sets aside, so
-## no builds, services, subprocess CLIs or browser (no chromium, no root). It fails unless it
-## imports every module of the package but these, which only the marked tiers reach:
-##   operations.runner: launches the demo's runs with their code location; only `radharmony
-##     demo` uses it, run whole by the tiny_demo fixture (tests/test_cli.py, test_e2e_ui.py).
-FAST_TIER_UNIMPORTED := radharmony_pipeline.operations.runner
-FAST_TIER := not build and not slow and not cluster and not browser
+## no builds, services, subprocess CLIs or browser (no chromium, no root); in two processes
+## that take tests from each other's queue when idle (worksteal: the tests' durations differ).
+FAST_TIER := not (build or slow or cluster or browser)
 test-fast: install-dev
-	$(BIN)/pytest -n 2 -m "$(FAST_TIER)" --unimported-modules="$(FAST_TIER_UNIMPORTED)"
+	$(BIN)/pytest -n 2 --dist worksteal -m "$(FAST_TIER)"
+
+## What no test reaches: the whole suite under coverage, the package's unreached lines listed
+## per module (runs launched in subprocesses, `dg launch` and the CLIs, are not counted).
+coverage: install-dev chromium s3-server
+	$(BIN)/pytest $(PYTEST_ARGS) --cov=radharmony_pipeline --cov-report=term-missing:skip-covered
 
 ## The Dagster UI on $(DAGSTER_HOME) (the demo's by default): http://$(HOST):$(PORT)
 ## `dg dev`, which supersedes `dagster dev`, loads the project from pyproject.toml's [tool.dg];
@@ -98,3 +100,24 @@ bench: install-bench
 clean-demo:
 	rm -rf data/demo data/output
 	find dagster_home -mindepth 1 ! -name dagster.yaml -exec rm -rf {} +
+
+## The disk-backed S3 server the tests and rehearsals start on loopback (tests/s3_server.js):
+## s3rver from the npm registry, as package.json and package-lock.json pin it, into
+## node_modules. Node.js and npm are Debian's `nodejs` (installed when missing, as root).
+NPM ?= npm
+NODE_INSTALL := $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -q nodejs npm
+
+node_modules/.installed: package.json package-lock.json
+	@if ! command -v $(NPM) >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v $(firstword $(APT_GET)) >/dev/null; then \
+			echo "npm is missing; installing Debian's nodejs ..."; \
+			$(NODE_INSTALL) || { echo "installing nodejs failed; run as root: $(NODE_INSTALL)" >&2; exit 1; }; \
+		else \
+			echo "the S3 server of the tests needs Node.js and npm; run as root: $(NODE_INSTALL)" >&2; exit 1; \
+		fi; \
+	fi
+	$(NPM) ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+.PHONY: s3-server
+s3-server: node_modules/.installed

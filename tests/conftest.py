@@ -1,4 +1,6 @@
-"""Shared fixtures: tiny synthetic datasets (generated once per session) and Dagster resources."""
+"""Shared fixtures: the tiny synthetic datasets and what is built from them, once per test
+process; an S3-compatible server for a module, and s3fs's client cache cleared around the
+tests that use S3. The tiers are markers (pyproject.toml) set in the test modules."""
 
 from __future__ import annotations
 
@@ -13,141 +15,61 @@ from pathlib import Path
 
 import pytest
 import s3fs
-import tiers
+from commands import run_ok
 
 from radharmony_pipeline.sources import SourceLocation, open_source
 from radharmony_pipeline.synthetic import generate_datasets
 
 warnings.filterwarnings("ignore", message=".*preview.*", category=Warning)
 
-# `make test` runs two pytest processes (`pytest -n 2 --dist loadfile`, pytest-xdist). A work
-# unit goes to one process: a test module, or every module listed below for one of the costly
-# session fixtures (so it is built once), and the long units are handed out first so that
-# neither process is left with one at the end. (xdist's own `loadgroup` marks do not reach
-# the scheduler under pytest 9.2, hence this hook.) Collection fails when a module uses one of
-# these fixtures without being listed with it.
-SHARED_SESSION_FIXTURES = {
-    "tiny_corpus": (
-        "test_automation.py",
-        "test_exports.py",
-        "test_fault_injection.py",
-        "test_images_and_manifest.py",
-        "test_masks_and_boxes_stage.py",
-        "test_outputs_contract.py",
-    ),
-    "tiny_demo": ("test_cli.py", "test_e2e_ui.py"),
-}
-LONG_UNITS = ("test_cluster.py", "tiny_corpus", "test_crash_recovery.py", "tiny_demo")
-_UNIT_OF_MODULE = {
-    module: fixture for fixture, modules in SHARED_SESSION_FIXTURES.items() for module in modules
-}
 
+@pytest.fixture(scope="module")
+def fresh_s3_clients_for_module() -> Iterator[None]:
+    """No s3fs client kept from before the module, none left to the next one. An S3 module
+    names it first in its `pytest.mark.usefixtures`, so that it runs before the module's own
+    fixtures.
 
-def module_of(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-
-
-def work_unit(nodeid: str) -> str:
-    """The session fixture whose group lists the module, else the module's file name."""
-    module = module_of(nodeid)
-    return _UNIT_OF_MODULE.get(module, module)
-
-
-def long_units_first(nodeid: str) -> int:
-    unit = work_unit(nodeid)
-    return LONG_UNITS.index(unit) if unit in LONG_UNITS else len(LONG_UNITS)
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class SharedFixtureScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return work_unit(nodeid)
-
-    config.option.loadscopereorder = False  # keep the order the workers collected in
-    return SharedFixtureScheduling(config, log)
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--unimported-modules",
-        default=None,
-        metavar="MODULES",
-        help="fail unless the package modules the selected tests never import are exactly "
-        "these (space-separated; empty: none); `make test-fast` passes the Makefile's list",
-    )
-
-
-def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """A test module whose `pytestmark` the `-m` expression excludes is not even imported: its
-    imports would count as the selection's in the --unimported-modules check (and cost time)."""
-    markexpr = config.getoption("markexpr")
-    is_test_module = collection_path.suffix == ".py" and collection_path.name.startswith("test_")
-    if is_test_module and markexpr:
-        return tiers.excludes_every_test(markexpr, tiers.module_markers(collection_path)) or None
-    return None
-
-
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the build marks must be on by then
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tiers.mark_build_fixture_users(items)
-    for item in items:
-        for fixture in SHARED_SESSION_FIXTURES:
-            if fixture in getattr(item, "fixturenames", ()) and work_unit(item.nodeid) != fixture:
-                raise pytest.UsageError(
-                    f"{module_of(item.nodeid)} uses the session fixture {fixture}: add it to "
-                    "SHARED_SESSION_FIXTURES in tests/conftest.py so it shares one process"
-                )
-    if hasattr(config, "workerinput"):  # an xdist worker: the long units first (stable sort)
-        items.sort(key=lambda item: long_units_first(item.nodeid))
-
-
-_modules_imported_by_workers: set[str] = set()
-_unimported_report = pytest.StashKey[list[str]]()
-
-
-def pytest_testnodedown(node, error) -> None:
-    _modules_imported_by_workers.update(node.workeroutput.get("imported_modules", ()))
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    imported = tiers.imported_package_modules()
-    if hasattr(session.config, "workerinput"):  # an xdist worker: reported to the controller
-        session.config.workeroutput["imported_modules"] = sorted(imported)
-        return
-    expected = session.config.getoption("unimported_modules")
-    if expected is None:
-        return
-    agreed, lines = tiers.unimported_modules_report(
-        imported | _modules_imported_by_workers, set(expected.split())
-    )
-    session.config.stash[_unimported_report] = lines
-    if not agreed and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
-    for line in config.stash.get(_unimported_report, []):
-        terminalreporter.write_line(line)
-
-
-def _forget_object_store_clients() -> Iterator[None]:
-    # s3fs keeps one client per set of options for the life of the process, and the endpoint
-    # is not among them (botocore reads AWS_ENDPOINT_URL when a client is made). Modules here
-    # each start their own S3-compatible server, and some tests point the variable elsewhere:
-    # a client kept from before would still talk to the previous, stopped server.
+    s3fs keeps one client per set of options for the life of the process, and the endpoint is
+    not among them (botocore reads AWS_ENDPOINT_URL when a client is made). Each module that
+    uses S3 starts its own server: a client kept from before would still talk to the previous,
+    stopped one."""
     s3fs.S3FileSystem.clear_instance_cache()
     yield
     s3fs.S3FileSystem.clear_instance_cache()
 
 
-fresh_object_store_clients_per_module = pytest.fixture(autouse=True, scope="module")(
-    _forget_object_store_clients
-)
-fresh_object_store_clients_per_test = pytest.fixture(autouse=True)(_forget_object_store_clients)
+@pytest.fixture
+def fresh_s3_clients() -> Iterator[None]:
+    """No s3fs client kept from before the test, none left after it: for a module whose tests
+    point AWS_ENDPOINT_URL at different servers (see `fresh_s3_clients_for_module`)."""
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="module")
+def s3_server(fresh_s3_clients_for_module) -> Iterator[str]:
+    """An S3-compatible server (moto, threaded, on loopback) for the module: its endpoint."""
+    from e2e_support import free_port
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def on_s3_server(s3_server: str, fresh_s3_clients, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test's AWS_* variables pointing at the module's `s3_server` (test credentials)."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    return s3_server
 
 
 @pytest.fixture(scope="session")
@@ -180,8 +102,9 @@ def open_tiny(tiny_root: Path):
 @pytest.fixture(scope="session")
 def tiny_corpus(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
     """Every partition of the tiny data materialized with its checks, then the manifest: built
-    once per session for every module that only reads outputs (a rebuild costs seconds per
-    partition; `tiny_corpus_copy` gives a test a private copy to change or rebuild on).
+    once per test process for every module that only reads outputs (a rebuild costs seconds
+    per partition; `tiny_corpus_copy` gives a test a private copy to change or rebuild on).
+    A module that uses it is a `build` module.
 
     Returns (output root, {partition: result}, manifest result). Do not modify the files.
     """
@@ -216,9 +139,10 @@ class Demo:
 
 @pytest.fixture(scope="session")
 def tiny_demo(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Demo:
-    """`radharmony demo` once per session on a private copy of the tiny data, with its own
+    """`radharmony demo` once per test process on a private copy of the tiny data, with its own
     DAGSTER_HOME and output: tests/test_cli.py reads its summary and runs, and
-    tests/test_e2e_ui.py serves the instance with `dagster dev` (and may change the data)."""
+    tests/test_e2e_ui.py serves the instance with `dagster dev` (and may change the data).
+    A test that uses it is a `build` test."""
     import dagster as dg
     from e2e_support import write_instance
 
@@ -234,15 +158,7 @@ def tiny_demo(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Demo
         RADHARMONY_WORKERS="1",
     )
     radharmony = Path(sys.executable).with_name("radharmony")
-    completed = subprocess.run(
-        [str(radharmony), "demo"],
-        cwd=base,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    completed = run_ok([str(radharmony), "demo"], cwd=base, env=environment, timeout=900)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("DAGSTER_HOME", environment["DAGSTER_HOME"])  # read by its dagster.yaml
         with dg.DagsterInstance.get() as instance:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from commands import run_ok
 
 from radharmony_pipeline.cli import build_parser, main
 from radharmony_pipeline.defs.jobs import CARD_JOB, EXPORTS_JOB, MANIFEST_JOB
@@ -59,6 +60,7 @@ def test_unknown_scale_is_refused(tmp_path):
         main(["synth", "--out", str(tmp_path), "--scale", "huge"])
 
 
+@pytest.mark.build
 def test_demo_materializes_every_partition_and_prints_the_summary(tiny_demo):
     completed = tiny_demo.completed
     summary = completed.stdout.split("partition ", 1)[1]
@@ -81,6 +83,7 @@ def test_demo_materializes_every_partition_and_prints_the_summary(tiny_demo):
     } == {"radharmony_pipeline"}
 
 
+@pytest.mark.build
 def test_demo_builds_the_exports_and_the_card_and_says_where_each_is(tiny_demo):
     output = Path(tiny_demo.environment["RADHARMONY_OUTPUT_ROOT"])
     stdout = tiny_demo.completed.stdout
@@ -186,23 +189,8 @@ def test_a_partial_demo_claims_no_manifest(tiny_root, tmp_path):
         RADHARMONY_OUTPUT_ROOT=str(tmp_path / "output"),
         RADHARMONY_WORKERS="1",
     )
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "radharmony_pipeline.cli",
-            "demo",
-            "--data-root",
-            str(tiny_root),
-            "--partition",
-            "chestx_det.test",
-        ],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert completed.returncode == 0, completed.stderr[-2000:]
+    demo = [sys.executable, "-m", "radharmony_pipeline.cli", "demo", "--data-root", str(tiny_root)]
+    completed = run_ok([*demo, "--partition", "chestx_det.test"], env=environment, timeout=900)
     assert "Manifest:" not in completed.stdout
     assert "No manifest was joined" in completed.stdout
     assert not list((tmp_path / "output").rglob("unified_manifest*"))
@@ -212,22 +200,19 @@ def test_a_partial_demo_claims_no_manifest(tiny_root, tmp_path):
 def test_make_ui_honours_host_port_and_dagster_home(tmp_path):
     repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     environment = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
-    planned = subprocess.run(
-        ["make", "-n", "ui", "PORT=3917"],
-        cwd=repository,
-        env=environment,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert "dg dev --host 127.0.0.1 --port 3917" in planned
-    planned = subprocess.run(
-        ["make", "-n", "-p", "ui", "HOST=0.0.0.0"],
-        cwd=repository,
-        env=environment,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+
+    def make_plan(*arguments: str) -> str:
+        """What `make -n` would run (with -p, also the variables it would run with)."""
+        return subprocess.run(
+            ["make", "-n", *arguments],
+            cwd=repository,
+            env=environment,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    assert "dg dev --host 127.0.0.1 --port 3917" in make_plan("ui", "PORT=3917")
+    planned = make_plan("-p", "ui", "HOST=0.0.0.0")
     assert "dg dev --host 0.0.0.0 --port 3000" in planned
     assert f"DAGSTER_HOME = {tmp_path}" in planned or f"DAGSTER_HOME := {tmp_path}" in planned

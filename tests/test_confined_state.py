@@ -1,6 +1,7 @@
 """confined_source: a source's state once its path is known to stay inside the image folder,
 the same as confining it and then asking the file, with one lookup where the kernel can; and
-its bytes read from that same file, however its path changes meanwhile."""
+its bytes read from that same file, however its path changes meanwhile; a name that ends at
+anything but a regular file refused before it is opened."""
 
 from __future__ import annotations
 
@@ -18,8 +19,14 @@ from radharmony_pipeline.processing.imaging.image_files import (
     NamedSource,
     confined,
     confined_source,
+    header_image_size,
 )
-from radharmony_pipeline.processing.storage.source_store import NotARegularFile, file_state
+from radharmony_pipeline.processing.storage.source_store import (
+    NotARegularFile,
+    file_state,
+    read_source_bytes,
+    require_regular_file,
+)
 
 
 def confined_state(path: Path, root: Path):
@@ -184,3 +191,23 @@ def test_a_state_from_a_listing_is_taken_as_given_after_confining_the_path(tree,
     escaping = confined_source(root / "linked" / "instances" / "image.png", root, (7, 7))
     with pytest.raises(ImageFileError, match="outside the image folder"):
         escaping.__enter__()
+
+
+def test_the_check_refuses_each_kind_before_opening(tmp_path):
+    regular = tmp_path / "image.png"
+    regular.write_bytes(b"x")
+    require_regular_file(regular)
+    assert read_source_bytes(regular) == b"x"
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.png"
+    link.symlink_to(fifo)  # followed: what matters is what the name ends at
+    for path in (fifo, link):
+        with pytest.raises(NotARegularFile, match=r"named pipe \(FIFO\)"):
+            read_source_bytes(path)
+        with pytest.raises(ImageFileError, match="not a regular file; it was not opened"):
+            header_image_size(path)
+    with pytest.raises(FileNotFoundError):
+        require_regular_file(tmp_path / "missing.png")
+    with pytest.raises(FileNotFoundError):
+        require_regular_file(regular / "below-a-file.png")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from commands import run_ok
 
 from radharmony_pipeline.definitions import defs
 from radharmony_pipeline.sources import SOURCE_TYPES, partition_keys
@@ -101,25 +102,14 @@ def test_defs_modules_make_no_deprecated_call_at_import():
         "for name in sys.argv[1:]:\n"
         "    importlib.import_module(name)\n"
     )
-    completed = subprocess.run(
-        [sys.executable, "-c", code, *modules], capture_output=True, text=True, timeout=300
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    run_ok([sys.executable, "-c", code, *modules], timeout=300)
 
 
 @pytest.mark.slow
 def test_dg_cli_loads_the_project(tmp_path):
     environ = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
     dg_cli = Path(sys.executable).with_name("dg")
-    completed = subprocess.run(
-        [str(dg_cli), "check", "defs"],
-        cwd=PACKAGE.parent,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+    completed = run_ok([str(dg_cli), "check", "defs"], cwd=PACKAGE.parent, env=environ, timeout=300)
     assert "All definitions loaded successfully" in completed.stdout + completed.stderr
 
 

@@ -180,41 +180,49 @@ def _declared_checks(server: DagsterDev) -> dict[tuple[str, str], bool]:
     return declared
 
 
+@contextlib.contextmanager
+def _browser_page(server: DagsterDev, height: int = 1000):
+    """A page of a headless Chromium, 1600 pixels wide, for `server`'s UI."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS, timeout=60_000
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": height})
+            page.set_default_timeout(UI_TIMEOUT_MS)
+            yield page
+        finally:
+            browser.close()
+
+
 def _lineage_screenshot(server: DagsterDev, out: Path) -> None:
     from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
 
     # The global lineage graph with every group expanded (the UI keeps that state in the URL;
     # collapsed, it shows only group boxes).
     expanded = ",".join(f"global@global:{group}" for group in sorted(set(ASSET_GROUPS.values())))
     url = f"{server.base_url}/asset-groups?expanded={quote(expanded)}"
     out.parent.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS, timeout=60_000
-        )
+    with _browser_page(server, height=1500) as page:
+        page.goto(url, wait_until="domcontentloaded")
+        graph = page.locator("svg foreignObject")
+        missing = []
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1500})
-            page.set_default_timeout(UI_TIMEOUT_MS)
-            page.goto(url, wait_until="domcontentloaded")
-            graph = page.locator("svg foreignObject")
-            missing = []
-            try:
-                for asset, group in ASSET_GROUPS.items():
-                    expected = 2 if asset == group else 1
-                    nodes = graph.get_by_text(asset, exact=True)
-                    nodes.nth(expected - 1).wait_for(state="visible")
-            except PlaywrightError as error:
-                missing.append(f"{asset}: {error.message.splitlines()[0]}")
-            page.wait_for_timeout(1500)  # let the edges and status badges settle
-            page.screenshot(path=str(out), full_page=True)
-            assert not missing, (
-                f"lineage graph at {url} lacks {missing}; page text:\n"
-                + page.inner_text("body")[:2000]
-                + server.log_tail()
-            )
-        finally:
-            browser.close()
+            for asset, group in ASSET_GROUPS.items():
+                expected = 2 if asset == group else 1
+                nodes = graph.get_by_text(asset, exact=True)
+                nodes.nth(expected - 1).wait_for(state="visible")
+        except PlaywrightError as error:
+            missing.append(f"{asset}: {error.message.splitlines()[0]}")
+        page.wait_for_timeout(1500)  # let the edges and status badges settle
+        page.screenshot(path=str(out), full_page=True)
+        assert not missing, (
+            f"lineage graph at {url} lacks {missing}; page text:\n"
+            + page.inner_text("body")[:2000]
+            + server.log_tail()
+        )
 
 
 def test_ui_runs_a_partition_and_shows_the_lineage(dagster_dev: DagsterDev):
@@ -357,22 +365,6 @@ def demo_server(tiny_demo):
         yield server
     finally:
         server.stop(grace=30)
-
-
-@contextlib.contextmanager
-def _browser_page(server: DagsterDev):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS, timeout=60_000
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
-            page.set_default_timeout(UI_TIMEOUT_MS)
-            yield page
-        finally:
-            browser.close()
 
 
 def _open(page, server: DagsterDev, path: str, *texts: str) -> str:

@@ -122,6 +122,7 @@ def test_rle_text_is_validated_before_pycocotools(counts):
     assert caught.value.field == "counts"
 
 
+@pytest.mark.build
 def test_hostile_rle_text_becomes_mask_error_rows_without_hanging(
     clean, tiny_copy, tmp_path, outside
 ):
@@ -169,6 +170,7 @@ def test_one_stuck_or_dead_item_is_stopped_and_the_pool_continues():
 # --- 2. malformed entries: one bad entry never sinks a partition ----------------------------
 
 
+@pytest.mark.build
 def test_malformed_chestx_det_entries_are_error_rows(clean, tiny_copy, tmp_path, outside):
     path = tiny_copy / "chestx-det" / "ChestX_Det_train.json"
     entries = json.loads(path.read_text())
@@ -214,6 +216,7 @@ def test_malformed_chestx_det_entries_are_error_rows(clean, tiny_copy, tmp_path,
     assert labels.loc[ids[unknown], "label_cardiomegaly"] is pd.NA
 
 
+@pytest.mark.build
 def test_malformed_rexgradient_studies_are_error_rows(clean, tiny_copy, tmp_path, outside):
     path = tiny_copy.joinpath(*REX_METADATA, "valid_metadata_view_position.json")
     studies = json.loads(path.read_text())
@@ -259,6 +262,7 @@ def test_malformed_rexgradient_studies_are_error_rows(clean, tiny_copy, tmp_path
     assert len(error_rows(built["images"])) == len(error_rows(index))
 
 
+@pytest.mark.build
 def test_malformed_chexlocalize_rows_and_entries_are_error_rows(
     clean, tiny_copy, tmp_path, outside
 ):
@@ -317,6 +321,7 @@ def replace_with_link(path: Path, target: Path) -> None:
 
 
 @TWO_BUILDS
+@pytest.mark.build
 def test_symlinks_leaving_the_image_folder_are_error_rows_never_opened(
     clean, tiny_copy, tmp_path, outside
 ):
@@ -371,6 +376,7 @@ def test_symlinks_leaving_the_image_folder_are_error_rows_never_opened(
 # --- 4. silent wrong answers --------------------------------------------------------------------
 
 
+@pytest.mark.build
 def test_coordinates_that_would_wrap_are_rejected_in_float_space(
     clean, tiny_copy, tmp_path, outside
 ):
@@ -473,6 +479,7 @@ def test_dicom_declaring_huge_pixel_data_is_refused_before_decoding(
     assert peak < 64 * 2**20
 
 
+@pytest.mark.build
 def test_dicom_bombs_in_a_partition_are_error_rows(clean, tiny_copy, tmp_path, outside):
     index = clean["ms_cxr.train"]["raw_index"]
     dicoms = index[index["image_format"] == "dcm"].head(2)

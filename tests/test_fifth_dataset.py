@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from commands import run_ok
 from PIL import Image, ImageDraw
 from toy_dataset import CSV_NAME, FOLDER, IMAGES, NATIVE_COLUMN, nodule_size, write_toy_dataset
 
@@ -21,8 +21,7 @@ from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.sources import partition_keys
 from radharmony_pipeline.synthetic import generated_datasets
 
-# Module fixtures that build outputs: tests/conftest.py marks their users `build`.
-BUILD_FIXTURES = ("toy",)
+pytestmark = pytest.mark.build  # every test reads the toy dataset's build
 
 SCRIPT = Path(__file__).with_name("toy_dataset.py")
 
@@ -33,15 +32,8 @@ def toy(tmp_path_factory):
     write_toy_dataset(folder / "data")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("RADHARMONY_")}
     environ["RADHARMONY_WORKERS"] = "2"
-    completed = subprocess.run(
-        [sys.executable, str(SCRIPT), str(folder / "data"), str(folder / "out")],
-        env=environ,
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    command = [sys.executable, str(SCRIPT), str(folder / "data"), str(folder / "out")]
+    completed = run_ok(command, env=environ, cwd=folder, timeout=300)
     return folder, json.loads(completed.stdout.strip().splitlines()[-1])
 
 

@@ -13,11 +13,9 @@ import threading
 import time
 from pathlib import Path
 
-import dagster as dg
 import pytest
-from fault_support import _ASSETS, STAGES, failure_message, output_files
+from fault_support import build, failure_message, output_files
 
-from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 from radharmony_pipeline.synthetic import generate_datasets
@@ -28,18 +26,6 @@ pytestmark = [
     pytest.mark.build,
     pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root"),
 ]
-
-
-def build(data: Path, output: Path, partition: str) -> dg.ExecuteInProcessResult:
-    """Every stage of one partition (bounded by the test's timeout, not a wall-time assert:
-    the machine is shared)."""
-    return dg.materialize(
-        _ASSETS,
-        partition_key=partition,
-        resources=pipeline_resources(data, output),
-        selection=STAGES.without_checks(),
-        raise_on_error=False,
-    )
 
 
 def mount_tmpfs(where: Path, size: str) -> None:

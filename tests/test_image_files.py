@@ -8,23 +8,16 @@ import cv2
 import numpy as np
 import pytest
 from PIL import Image
-from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.uid import (
-    UID,
-    ExplicitVRLittleEndian,
-    JPEG2000Lossless,
-    RLELossless,
-    generate_uid,
-)
+from pydicom.uid import UID, ExplicitVRLittleEndian, JPEG2000Lossless, RLELossless
 
 from radharmony_pipeline.processing.imaging.image_files import (
     ImageFileError,
     header_image_size,
     read_grayscale_png,
 )
+from radharmony_pipeline.synthetic.dicom import DicomIdentity, DicomVariant, dicom_bytes
 
 HEIGHT, WIDTH = 37, 53  # unequal, so a swapped (width, height) shows
-DX_FOR_PRESENTATION = UID("1.2.840.10008.5.1.4.1.1.1.1")
 
 
 def gradient(dtype: type = np.uint8, top: int = 255) -> np.ndarray:
@@ -32,27 +25,11 @@ def gradient(dtype: type = np.uint8, top: int = 255) -> np.ndarray:
     return values.astype(dtype)
 
 
-def write_dicom(path: Path, pixels: np.ndarray, transfer_syntax: UID) -> None:
-    meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = DX_FOR_PRESENTATION
-    meta.MediaStorageSOPInstanceUID = generate_uid()
-    meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    ds = Dataset()
-    ds.file_meta = meta
-    ds.SOPClassUID = DX_FOR_PRESENTATION
-    ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
-    ds.Modality = "DX"
-    ds.SamplesPerPixel = 1
-    ds.PhotometricInterpretation = "MONOCHROME2"
-    ds.Rows, ds.Columns = pixels.shape
-    ds.BitsAllocated = 16
-    ds.BitsStored = 12
-    ds.HighBit = 11
-    ds.PixelRepresentation = 0
-    ds.PixelData = pixels.astype("<u2").tobytes()
-    if transfer_syntax != ExplicitVRLittleEndian:
-        ds.compress(transfer_syntax, generate_instance_uid=False)
-    ds.save_as(path, enforce_file_format=True)
+def write_dicom(path: Path, transfer_syntax: UID) -> None:
+    """The gradient as a 12-bit DX For Presentation file, written as the synthetic data are."""
+    variant = DicomVariant(transfer_syntax, "MONOCHROME2", 12, windowed=False, rescale=None)
+    identity = DicomIdentity("p1", "1.2.3", "1.2.3.4", "1.2.3.4.5", "PA")
+    path.write_bytes(dicom_bytes(gradient(np.float64, 1), variant, identity))
 
 
 # --- header_image_size ------------------------------------------------------------------
@@ -81,7 +58,7 @@ def test_png_sizes_8_and_16_bit(tmp_path: Path) -> None:
 )
 def test_dicom_size(tmp_path: Path, transfer_syntax: UID) -> None:
     path = tmp_path / "image.dcm"
-    write_dicom(path, gradient(np.uint16, 4095), transfer_syntax)
+    write_dicom(path, transfer_syntax)
     assert header_image_size(path) == (HEIGHT, WIDTH)
 
 

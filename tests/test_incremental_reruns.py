@@ -377,15 +377,25 @@ def test_a_journal_beside_a_truncated_array_is_dropped_with_the_key_record(tmp_p
     assert not is_complete(packed)
 
 
+def changed_then_killed(built, monkeypatch, step: str, killed) -> tuple[Path, np.ndarray]:
+    """Other pixels in the CHANGED sources, then a build that `killed`, standing in for
+    `packed_journal.<step>`, stops: (the packed array's path, the array before the change)."""
+    sources, root = built
+    old = packed_of(root)
+    for position in CHANGED:
+        rewrite_with_other_pixels(sources[position], position)
+    with monkeypatch.context() as crash:
+        crash.setattr(packed_journal, step, killed)
+        with pytest.raises(Killed):
+            build(sources, root)
+    return root / layout.packed_images(PARTITION), old
+
+
 @pytest.mark.build
 def test_a_patch_interrupted_halfway_is_never_complete_and_is_replayed(
     built, tmp_path, monkeypatch
 ):
     sources, root = built
-    packed_file = root / layout.packed_images(PARTITION)
-    old = packed_of(root)
-    for position in CHANGED:
-        rewrite_with_other_pixels(sources[position], position)
     write_rows = packed_journal.write_rows
 
     def killed_after_one_row(writer, patch):
@@ -393,11 +403,7 @@ def test_a_patch_interrupted_halfway_is_never_complete_and_is_replayed(
         write_rows(writer, first)
         raise Killed
 
-    with monkeypatch.context() as crash:
-        crash.setattr(packed_journal, "write_rows", killed_after_one_row)
-        with pytest.raises(Killed):
-            build(sources, root)
-
+    packed_file, old = changed_then_killed(built, monkeypatch, "write_rows", killed_after_one_row)
     half = packed_of(root)
     assert not np.array_equal(half[CHANGED[0]], old[CHANGED[0]])
     np.testing.assert_array_equal(half[CHANGED[1]], old[CHANGED[1]])
@@ -421,19 +427,11 @@ def test_a_patch_killed_before_its_journal_leaves_the_old_array_complete(
     built, tmp_path, monkeypatch
 ):
     sources, root = built
-    packed_file = root / layout.packed_images(PARTITION)
-    old = packed_of(root)
-    for position in CHANGED:
-        rewrite_with_other_pixels(sources[position], position)
 
     def killed(handle, patch):
         raise Killed
 
-    with monkeypatch.context() as crash:
-        crash.setattr(packed_journal, "_write_journal", killed)
-        with pytest.raises(Killed):
-            build(sources, root)
-
+    packed_file, old = changed_then_killed(built, monkeypatch, "_write_journal", killed)
     assert is_complete(packed_file)
     np.testing.assert_array_equal(packed_of(root), old)
     calls = Calls(monkeypatch)

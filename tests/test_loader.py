@@ -28,57 +28,35 @@ KNOWN_LABELS = {
     "ms_cxr/d": {},
 }
 
+
+def entry(image_id, split, view_position, tensor_index, has_mask, boxes, labels, report=None):
+    """An image's manifest fields here (its dataset and partition follow from id and split)."""
+    dataset = image_id.split("/")[0]
+    return dict(
+        image_id=image_id,
+        dataset=dataset,
+        split=split,
+        view_position=view_position,
+        partition=f"{dataset}.{split}",
+        tensor_index=tensor_index,
+        has_mask=has_mask,
+        bboxes_resized=boxes,
+        bbox_labels=labels,
+        report=report,
+    )
+
+
 # One row per image, in manifest order. ms_cxr's tensor rows run opposite to the manifest's,
 # so reading the manifest position instead of `tensor_index` picks the wrong picture.
+BOXES_OF_A = [[0.25, 0.5, 0.125, 0.375], [0.5, 0.75, 0.5, 1.0]]
+REPORT_OF_C = "Patchy consolidation in the left lower lobe."
 ROWS = [
-    dict(
-        image_id="chestx_det/a",
-        dataset="chestx_det",
-        split="train",
-        view_position="PA",
-        partition="chestx_det.train",
-        tensor_index=0,
-        has_mask=True,
-        bboxes_resized=[[0.25, 0.5, 0.125, 0.375], [0.5, 0.75, 0.5, 1.0]],
-        bbox_labels=["nodule", "pleural_effusion"],
-        report=None,
+    entry("chestx_det/a", "train", "PA", 0, True, BOXES_OF_A, ["nodule", "pleural_effusion"]),
+    entry("chestx_det/b", "train", "AP", 1, True, [], []),
+    entry(
+        "ms_cxr/c", "test", "PA", 1, False, [[0.1, 0.4, 0.2, 0.6]], ["consolidation"], REPORT_OF_C
     ),
-    dict(
-        image_id="chestx_det/b",
-        dataset="chestx_det",
-        split="train",
-        view_position="AP",
-        partition="chestx_det.train",
-        tensor_index=1,
-        has_mask=True,
-        bboxes_resized=[],
-        bbox_labels=[],
-        report=None,
-    ),
-    dict(
-        image_id="ms_cxr/c",
-        dataset="ms_cxr",
-        split="test",
-        view_position="PA",
-        partition="ms_cxr.test",
-        tensor_index=1,
-        has_mask=False,
-        bboxes_resized=[[0.1, 0.4, 0.2, 0.6]],
-        bbox_labels=["consolidation"],
-        report="Patchy consolidation in the left lower lobe.",
-    ),
-    dict(
-        image_id="ms_cxr/d",
-        dataset="ms_cxr",
-        split="test",
-        view_position="LATERAL",
-        partition="ms_cxr.test",
-        tensor_index=0,
-        has_mask=False,
-        bboxes_resized=None,
-        bbox_labels=None,
-        report=None,
-    ),  # null lists, not empty ones
+    entry("ms_cxr/d", "test", "LATERAL", 0, False, None, None),  # null lists, not empty ones
 ]
 IDS = [row["image_id"] for row in ROWS]
 

@@ -8,6 +8,7 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 import pytest
+from corpus import check_evaluations, checks_of_a_success
 from PIL import Image, ImageDraw
 from pycocotools import mask as coco
 
@@ -16,6 +17,8 @@ from radharmony_pipeline.processing.annotations.masks import read_mask_png
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.sources import partition_keys
 from radharmony_pipeline.sources.ms_cxr import CSV_NAME
+
+pytestmark = pytest.mark.build
 
 
 def run(data_root, output, partition) -> dg.ExecuteInProcessResult:
@@ -46,9 +49,7 @@ def table(output, asset, partition) -> pd.DataFrame:
 @pytest.mark.parametrize("partition", partition_keys())
 def test_every_partition_builds_with_blocking_checks_passing(built, partition):
     _, results = built
-    result = results[partition]
-    assert result.success
-    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    evaluations = checks_of_a_success(results[partition])
     assert {
         "masks_match_documentation",
         "masks_suite",
@@ -212,7 +213,6 @@ def test_second_run_rewrites_no_mask_png(tiny_corpus_copy, tiny_root):
     assert not list(output.rglob(".partial-*"))
 
 
-@pytest.mark.build
 def test_clipped_and_degenerate_boxes_are_counted_not_dropped(tiny_copy, tmp_path):
     path = tiny_copy / "ms-cxr" / CSV_NAME
     csv = pd.read_csv(path)
@@ -241,7 +241,6 @@ def test_clipped_and_degenerate_boxes_are_counted_not_dropped(tiny_copy, tmp_pat
     assert "no area" in check.description
 
 
-@pytest.mark.build
 def test_rgba_chestx_det_png_accepted_only_when_gray(tiny_copy, tmp_path):
     entries = json.loads((tiny_copy / "chestx-det" / "ChestX_Det_test.json").read_text())
     first, second = (tiny_copy / "chestx-det" / "test" / e["file_name"] for e in entries[:2])
@@ -265,7 +264,6 @@ def test_rgba_chestx_det_png_accepted_only_when_gray(tiny_copy, tmp_path):
     assert check.metadata["error_rows"].value == 1
 
 
-@pytest.mark.build
 def test_rle_size_mismatch_is_a_per_image_error_with_both_sizes(tiny_copy, tmp_path):
     path = tiny_copy / "chexlocalize" / "CheXlocalize" / "gt_segmentations_val.json"
     entries = json.loads(path.read_text())
@@ -287,9 +285,7 @@ def test_rle_size_mismatch_is_a_per_image_error_with_both_sizes(tiny_copy, tmp_p
 
 def test_the_documented_unsegmented_positive_passes_and_is_listed(built):
     _, results = built
-    evaluation = {
-        e.check_name: e for e in results["chexlocalize.test"].get_asset_check_evaluations()
-    }["positives_without_masks"]
+    evaluation = check_evaluations(results["chexlocalize.test"])["positives_without_masks"]
     assert evaluation.passed
     documented = "chexlocalize/patient65086_study1_view1_frontal"
     assert evaluation.metadata["documented_exceptions"].value == [documented]
@@ -297,7 +293,6 @@ def test_the_documented_unsegmented_positive_passes_and_is_listed(built):
     assert documented in evaluation.description
 
 
-@pytest.mark.build
 def test_an_undocumented_unsegmented_positive_warns_with_its_id(tiny_copy, tmp_path):
     # A frontal image without a segmentation entry turns positive for a localizable class.
     base = tiny_copy / "chexlocalize"
@@ -314,9 +309,7 @@ def test_an_undocumented_unsegmented_positive_warns_with_its_id(tiny_copy, tmp_p
     rows.loc[chosen, "Cardiomegaly"] = 1.0
     rows.to_csv(csv, index=False)
     result = run(tiny_copy, tmp_path / "out", "chexlocalize.test")
-    evaluation = {e.check_name: e for e in result.get_asset_check_evaluations()}[
-        "positives_without_masks"
-    ]
+    evaluation = check_evaluations(result)["positives_without_masks"]
     image_id = f"chexlocalize/{native[chosen]}"
     assert not evaluation.passed
     assert evaluation.severity == dg.AssetCheckSeverity.WARN

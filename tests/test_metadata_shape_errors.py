@@ -37,7 +37,7 @@ def test_a_segmentation_json_of_the_wrong_shape_names_file_and_fix(open_tiny, ti
     source = open_tiny("chexlocalize", tiny_copy)
     path = source.segmentation_json("val")
     path.write_text("[1, 2]")
-    with pytest.raises(SourceError, match="top level.*an object keyed by cxr_id.*Use gt_segm"):
+    with pytest.raises(SourceError, match=r"top level.*an object keyed by cxr_id.*Use gt_segm"):
         source.read_segmentations("val")
 
 

@@ -11,10 +11,9 @@ import imagehash
 import numpy as np
 import pandas as pd
 import pytest
+from corpus import materialize_stages_then_joins
 from PIL import Image
 
-from radharmony_pipeline.definitions import build_definitions
-from radharmony_pipeline.defs.groups import CORPUS_JOINS, PARTITION_STAGES
 from radharmony_pipeline.loader import ManifestDataset
 from radharmony_pipeline.processing.corpus.duplicates import (
     near_duplicate_members,
@@ -41,12 +40,6 @@ from radharmony_pipeline.synthetic.look_alikes import (
     resized_like_images_stage,
 )
 
-# Module fixtures that materialize every stage (their tests are `build` tests).
-BUILD_FIXTURES = ("planted", "demo_like")
-
-# Module fixtures that build outputs: tests/conftest.py marks their users `build`.
-BUILD_FIXTURES = ("planted", "demo_like")
-
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
@@ -64,24 +57,7 @@ def _built(tmp_path_factory, plants):
     data = tmp_path_factory.mktemp("planted") / "data"
     generate_datasets(data, scale="tiny", seed=7, duplicates=plants)
     output = tmp_path_factory.mktemp("planted_out")
-    built = dg.Definitions.merge(
-        build_definitions(data, output),
-        dg.Definitions(
-            jobs=[
-                dg.define_asset_job(
-                    "partitions",
-                    selection=PARTITION_STAGES,
-                ),
-                dg.define_asset_job("joined", selection=CORPUS_JOINS),
-            ]
-        ),
-    )
-    instance = dg.DagsterInstance.ephemeral()
-    for key in partition_keys():
-        built.resolve_job_def("partitions").execute_in_process(partition_key=key, instance=instance)
-    joined = built.resolve_job_def("joined").execute_in_process(
-        instance=instance, raise_on_error=False
-    )
+    joined = materialize_stages_then_joins(data, output)
     members = pd.read_parquet(layout.table_file(output, "near_duplicates"))
     return data, output, members, joined
 
@@ -97,6 +73,7 @@ def _component_pairs(labels: dict[str, object]) -> set[frozenset]:
     }
 
 
+@pytest.mark.build
 def test_planted_pairs_found_with_high_recall_and_precision(planted):
     data, _, members, _ = planted
     truth = read_truth(data)
@@ -110,6 +87,7 @@ def test_planted_pairs_found_with_high_recall_and_precision(planted):
     assert len(found) == len(planted_pairs)
 
 
+@pytest.mark.build
 def test_kinds_and_spans(planted):
     data, _, members, _ = planted
     kind = dict(zip(members["image_id"], members["kind"], strict=True))
@@ -128,6 +106,7 @@ def test_kinds_and_spans(planted):
     assert (members.loc[representative, "distance_to_representative"] == 0).all()
 
 
+@pytest.mark.build
 def test_identical_train_test_pair_blocks_and_names_both(planted):
     data, _, _, joined = planted
     leak = read_truth(data)[-1]
@@ -172,12 +151,14 @@ def test_near_pair_across_splits_is_not_identical():
     assert [leak.identical for leak in train_test_leaks(members)] == [False]
 
 
+@pytest.mark.build
 def test_blocked_leak_stops_the_manifest(planted):
     _, output, _, joined = planted
     assert not joined.success
     assert not (output / layout.MANIFEST).exists()
 
 
+@pytest.mark.build
 def test_manifest_duplicate_group_and_loader_options(demo_like):
     data, output, members, joined = demo_like
     assert joined.success
@@ -252,6 +233,7 @@ def test_the_hash_is_imagehash_dhash_of_the_same_pixels(shape):
         assert perceptual_hash(pixels) == expected
 
 
+@pytest.mark.build
 def test_profiles_are_pictures_of_every_partition_and_the_corpus(demo_like):
     _, output, _, joined = demo_like
     for name in [*partition_keys(), "corpus"]:
@@ -273,6 +255,7 @@ def test_profiles_are_pictures_of_every_partition_and_the_corpus(demo_like):
     assert (rex["positive"] == 0).all() and (rex["not_annotated"] > 0).all()
 
 
+@pytest.mark.build
 def test_near_duplicate_sheet_shows_groups(demo_like):
     _, output, members, _ = demo_like
     with Image.open(output / layout.NEAR_DUPLICATE_SHEET) as sheet:

@@ -16,22 +16,17 @@ from corpus import check_evaluations
 from PIL import Image, ImageDraw
 
 from radharmony_pipeline.loader import ManifestDataset
-from radharmony_pipeline.processing.corpus.parents import PARENT_IDENTITY
 from radharmony_pipeline.processing.corpus.previews import TITLE_LINES, _font, title_lines
 from radharmony_pipeline.processing.storage import output_layout as layout
-from radharmony_pipeline.processing.tables.manifest import PARTITION_MANIFEST_COLUMNS
 from radharmony_pipeline.processing.tables.table_schemas import (
-    INDEX_COLUMNS,
     PARTITION_TABLES,
-    RAW_INDEX,
     SCHEMA_VERSION,
     SCHEMA_VERSION_KEY,
     TABLE_SCHEMAS,
-    SchemaMismatchError,
-    conform,
 )
 from radharmony_pipeline.sources import partition_keys
-from radharmony_pipeline.vocabulary import LABEL_COLUMNS
+
+pytestmark = pytest.mark.build  # every test reads the tiny corpus
 
 PARTITIONED = PARTITION_TABLES
 
@@ -144,63 +139,6 @@ def test_materializations_publish_every_column_with_a_description(tiny_corpus):
             assert all(c.description for c in columns), name
             seen.add(name)
     assert seen == set(TABLE_SCHEMAS)
-
-
-def test_declarations_agree_with_the_vocabulary_and_the_index_contract():
-    assert tuple(RAW_INDEX.names[: len(INDEX_COLUMNS)]) == INDEX_COLUMNS
-    for table in ("labels", "unified_manifest"):
-        assert set(LABEL_COLUMNS) <= set(TABLE_SCHEMAS[table].names)
-    # duplicate_group and the parent identity are joined from near_duplicates and
-    # parent_provenance after the partitions are assembled.
-    assert tuple(TABLE_SCHEMAS["unified_manifest"].names) == (
-        *PARTITION_MANIFEST_COLUMNS,
-        "duplicate_group",
-        *PARENT_IDENTITY,
-    )
-
-
-def test_a_frame_that_does_not_fit_names_the_column_and_both_types():
-    frame = pd.DataFrame({"image_id": ["a/1"], "box_index": ["first"], "label": ["mass"]})
-    with pytest.raises(SchemaMismatchError) as error:
-        conform(frame, TABLE_SCHEMAS["bboxes"], {"dataset": "a", "split": "b"})
-    message = str(error.value)
-    assert "bboxes.box_index" in message and "int64" in message and "string" in message
-
-
-def test_a_fractional_value_in_an_integer_column_is_refused_not_truncated():
-    frame = pd.DataFrame({"image_id": ["a/1"], "box_index": [1.5]})
-    with pytest.raises(SchemaMismatchError, match=r"box_index.*int64.*float64"):
-        conform(frame, TABLE_SCHEMAS["bboxes"], {"dataset": "a", "split": "b"})
-
-
-def test_an_undeclared_column_is_refused_with_where_to_declare_it():
-    frame = pd.DataFrame({"image_id": ["a/1"], "surprise": [1]})
-    with pytest.raises(SchemaMismatchError, match=r"surprise.*table_schemas\.py"):
-        conform(frame, TABLE_SCHEMAS["images"])
-
-
-def test_extras_are_typed_nulls_and_nullable_ints_stay_ints():
-    frame = pd.DataFrame(
-        {
-            "image_id": ["a/1", "a/2"],
-            "report": [None, "text"],
-            "label_text": [[], ["x", None]],
-            **{
-                c: pd.array([1, None], dtype="Int8")
-                for c in TABLE_SCHEMAS["labels"].names
-                if c.startswith("label_") and c != "label_text"
-            },
-            "status": ["ok", "ok"],
-            "error": [None, None],
-        }
-    )
-    table = conform(frame, TABLE_SCHEMAS["labels"], {"dataset": "d", "split": "train"})
-    assert table.schema.field("num_boxes").type == pa.int32()
-    assert table.column("num_boxes").null_count == 2
-    back = table.to_pandas()
-    assert str(back["label_atelectasis"].dtype) == "Int8"
-    assert back["label_atelectasis"].isna().tolist() == [False, True]
-    assert str(back["is_negative"].dtype) == "boolean"
 
 
 # --- annotation availability -------------------------------------------------------------

@@ -13,7 +13,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -163,11 +163,22 @@ def dead_pid() -> int:
     return int(finished.stdout)
 
 
-def leave_killed_build(sources: list[Path], root: Path) -> tuple[Path, np.ndarray]:
+@dataclass(frozen=True)
+class KilledBuild:
+    sources: list[Path]
+    root: Path
+    packed: Path
+    jobs: list
+    orphan: Path  # the killed build's scratch array
+    complete: np.ndarray  # the array it would have published
+
+
+@pytest.fixture
+def killed_build(built) -> KilledBuild:
     """What a build killed before it wrote the rows NOT_YET_WRITTEN leaves: its scratch
     array beside the packed one (named after its dead writer), those rows zero and their
-    PNGs unwritten, no published array, key record or header record. The array it would
-    have published is returned."""
+    PNGs unwritten, no published array, key record or header record."""
+    sources, root = built
     packed = packed_in(root)
     complete = np.load(packed)
     mine = temporary_sibling(packed)  # named after this (live) process
@@ -181,24 +192,23 @@ def leave_killed_build(sources: list[Path], root: Path) -> tuple[Path, np.ndarra
         (root / layout.resized_image("p.train", sources[position].stem)).unlink()
     for path in (packed, layout.packed_keys(packed), layout.packed_headers(packed)):
         path.unlink()
-    return orphan, complete
+    return KilledBuild(sources, root, packed, jobs_for(sources, root), orphan, complete)
 
 
 @pytest.mark.build
-def test_resume_takes_over_a_killed_builds_scratch_array_with_its_current_rows(built, monkeypatch):
-    sources, root = built
-    packed = packed_in(root)
-    orphan, complete = leave_killed_build(sources, root)
-    jobs = jobs_for(sources, root)
+def test_resume_takes_over_a_killed_builds_scratch_array_with_its_current_rows(
+    killed_build, monkeypatch
+):
+    killed = killed_build
     calls = Calls(monkeypatch)
 
-    with local_scratch_file(packed, suffix=".npy") as scratch:
-        held = resume_killed_build(jobs, packed, scratch, SIZE, LocalPool(1))
+    with local_scratch_file(killed.packed, suffix=".npy") as scratch:
+        held = resume_killed_build(killed.jobs, killed.packed, scratch, SIZE, LocalPool(1))
         assert held is not None
         assert [row is None for row in held] == [p in NOT_YET_WRITTEN for p in range(SOURCES)]
         assert not any(row.decoded for row in held if row is not None)
-        assert not orphan.exists()  # renamed: it is this build's scratch array now
-        np.testing.assert_array_equal(np.load(scratch)[:8], complete[:8])
+        assert not killed.orphan.exists()  # renamed: it is this build's scratch array now
+        np.testing.assert_array_equal(np.load(scratch)[:8], killed.complete[:8])
     assert (calls.decoded, calls.read, calls.written) == ([], [], [])
 
 
@@ -246,20 +256,18 @@ def test_rebuild_assembles_the_array_publishes_it_once_and_records_its_keys(tmp_
 
 
 @pytest.mark.build
-def test_rebuild_after_resume_runs_only_the_rows_not_held(built, tmp_path, monkeypatch):
-    sources, root = built
-    packed = packed_in(root)
-    _orphan, complete = leave_killed_build(sources, root)
-    jobs = jobs_for(sources, root)
+def test_rebuild_after_resume_runs_only_the_rows_not_held(killed_build, monkeypatch):
+    killed = killed_build
+    jobs, packed = killed.jobs, killed.packed
     calls = Calls(monkeypatch)
 
     with local_scratch_file(packed, suffix=".npy") as scratch:
         held = resume_killed_build(jobs, packed, scratch, SIZE, LocalPool(1))
         rows = rebuild_array(jobs, packed, scratch, SIZE, JobRunner(LocalPool(1)), held)
 
-    assert sorted(calls.decoded) == [sources[p].name for p in NOT_YET_WRITTEN]
+    assert sorted(calls.decoded) == [killed.sources[p].name for p in NOT_YET_WRITTEN]
     assert [row.decoded for row in rows] == [p in NOT_YET_WRITTEN for p in range(SOURCES)]
-    np.testing.assert_array_equal(np.load(packed), complete)
+    np.testing.assert_array_equal(np.load(packed), killed.complete)
     assert is_complete(packed)
 
 

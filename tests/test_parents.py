@@ -10,10 +10,9 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 import pytest
+from corpus import check_evaluations, materialize_stages_then_joins
 
-from radharmony_pipeline.definitions import build_definitions
 from radharmony_pipeline.defs.checks.parents import _result
-from radharmony_pipeline.defs.groups import CORPUS_JOINS, PARTITION_STAGES
 from radharmony_pipeline.defs.resources import DatasetsResource
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
 from radharmony_pipeline.loader import ManifestDataset
@@ -39,10 +38,8 @@ from radharmony_pipeline.synthetic.encoding import png_bytes
 from radharmony_pipeline.synthetic.parents import read_parents_truth
 from radharmony_pipeline.synthetic.radiograph import render_radiograph, to_uint8
 
-# Module fixtures that build outputs: tests/conftest.py marks their users `build`.
-BUILD_FIXTURES = ("parented", "unparented")
-
 DATASETS = ("chestx_det", "ms_cxr")
+PARTITIONS = ("chestx_det.train", "chestx_det.test", "ms_cxr.train", "ms_cxr.val", "ms_cxr.test")
 # The demo's ChestX-Det plants: a byte copy inside train, a shifted copy across train/test and
 # a re-encoded copy inside test (so matching must tell twins apart).
 PLANTS = tuple(p for p in DEMO_DUPLICATES if p.source.startswith("chestx_det"))
@@ -60,25 +57,8 @@ def _built(tmp_path_factory, parents: bool):
         data, scale="tiny", seed=7, datasets=DATASETS, duplicates=PLANTS, parents=parents
     )
     output = tmp_path_factory.mktemp("parents_out")
-    built = dg.Definitions.merge(
-        build_definitions(data, output),
-        dg.Definitions(
-            jobs=[
-                dg.define_asset_job(
-                    "partitions",
-                    selection=PARTITION_STAGES,
-                ),
-                dg.define_asset_job("joined", selection=CORPUS_JOINS),
-            ]
-        ),
-    )
-    instance = dg.DagsterInstance.ephemeral()
-    for key in ("chestx_det.train", "chestx_det.test", "ms_cxr.train", "ms_cxr.val", "ms_cxr.test"):
-        built.resolve_job_def("partitions").execute_in_process(partition_key=key, instance=instance)
-    joined = built.resolve_job_def("joined").execute_in_process(
-        instance=instance, raise_on_error=False
-    )
-    checks = {e.check_name: e for e in joined.get_asset_check_evaluations()}
+    joined = materialize_stages_then_joins(data, output, PARTITIONS)
+    checks = check_evaluations(joined)
     return data, output, joined, checks
 
 
@@ -98,6 +78,7 @@ def _table(output, name):
     return pd.read_parquet(layout.table_file(output, name))
 
 
+@pytest.mark.build
 def test_every_planted_nih_link_recovered_none_invented(parented):
     data, output, joined, _ = parented
     assert joined.success
@@ -123,6 +104,7 @@ def test_every_planted_nih_link_recovered_none_invented(parented):
     assert not set(truth["distractors"]) & set(links["parent_image_id"].dropna())
 
 
+@pytest.mark.build
 def test_parent_columns_on_raw_index_and_manifest(parented):
     data, output, _, _ = parented
     truth = read_parents_truth(data)
@@ -155,6 +137,7 @@ def test_parent_columns_on_raw_index_and_manifest(parented):
     assert raw_det["parent_image_id"].isna().all()
 
 
+@pytest.mark.build
 def test_checks_find_planted_leaks_with_exact_counts(parented):
     data, _, _, checks = parented
     truth = read_parents_truth(data)
@@ -188,6 +171,7 @@ def test_checks_find_planted_leaks_with_exact_counts(parented):
     assert found.metadata["ambiguous"].value == 0
 
 
+@pytest.mark.build
 def test_loader_drops_exactly_the_planted_leaks(parented):
     data, output, _, _ = parented
     expected = read_parents_truth(data)["expected"]
@@ -209,6 +193,7 @@ def test_loader_drops_exactly_the_planted_leaks(parented):
     assert len(kept) and kept[0]["img"].shape[-1] == 224
 
 
+@pytest.mark.build
 def test_without_parents_columns_are_null_and_checks_say_not_configured(unparented):
     _, output, joined, checks = unparented
     assert joined.success

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import dagster as dg
 import pandas as pd
 import pytest
+from commands import run_ok
 
 from radharmony_pipeline.processing.storage import output_layout as layout
 
@@ -48,15 +48,9 @@ def test_the_commands_run_verbatim_on_a_data_root_of_tiny_data(tiny_root, tmp_pa
         k: v for k, v in os.environ.items() if not k.startswith(("RADHARMONY_", "DAGSTER_"))
     }
     environment.update(HOME=str(home), RADHARMONY_WORKERS="1")
-    completed = subprocess.run(
-        ["bash", "-e", "-c", readme_commands()],
-        cwd=REPOSITORY,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=1200,
+    completed = run_ok(
+        ["bash", "-e", "-c", readme_commands()], cwd=REPOSITORY, env=environment, timeout=1200
     )
-    assert completed.returncode == 0, completed.stderr[-3000:]
     assert "every configured partition is usable" in completed.stdout
     checked = [line for line in completed.stdout.splitlines() if line.startswith("chestx_det.")]
     assert len(checked) == 2 and all(" ok " in line for line in checked)

@@ -72,12 +72,17 @@ def read(output: Path, name: str, partition: str) -> pd.DataFrame:
     return pd.read_parquet(layout.table_file(output, name, partition))
 
 
+def built(data_root: Path, output: Path, partition: str):
+    """The partition's index, labels and report labels: (the run's result, the index's,
+    the labels' and the report labels' tables)."""
+    result = materialize(data_root, output, partition)
+    names = ("raw_index", "labels", "report_labels")
+    return result, *(read(output, name, partition) for name in names)
+
+
 def test_rexgradient_reports_are_read_once_and_reused_on_a_rerun(tiny_root, tmp_path):
-    partition = "rexgradient.test"
-    output = tmp_path / "output"
-    first = materialize(tiny_root, output, partition)
-    labels = read(output, "labels", partition)
-    table = read(output, "report_labels", partition)
+    partition, output = "rexgradient.test", tmp_path / "output"
+    first, _, labels, table = built(tiny_root, output, partition)
     with_report = labels.loc[labels["report"].notna(), "image_id"]
     assert len(with_report) > 0
     assert table["image_id"].tolist() == with_report.tolist()
@@ -109,17 +114,12 @@ def test_rexgradient_reports_are_read_once_and_reused_on_a_rerun(tiny_root, tmp_
 
 
 def test_ms_cxr_gets_mimics_chexpert_labels_per_study(tiny_root, tmp_path):
-    partition = "ms_cxr.train"
-    output = tmp_path / "output"
-    result = materialize(tiny_root, output, partition)
-    index = read(output, "raw_index", partition)
-    table = read(output, "report_labels", partition)
+    result, index, boxes, table = built(tiny_root, tmp_path / "output", "ms_cxr.train")
     assert table["image_id"].tolist() == index["image_id"].tolist()
     assert set(table["report_label_source"]) == {MIMIC_CHEXPERT}
     assert table["report_sha256"].isna().all()
     assert all(len(evidence) == 0 for evidence in table["report_label_evidence"])
     # The synthetic file marks each study's grounded categories positive.
-    boxes = read(output, "labels", partition)
     grounded_any = False
     for column in ("label_pleural_effusion", "label_cardiomegaly", "label_edema"):
         grounded = boxes[column].eq(1).fillna(False).to_numpy(dtype=bool)

@@ -25,6 +25,7 @@ from radharmony_pipeline.processing.reports.label_files import (
     observation_columns,
     tri_state_labels,
 )
+from radharmony_pipeline.processing.reports.labeler import Evidence, ReportReading
 from radharmony_pipeline.processing.reports.report_table import (
     label_reports,
     read_texts,
@@ -47,45 +48,31 @@ EDEMA = "IMPRESSION:\nPossible edema. No pneumothorax."
 NOTHING = "IMPRESSION:\nStable chest."
 
 
-@dataclass(frozen=True)
-class _Evidence:
-    observation: str
-    value: int
-    sentence: str
-
-
-@dataclass(frozen=True)
-class _Reading:
-    labels: dict
-    evidence: tuple
-    mentioned: bool
-
-
 @dataclass
 class CountingReader:
     """Reads a few fixed texts; records every text it was given."""
 
     seen: list[str] = field(default_factory=list)
 
-    def read_many(self, texts: Sequence[str]) -> list[_Reading]:
+    def read_many(self, texts: Sequence[str]) -> list[ReportReading]:
         self.seen += list(texts)
         return [self._read(text) for text in texts]
 
     @staticmethod
-    def _read(text: str) -> _Reading:
+    def _read(text: str) -> ReportReading:
         if "effusion" in text:
-            return _Reading(
+            return ReportReading(
                 {"pleural_effusion": 1},
-                (_Evidence("pleural_effusion", 1, "Small left pleural effusion."),),
+                (Evidence("pleural_effusion", 1, "Small left pleural effusion."),),
                 True,
             )
         if "edema" in text:
-            return _Reading(
+            return ReportReading(
                 {"edema": -1, "pneumothorax": 0},
-                (_Evidence("edema", -1, "Possible edema."),),
+                (Evidence("edema", -1, "Possible edema."),),
                 True,
             )
-        return _Reading({"no_finding": 1}, (), False)
+        return ReportReading({"no_finding": 1}, (), False)
 
 
 def reports() -> tuple[pd.Series, pd.Series]:

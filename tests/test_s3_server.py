@@ -26,7 +26,11 @@ from cluster_services import (
     start_s3_server,
 )
 
-pytestmark = pytest.mark.cluster
+pytestmark = [
+    pytest.mark.cluster,
+    # s3fs keeps a client per event loop and endpoint: each module and test starts afresh.
+    pytest.mark.usefixtures("fresh_s3_clients_for_module", "fresh_s3_clients"),
+]
 
 MULTIPART_CHUNK = 5 * 2**20  # S3's smallest part but the last
 

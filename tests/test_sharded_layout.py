@@ -20,6 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from commands import run_ok
 from corpus import materialize_corpus
 
 from radharmony_pipeline.definitions import build_definitions
@@ -260,8 +261,7 @@ def test_the_cli_migrates_a_root_and_refuses_an_unexpected_state(tmp_path):
     radharmony = Path(sys.executable).with_name("radharmony")
     # TOY is no registered dataset: named as the partition to migrate.
     command = [str(radharmony), "migrate-layout", "--output-root", str(output), "--partition", TOY]
-    completed = subprocess.run(command, env=environment, capture_output=True, text=True)
-    assert completed.returncode == 0, completed.stderr
+    completed = run_ok(command, env=environment, timeout=300)
     assert "3 flat entries moved" in completed.stdout  # two images and one union mask
     assert "is in shard folders (4 moved)" in completed.stdout  # and one mask folder
     assert (output / layout.resized_image_folder(TOY) / ".DS_Store").exists()  # left alone
@@ -501,53 +501,37 @@ def test_migrate_layout_records_the_rewritten_tables_checksums(built, tmp_path):
 
 
 @pytest.mark.cluster
-def test_a_flat_root_on_object_storage_moves_into_shard_keys(tmp_path, monkeypatch):
-    import socket
-
-    from moto.server import ThreadedMotoServer
-
+def test_a_flat_root_on_object_storage_moves_into_shard_keys(tmp_path, on_s3_server):
     from radharmony_pipeline.processing.storage.store import listing, output_path
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
-        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            monkeypatch.setenv(name, "testing")
-        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        local = tmp_path / "local"
-        keys = [f"toy__{number:03d}" for number in range(12)]
-        files = write_flat_root(local, keys)
-        root = output_path("s3://layout-test")
-        root.fs.mkdir("layout-test")
-        for path in sorted(local.rglob("*")):
-            if path.is_file():
-                root.fs.pipe_file(
-                    f"layout-test/{path.relative_to(local).as_posix()}", path.read_bytes()
-                )
-        # A move a crash left half done: copied, not yet deleted, under its journal.
-        half = flat_image(TOY, keys[0])
-        root.fs.pipe_file(f"layout-test/{sharded(half)}", files[half])
-        journal = {"format": 1, "stage": "images", "partition": TOY, "shard_digits": 2}
-        root.fs.pipe_file(
-            f"layout-test/{layout.layout_migration_journal('images', TOY)}",
-            json.dumps(journal).encode(),
-        )
+    local = tmp_path / "local"
+    keys = [f"toy__{number:03d}" for number in range(12)]
+    files = write_flat_root(local, keys)
+    root = output_path("s3://layout-test")
+    root.fs.mkdir("layout-test")
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            root.fs.pipe_file(
+                f"layout-test/{path.relative_to(local).as_posix()}", path.read_bytes()
+            )
+    # A move a crash left half done: copied, not yet deleted, under its journal.
+    half = flat_image(TOY, keys[0])
+    root.fs.pipe_file(f"layout-test/{sharded(half)}", files[half])
+    journal = {"format": 1, "stage": "images", "partition": TOY, "shard_digits": 2}
+    root.fs.pipe_file(
+        f"layout-test/{layout.layout_migration_journal('images', TOY)}",
+        json.dumps(journal).encode(),
+    )
 
-        masks, images = migrate_toy(root)
+    masks, images = migrate_toy(root)
 
-        root.fs.invalidate_cache()
-        assert images.resumed and masks.moved == 6 and images.moved == 18
-        stored = listing(root)
-        for relative, content in files.items():
-            moved = relative if relative.startswith(f"images/{OTHER}/") else sharded(relative)
-            assert moved in stored and root.fs.cat_file(f"layout-test/{moved}") == content
-            assert moved == relative or relative not in stored
-        manifest = pd.read_parquet(io.BytesIO(root.fs.cat_file(f"layout-test/{layout.MANIFEST}")))
-        assert set(manifest["image_path"]) <= stored
-        assert unfinished_migrations(root) == []
-    finally:
-        server.stop()
+    root.fs.invalidate_cache()
+    assert images.resumed and masks.moved == 6 and images.moved == 18
+    stored = listing(root)
+    for relative, content in files.items():
+        moved = relative if relative.startswith(f"images/{OTHER}/") else sharded(relative)
+        assert moved in stored and root.fs.cat_file(f"layout-test/{moved}") == content
+        assert moved == relative or relative not in stored
+    manifest = pd.read_parquet(io.BytesIO(root.fs.cat_file(f"layout-test/{layout.MANIFEST}")))
+    assert set(manifest["image_path"]) <= stored
+    assert unfinished_migrations(root) == []

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from radharmony_pipeline.sources.rexgradient import age_in_years, format_report
+from radharmony_pipeline.synthetic.rexgradient import VIEW_POSITIONS
 from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
 
@@ -115,26 +116,8 @@ def test_demographics_and_study_dates(open_tiny, tiny_root):
 def test_every_documented_view_spelling_is_normalized():
     from radharmony_pipeline.sources.views import normalize_view_positions
 
-    raw = pd.Series(
-        [
-            "PA",
-            "AP",
-            "LATERAL",
-            "LL",
-            "POSTERO_ANTERIOR",
-            "LAO",
-            "RAO",
-            "UNKNOWN",
-            "N/A",
-            "AP (KUB)",
-            None,
-            "",
-            " pa ",
-            "frontal",
-            "lateral",
-        ],
-        dtype="string",
-    )
+    # The spellings ReXGradient's metadata holds (the generator writes the same), then others.
+    raw = pd.Series([*VIEW_POSITIONS, "", " pa ", "frontal", "lateral"], dtype="string")
     assert normalize_view_positions(raw).tolist() == [
         "PA",
         "AP",

@@ -46,7 +46,11 @@ from radharmony_pipeline.processing.storage.source_store import (
 from radharmony_pipeline.sources import DatasetLayoutError, SourceLocation, open_source
 from radharmony_pipeline.synthetic import generate_datasets
 
-pytestmark = pytest.mark.cluster
+pytestmark = [
+    pytest.mark.cluster,
+    # s3fs keeps a client per event loop and endpoint: each module and test starts afresh.
+    pytest.mark.usefixtures("fresh_s3_clients_for_module", "fresh_s3_clients"),
+]
 
 # JSON + CSV + JPEG with RLE masks; JSON + PNG with polygons; CSV(.gz) + DICOM headers/pixels.
 PARTITIONS = ["chexlocalize.val", "chestx_det.test", "ms_cxr.test"]

@@ -24,19 +24,12 @@ from fault_support import (
     tables,
 )
 
-from radharmony_pipeline.processing.imaging.image_files import ImageFileError, header_image_size
 from radharmony_pipeline.processing.storage import output_layout as layout
-from radharmony_pipeline.processing.storage.source_store import (
-    NotARegularFile,
-    read_source_bytes,
-    require_regular_file,
-)
 from radharmony_pipeline.processing.tables import table_schemas
 from radharmony_pipeline.processing.tables.table_schemas import PARTITION_TABLES
 from radharmony_pipeline.settings import UNREADABLE_LIMIT_VARIABLE
 
-# Module fixtures that build outputs: tests/conftest.py marks their users `build`.
-BUILD_FIXTURES = ("clean_builds",)
+pytestmark = pytest.mark.build  # each test builds partitions from sabotaged data
 
 NOT_OPENED = "not a regular file; it was not opened"
 
@@ -160,26 +153,6 @@ def test_a_fifo_dicom_in_the_mimic_tree_is_an_error_row_of_every_stage_reading_i
     assert_outputs_load(output)
 
 
-def test_the_check_refuses_each_kind_before_opening(tmp_path):
-    regular = tmp_path / "image.png"
-    regular.write_bytes(b"x")
-    require_regular_file(regular)
-    assert read_source_bytes(regular) == b"x"
-    fifo = tmp_path / "pipe.png"
-    os.mkfifo(fifo)
-    link = tmp_path / "link.png"
-    link.symlink_to(fifo)  # followed: what matters is what the name ends at
-    for path in (fifo, link):
-        with pytest.raises(NotARegularFile, match=r"named pipe \(FIFO\)"):
-            read_source_bytes(path)
-        with pytest.raises(ImageFileError, match=NOT_OPENED):
-            header_image_size(path)
-    with pytest.raises(FileNotFoundError):
-        require_regular_file(tmp_path / "missing.png")
-    with pytest.raises(FileNotFoundError):
-        require_regular_file(regular / "below-a-file.png")
-
-
 # --- annotation files without entries ---------------------------------------------------------
 
 HEADER_ONLY = "header-only"
@@ -215,7 +188,6 @@ def assert_declared_schema(output: Path, table: str, partition: str) -> None:
     assert [f.type for f in written] == [f.type for f in declared], table
 
 
-@pytest.mark.build
 @pytest.mark.timeout(600)
 def test_an_annotation_file_without_entries_gives_an_empty_typed_partition(
     tiny_root, tmp_path, monkeypatch
@@ -258,7 +230,6 @@ def tables_of(output: Path, partition: str, table: str):
     return pq.read_table(layout.table_file(output, table, partition))
 
 
-@pytest.mark.build
 @pytest.mark.timeout(300)
 def test_every_stage_of_an_empty_partition_writes_typed_empty_tables(tiny_root, tmp_path):
     """Without the blocking check (e.g. when it is deselected) the later stages run on the

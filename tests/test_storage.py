@@ -35,27 +35,12 @@ BUCKET = "storage-test"
 SIZE = 32
 
 
-@pytest.fixture(scope="module")
-def s3_server():
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
+# The S3 tests here share the module's moto server; each starts with a fresh s3fs client.
+pytestmark = pytest.mark.usefixtures("fresh_s3_clients_for_module", "fresh_s3_clients")
 
 
 @pytest.fixture
-def bucket(s3_server, monkeypatch):
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+def bucket(on_s3_server, monkeypatch):
     monkeypatch.delenv("RADHARMONY_DASK_SCHEDULER", raising=False)
     root = output_path(f"s3://{BUCKET}")
     if not root.fs.exists(BUCKET):

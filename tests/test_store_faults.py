@@ -43,7 +43,11 @@ from radharmony_pipeline.processing.storage.retry_policy import ObjectStoreError
 from radharmony_pipeline.processing.storage.store import output_path, publish_bytes
 from radharmony_pipeline.synthetic import generate_datasets
 
-pytestmark = pytest.mark.cluster
+pytestmark = [
+    pytest.mark.cluster,
+    # s3fs keeps a client per event loop and endpoint: each module and test starts afresh.
+    pytest.mark.usefixtures("fresh_s3_clients_for_module", "fresh_s3_clients"),
+]
 
 PARTITIONS = ["chestx_det.test", "chexlocalize.val"]
 PROXY = Path(__file__).with_name("fault_proxy.py")

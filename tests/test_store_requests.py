@@ -41,7 +41,11 @@ from radharmony_pipeline.processing.storage.store import (
 from radharmony_pipeline.settings import SCHEDULER_VARIABLE
 from radharmony_pipeline.synthetic import generate_datasets
 
-pytestmark = pytest.mark.cluster
+pytestmark = [
+    pytest.mark.cluster,
+    # s3fs keeps a client per event loop and endpoint: each module and test starts afresh.
+    pytest.mark.usefixtures("fresh_s3_clients_for_module", "fresh_s3_clients"),
+]
 
 REQUESTS_PER_IMAGE = 3  # issue 60's target for the `images` step
 PART = 5 * 2**20  # S3's smallest part but the last

@@ -18,12 +18,14 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, RLELossless
 
-from radharmony_pipeline.sources import SOURCE_TYPES, open_source
+from radharmony_pipeline.sources import SOURCE_TYPES, chestx_det, ms_cxr, open_source
+from radharmony_pipeline.sources.chexlocalize import SEGMENTED_PATHOLOGIES
 from radharmony_pipeline.synthetic import (
     generate_datasets,
     generated_datasets,
     write_full_scale_rexgradient_metadata,
 )
+from radharmony_pipeline.synthetic.rexgradient import VIEW_POSITIONS
 
 TEST_HEADER = (
     "Path,No Finding,Enlarged Cardiomediastinum,Cardiomegaly,Lung Opacity,Lung Lesion,"
@@ -31,69 +33,6 @@ TEST_HEADER = (
     "Pleural Other,Fracture,Support Devices"
 )
 VAL_HEADER = TEST_HEADER.replace("Path,", "Path,Sex,Age,Frontal/Lateral,AP/PA,", 1)
-PATHOLOGIES = (
-    "Enlarged Cardiomediastinum",
-    "Cardiomegaly",
-    "Lung Lesion",
-    "Airspace Opacity",
-    "Edema",
-    "Consolidation",
-    "Atelectasis",
-    "Pneumothorax",
-    "Pleural Effusion",
-    "Support Devices",
-)
-MS_CXR_COLUMNS = [
-    "dicom_id",
-    "category_name",
-    "label_text",
-    "path",
-    "x",
-    "y",
-    "w",
-    "h",
-    "image_width",
-    "image_height",
-    "split",
-]
-MS_CXR_CATEGORIES = {
-    "Atelectasis",
-    "Cardiomegaly",
-    "Consolidation",
-    "Edema",
-    "Lung Opacity",
-    "Pleural Effusion",
-    "Pneumonia",
-    "Pneumothorax",
-}
-CHESTX_DET_CLASSES = {
-    "Atelectasis",
-    "Calcification",
-    "Cardiomegaly",
-    "Consolidation",
-    "Diffuse Nodule",
-    "Effusion",
-    "Emphysema",
-    "Fibrosis",
-    "Fracture",
-    "Mass",
-    "Nodule",
-    "Pleural Thickening",
-    "Pneumothorax",
-}
-VIEW_POSITIONS = {
-    "PA",
-    "AP",
-    "LATERAL",
-    "LL",
-    "POSTERO_ANTERIOR",
-    "LAO",
-    "RAO",
-    "UNKNOWN",
-    "N/A",
-    "AP (KUB)",
-    None,
-}
 UID_ROOT = "1.2.826.0.1.3680043.8.498."
 REX_SPLIT_FILES = {"train": "train", "val": "valid", "test": "test"}
 FULL_SCALE = {
@@ -290,14 +229,14 @@ def test_chexlocalize_segmentations_agree_with_labels_and_images(out: Path) -> N
             for cxr_id, (path, row) in ids.items()
             if path.endswith("frontal.jpg")
             and cxr_id not in entries
-            and any(is_positive(row, name) for name in PATHOLOGIES)
+            and any(is_positive(row, name) for name in SEGMENTED_PATHOLOGIES)
         ]
         # The release's quirk (like patient65086): one positive frontal without an entry.
         assert len(unsegmented) == (1 if split == "test" else 0)
         for cxr_id, entry in entries.items():
             path, row = ids[cxr_id]
             assert path.endswith("frontal.jpg")
-            assert tuple(entry) == PATHOLOGIES
+            assert tuple(entry) == SEGMENTED_PATHOLOGIES
             with Image.open(base / "CheXpert" / path) as image:
                 pixels = np.asarray(image, dtype=float)
             for name, rle in entry.items():
@@ -340,7 +279,7 @@ def test_chexlocalize_expected_counts_match_disk(out: Path) -> None:
 
 def ms_cxr_rows(out: Path) -> list[dict[str, str]]:
     columns, rows = read_csv(out / "ms-cxr" / "MS_CXR_Local_Alignment_v1.1.0.csv")
-    assert columns == MS_CXR_COLUMNS
+    assert columns == list(ms_cxr.CSV_COLUMNS)
     return rows
 
 
@@ -362,7 +301,7 @@ def test_ms_cxr_csv_rows(out: Path) -> None:
         )
         assert x >= 0 and y >= 0 and w > 0 and h > 0
         assert x + w <= width and y + h <= height and width != height
-    assert {r["category_name"] for r in rows} == MS_CXR_CATEGORIES
+    assert {r["category_name"] for r in rows} == set(ms_cxr.CATEGORIES)
     assert {r["split"] for r in rows} == {"train", "val", "test"}
     boxes_per_phrase = Counter((r["dicom_id"], r["category_name"], r["label_text"]) for r in rows)
     assert {2, 3} <= set(boxes_per_phrase.values()) and max(boxes_per_phrase.values()) <= 3
@@ -448,7 +387,7 @@ def test_chestx_det_json_entries(out: Path) -> None:
         for entry in chestx_det_entries(out, split):
             assert set(entry) == {"file_name", "syms", "boxes", "polygons"}
             assert len(entry["syms"]) == len(entry["boxes"]) == len(entry["polygons"])
-            assert set(entry["syms"]) <= CHESTX_DET_CLASSES
+            assert set(entry["syms"]) <= set(chestx_det.CLASSES)
             assert 36199 <= int(entry["file_name"].removesuffix(".png")) <= 70958
             for box, polygon in zip(entry["boxes"], entry["polygons"], strict=True):
                 points = np.array(polygon)
@@ -567,7 +506,7 @@ def test_rexgradient_json_studies(out: Path) -> None:
             assert parts[8] == "instances" and parts[9].endswith(".png")
             assert parts[7].startswith(UID_ROOT) and parts[9].startswith(UID_ROOT)
         assert len(study["ImageShape"]) == count
-        assert set(study["ImageViewPosition"]) <= VIEW_POSITIONS
+        assert set(study["ImageViewPosition"]) <= set(VIEW_POSITIONS)
         shorter += len(study["ImageBodyPart"]) < count
         short_views += len(study["ImageViewPosition"]) < count
         assert study["PatientSex"] in {"M", "F"}

@@ -8,8 +8,10 @@ import pickle
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
+from radharmony_pipeline.processing.corpus.parents import PARENT_IDENTITY
 from radharmony_pipeline.processing.jobs.image_jobs import ImageRow, image_table
 from radharmony_pipeline.processing.jobs.mask_jobs import MaskRow, mask_table
 from radharmony_pipeline.processing.storage import output_layout as layout
@@ -17,10 +19,13 @@ from radharmony_pipeline.processing.tables.manifest import PARTITION_MANIFEST_CO
 from radharmony_pipeline.processing.tables.table_schemas import (
     CORPUS_WIDE_COLUMNS,
     IMAGES,
+    INDEX_COLUMNS,
     LABELS,
     MASKS,
     PARTITION_COLUMNS,
+    RAW_INDEX,
     STRING,
+    TABLE_SCHEMAS,
     UNIFIED_MANIFEST,
     SchemaMismatchError,
     col,
@@ -28,6 +33,7 @@ from radharmony_pipeline.processing.tables.table_schemas import (
     extra,
 )
 from radharmony_pipeline.sources import SOURCE_TYPES, declared_schema
+from radharmony_pipeline.vocabulary import LABEL_COLUMNS
 
 
 def _own_columns(schema) -> list[str]:
@@ -100,3 +106,60 @@ def test_the_layout_names_each_output_under_the_root():
         layout.resized_image_folder("a.train")
     )
     assert layout.image_mask_folder("a.train", "k").startswith(layout.mask_folder("a.train") + "/")
+
+
+def test_declarations_agree_with_the_vocabulary_and_the_index_contract():
+    assert tuple(RAW_INDEX.names[: len(INDEX_COLUMNS)]) == INDEX_COLUMNS
+    for table in ("labels", "unified_manifest"):
+        assert set(LABEL_COLUMNS) <= set(TABLE_SCHEMAS[table].names)
+    # duplicate_group and the parent identity are joined from near_duplicates and
+    # parent_provenance after the partitions are assembled.
+    assert tuple(TABLE_SCHEMAS["unified_manifest"].names) == (
+        *PARTITION_MANIFEST_COLUMNS,
+        "duplicate_group",
+        *PARENT_IDENTITY,
+    )
+
+
+def test_a_frame_that_does_not_fit_names_the_column_and_both_types():
+    frame = pd.DataFrame({"image_id": ["a/1"], "box_index": ["first"], "label": ["mass"]})
+    with pytest.raises(SchemaMismatchError) as error:
+        conform(frame, TABLE_SCHEMAS["bboxes"], {"dataset": "a", "split": "b"})
+    message = str(error.value)
+    assert "bboxes.box_index" in message and "int64" in message and "string" in message
+
+
+def test_a_fractional_value_in_an_integer_column_is_refused_not_truncated():
+    frame = pd.DataFrame({"image_id": ["a/1"], "box_index": [1.5]})
+    with pytest.raises(SchemaMismatchError, match=r"box_index.*int64.*float64"):
+        conform(frame, TABLE_SCHEMAS["bboxes"], {"dataset": "a", "split": "b"})
+
+
+def test_an_undeclared_column_is_refused_with_where_to_declare_it():
+    frame = pd.DataFrame({"image_id": ["a/1"], "surprise": [1]})
+    with pytest.raises(SchemaMismatchError, match=r"surprise.*table_schemas\.py"):
+        conform(frame, TABLE_SCHEMAS["images"])
+
+
+def test_extras_are_typed_nulls_and_nullable_ints_stay_ints():
+    frame = pd.DataFrame(
+        {
+            "image_id": ["a/1", "a/2"],
+            "report": [None, "text"],
+            "label_text": [[], ["x", None]],
+            **{
+                c: pd.array([1, None], dtype="Int8")
+                for c in TABLE_SCHEMAS["labels"].names
+                if c.startswith("label_") and c != "label_text"
+            },
+            "status": ["ok", "ok"],
+            "error": [None, None],
+        }
+    )
+    table = conform(frame, TABLE_SCHEMAS["labels"], {"dataset": "d", "split": "train"})
+    assert table.schema.field("num_boxes").type == pa.int32()
+    assert table.column("num_boxes").null_count == 2
+    back = table.to_pandas()
+    assert str(back["label_atelectasis"].dtype) == "Int8"
+    assert back["label_atelectasis"].isna().tolist() == [False, True]
+    assert str(back["is_negative"].dtype) == "boolean"
