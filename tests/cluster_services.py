@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
 # The disk-backed S3 server: s3rver from the npm registry (package.json, installed into
@@ -32,6 +34,13 @@ PG_USER = "radharmony"
 PG_PASSWORD = "radharmony-test"
 PG_DATABASE = "dagster"
 BUCKET = "radharmony-test"
+# The marks of a test module that talks to S3: its tier, and a fresh s3fs client for the
+# module and each test (s3fs keeps one client per set of options, and each module starts its
+# own server; conftest.py has the fixtures).
+S3_TESTS = [
+    pytest.mark.cluster,
+    pytest.mark.usefixtures("fresh_s3_clients_for_module", "fresh_s3_clients"),
+]
 INITDB_OPTIONS = ["-A", "scram-sha-256", "-E", "UTF8", "--no-sync"]
 # A throw-away cluster: durability is not under test, and 4 concurrent runs need connections.
 SERVER_OPTIONS = ["-c", "fsync=off", "-c", "max_connections=200"]

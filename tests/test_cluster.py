@@ -24,6 +24,7 @@ from cluster_services import (
     AWS_ENVIRONMENT,
     BIN,
     BUCKET,
+    S3_TESTS,
     Services,
     create_database,
     pg_connect,
@@ -52,11 +53,7 @@ from radharmony_pipeline.loader import ManifestDataset
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 
-pytestmark = [
-    pytest.mark.cluster,
-    # s3fs keeps a client per event loop and endpoint: each module and test starts afresh.
-    pytest.mark.usefixtures("fresh_s3_clients_for_module", "fresh_s3_clients"),
-]
+pytestmark = S3_TESTS
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = "raw_index,labels,masks,bboxes,images,report_labels"

@@ -19,6 +19,7 @@ import pytest
 from cluster_services import (
     AWS_ENVIRONMENT,
     BUCKET,
+    S3_TESTS,
     Services,
     s3,
     s3_requests,
@@ -26,11 +27,7 @@ from cluster_services import (
     start_s3_server,
 )
 
-pytestmark = [
-    pytest.mark.cluster,
-    # s3fs keeps a client per event loop and endpoint: each module and test starts afresh.
-    pytest.mark.usefixtures("fresh_s3_clients_for_module", "fresh_s3_clients"),
-]
+pytestmark = S3_TESTS
 
 MULTIPART_CHUNK = 5 * 2**20  # S3's smallest part but the last
 

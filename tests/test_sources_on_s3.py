@@ -18,7 +18,7 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 import pytest
-from cluster_services import AWS_ENVIRONMENT, BUCKET, Services, free_port, s3, start_moto
+from cluster_services import AWS_ENVIRONMENT, BUCKET, S3_TESTS, Services, free_port, s3, start_moto
 from deadline import within
 from PIL import Image
 from upath import UPath
@@ -46,11 +46,7 @@ from radharmony_pipeline.processing.storage.source_store import (
 from radharmony_pipeline.sources import DatasetLayoutError, SourceLocation, open_source
 from radharmony_pipeline.synthetic import generate_datasets
 
-pytestmark = [
-    pytest.mark.cluster,
-    # s3fs keeps a client per event loop and endpoint: each module and test starts afresh.
-    pytest.mark.usefixtures("fresh_s3_clients_for_module", "fresh_s3_clients"),
-]
+pytestmark = S3_TESTS
 
 # JSON + CSV + JPEG with RLE masks; JSON + PNG with polygons; CSV(.gz) + DICOM headers/pixels.
 PARTITIONS = ["chexlocalize.val", "chestx_det.test", "ms_cxr.test"]

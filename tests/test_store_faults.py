@@ -21,6 +21,7 @@ import pytest
 from cluster_services import (
     AWS_ENVIRONMENT,
     BUCKET,
+    S3_TESTS,
     Services,
     free_port,
     port_open,
@@ -43,11 +44,7 @@ from radharmony_pipeline.processing.storage.retry_policy import ObjectStoreError
 from radharmony_pipeline.processing.storage.store import output_path, publish_bytes
 from radharmony_pipeline.synthetic import generate_datasets
 
-pytestmark = [
-    pytest.mark.cluster,
-    # s3fs keeps a client per event loop and endpoint: each module and test starts afresh.
-    pytest.mark.usefixtures("fresh_s3_clients_for_module", "fresh_s3_clients"),
-]
+pytestmark = S3_TESTS
 
 PARTITIONS = ["chestx_det.test", "chexlocalize.val"]
 PROXY = Path(__file__).with_name("fault_proxy.py")
