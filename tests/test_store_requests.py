@@ -1,30 +1,37 @@
 """What the output root costs in S3 requests, counted by the disk-backed server (s3rver behind
 tests/s3_server.js): one request per publish, read, size lookup and page of a listing; a large
 file uploaded in bounded parts and, on failure, aborted; and the `images` step on the cluster
-path (Dask workers, outputs on the bucket) within 3 requests per image.
+path (Dask workers, outputs on the bucket) within 3 requests per image, with and without union
+masks, its outputs those of a local run.
 
 Select with `pytest -m cluster`.
 """
 
 from __future__ import annotations
 
+import io
 import os
 from collections import Counter
 from pathlib import Path
 
 import dagster as dg
+import numpy as np
+import pandas as pd
 import pytest
 from cluster_services import (
     AWS_ENVIRONMENT,
     BUCKET,
+    S3_TESTS,
     Services,
     s3,
     s3_requests,
     start_dask,
     start_s3_server,
 )
+from fault_support import output_files
 
 from radharmony_pipeline.defs.resources import pipeline_resources
+from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage import store
 from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 from radharmony_pipeline.processing.storage.retry_policy import ObjectStoreError
@@ -32,23 +39,26 @@ from radharmony_pipeline.processing.storage.source_store import read_source_byte
 from radharmony_pipeline.processing.storage.store import (
     file_size,
     listing,
+    object_states,
     output_path,
     publish_bytes,
     publish_file,
     read_bytes,
     read_head,
+    remove_orphaned_temporaries,
+    single_put_state,
 )
 from radharmony_pipeline.settings import SCHEDULER_VARIABLE
 from radharmony_pipeline.synthetic import generate_datasets
 
-pytestmark = [
-    pytest.mark.cluster,
-    # s3fs keeps a client per event loop and endpoint: each module and test starts afresh.
-    pytest.mark.usefixtures("fresh_s3_clients_for_module", "fresh_s3_clients"),
-]
+pytestmark = S3_TESTS
 
 REQUESTS_PER_IMAGE = 3  # issue 60's target for the `images` step
 PART = 5 * 2**20  # S3's smallest part but the last
+# What the `images` step asks beside its images' own objects and the Dask chunks' shards:
+# its input tables, the layout check, listings of the image folder, the array's size, the
+# array, its keys and the table (15 on a first build of a small partition).
+STEP_REQUESTS = 20
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +132,41 @@ def test_a_listing_is_one_request_per_1000_keys(server):
     )
     assert len(found) == 2001
     assert requests == {"LIST": 3}
+    states: dict[str, str] = {}
+    requests = counted(
+        services, lambda: states.update(object_states(output_path(f"s3://{BUCKET}/listed")))
+    )
+    assert requests == {"LIST": 3}
+    assert set(states) == found
+    # A key published by one PUT is listed with the state its bytes give (its ETag their MD5).
+    assert set(states.values()) == {single_put_state(b"x")}
+    # An empty folder is one request too (s3fs's own listing adds a HEAD and a LIST).
+    requests = counted(
+        services, lambda: states.update(object_states(output_path(f"s3://{BUCKET}/none")))
+    )
+    assert requests == {"LIST": 1}
+
+
+def test_orphaned_temporaries_are_found_in_one_listing(server):
+    services, _log = server
+    client = s3(services)
+    folder = output_path(f"s3://{BUCKET}/orphans")
+    elsewhere = f"{TEMP_MARKER}1@another-host-{'0' * 32}-a.png"
+    client.pipe(
+        {
+            f"{BUCKET}/orphans/0/a.png": b"kept",
+            f"{BUCKET}/orphans/0/{TEMP_MARKER}a.png": b"an old writer's, without an owner",
+            f"{BUCKET}/orphans/1/{elsewhere}": b"another host's: maybe live",
+        }
+    )
+    removed: list = []
+    requests = counted(services, lambda: removed.extend(remove_orphaned_temporaries(folder)))
+    assert [path.name for path in removed] == [f"{TEMP_MARKER}a.png"]
+    assert requests == {"LIST": 1, "DELETE": 1}
+    # From a listing the caller took: no request but the deletions (none left to make).
+    listed = object_states(folder)
+    assert counted(services, lambda: remove_orphaned_temporaries(folder, listed=listed)) == {}
+    assert sorted(object_states(folder)) == ["0/a.png", f"1/{elsewhere}"]
 
 
 def test_a_large_file_is_uploaded_in_bounded_parts(server, tmp_path: Path, monkeypatch):
@@ -186,49 +231,73 @@ def dask_on_the_bucket(server, tmp_path_factory: pytest.TempPathFactory):
         dask.stop()
 
 
+class ImagesStep:
+    """A partition's stages on the bucket, its upstream ones built first: run the `images`
+    step alone and see the server's log lines of its requests."""
+
+    def __init__(self, server, data: Path, partition: str, prefix: str) -> None:
+        from radharmony_pipeline.defs.assets.images import images
+        from radharmony_pipeline.defs.assets.index_and_labels import raw_index_and_labels
+        from radharmony_pipeline.defs.assets.masks import masks
+
+        self.services, self.request_log = server
+        self.partition = partition
+        self.resources = pipeline_resources(data_root=data, output_root=f"s3://{BUCKET}/{prefix}")
+        self.stages = [raw_index_and_labels, masks, images]
+        upstream = [dg.AssetKey(name) for name in ("raw_index", "labels", "masks")]
+        assert dg.materialize(
+            self.stages, partition_key=partition, resources=self.resources, selection=upstream
+        ).success
+
+    def run(self) -> tuple[dg.ExecuteInProcessResult, list[list[str]]]:
+        """The `images` step alone, and the server's log lines of its requests (each: kind,
+        status, bytes in, bytes out, path)."""
+        s3_requests(self.services)  # answered once every earlier request's line is logged
+        offset = self.request_log.stat().st_size
+        result = dg.materialize(
+            self.stages,
+            partition_key=self.partition,
+            resources=self.resources,
+            selection=[dg.AssetKey("images")],
+        )
+        assert result.success
+        s3_requests(self.services)
+        with open(self.request_log, "rb") as log:
+            log.seek(offset)
+            return result, [line.split() for line in log.read().decode().splitlines()]
+
+
+def decoded(result: dg.ExecuteInProcessResult) -> int:
+    (materialization,) = result.asset_materializations_for_node("images")
+    return materialization.metadata["decoded"].value
+
+
+def on_pngs(lines: list[list[str]]) -> Counter:
+    """The requests on the images' own objects (their PNGs, their union masks), by kind."""
+    return Counter(fields[0] for fields in lines if fields[4].endswith(".png"))
+
+
+def on_shards(lines: list[list[str]]) -> Counter:
+    """The requests on the Dask chunks' shards, by kind."""
+    return Counter(fields[0] for fields in lines if "-shard" in fields[4])
+
+
 @pytest.mark.timeout(600)
 def test_the_images_step_on_the_cluster_path_costs_at_most_3_requests_per_image(
     server, dask_on_the_bucket, tmp_path: Path
 ):
-    """ReXGradient train at the small scale (50 images, no masks): each image is one GET of
-    its PNG (re-used if current; a 404 on a first build) and one PUT; the Dask chunks' shards
-    and the step's tables, array and listings add less than one request per image."""
-    from radharmony_pipeline.defs.assets.images import images
-    from radharmony_pipeline.defs.assets.index_and_labels import raw_index_and_labels
-    from radharmony_pipeline.defs.assets.masks import masks
-
-    services, request_log = server
+    """ReXGradient train at the small scale (50 images, no masks): each image is one PUT of
+    its PNG on a first build (the step's listing says it is not there: nothing is probed) and
+    one ranged GET of its header on a re-run; the Dask chunks' shards and the step's tables,
+    array and listings add less than one request per image."""
+    services, _log = server
     data = tmp_path / "data"
     generate_datasets(data, scale="small", seed=0, datasets=["rexgradient"])
-    partition = "rexgradient.train"
-    resources = pipeline_resources(data_root=data, output_root=f"s3://{BUCKET}/steps")
-    stages = [raw_index_and_labels, masks, images]
-    upstream = [dg.AssetKey(name) for name in ("raw_index", "labels", "masks")]
-    assert dg.materialize(
-        stages, partition_key=partition, resources=resources, selection=upstream
-    ).success
+    step = ImagesStep(server, data, "rexgradient.train", "steps")
 
-    def images_step() -> tuple[dg.ExecuteInProcessResult, list[list[str]]]:
-        """The `images` step alone, and the server's log lines of its requests."""
-        s3_requests(services)  # answered once every earlier request's line is in the log
-        offset = request_log.stat().st_size
-        result = dg.materialize(
-            stages, partition_key=partition, resources=resources, selection=[dg.AssetKey("images")]
-        )
-        assert result.success
-        s3_requests(services)
-        with open(request_log, "rb") as log:
-            log.seek(offset)
-            return result, [line.split() for line in log.read().decode().splitlines()]
-
-    def decoded(result: dg.ExecuteInProcessResult) -> int:
-        (materialization,) = result.asset_materializations_for_node("images")
-        return materialization.metadata["decoded"].value
-
-    first, lines = images_step()
+    first, lines = step.run()
     assert decoded(first) == 50
-    on_images = Counter(fields[0] for fields in lines if fields[4].endswith(".png"))
-    assert on_images == {"GET": 50, "PUT": 50}, on_images
+    assert on_pngs(lines) == {"PUT": 50}, on_pngs(lines)
     assert len(lines) <= REQUESTS_PER_IMAGE * 50, Counter(fields[0] for fields in lines)
     # Nothing was ever written under a temporary key but the Dask chunks' shards.
     temporary = {fields[4] for fields in lines if TEMP_MARKER in fields[4]}
@@ -236,8 +305,65 @@ def test_the_images_step_on_the_cluster_path_costs_at_most_3_requests_per_image(
     assert not [key for key in s3(services).find(f"{BUCKET}/steps") if TEMP_MARKER in key]
 
     # Unchanged: each image's PNG header is read (one ranged GET), nothing is decoded.
-    again, lines = images_step()
+    again, lines = step.run()
     assert decoded(again) == 0
-    on_images = Counter(fields[0] for fields in lines if fields[4].endswith(".png"))
-    assert on_images == {"GET_RANGE": 50}, on_images
+    assert on_pngs(lines) == {"GET_RANGE": 50}, on_pngs(lines)
     assert len(lines) <= REQUESTS_PER_IMAGE * 50, Counter(fields[0] for fields in lines)
+
+
+@pytest.mark.timeout(600)
+def test_a_masked_partition_costs_at_most_3_requests_per_image_and_equals_a_local_run(
+    server, dask_on_the_bucket, tmp_path: Path, monkeypatch
+):
+    """ChestX-Det train at the small scale (40 images, each with a union mask). A first build
+    costs each image 3 requests, the least it can: one GET of its union mask (for both its
+    key and its pixels) and one PUT each of its PNG and of its resized mask, neither probed
+    first. The Dask chunks' shards (3 requests a chunk) and the step's own requests come on
+    top, a number that does not grow with the images. An unchanged re-run costs each image 2:
+    its union mask (for the key) and its PNG's header; the resized mask is not read, its
+    listed ETag being the MD5 of what the job would write. The outputs are a local run's."""
+    services, _log = server
+    data = tmp_path / "data"
+    generate_datasets(data, scale="small", seed=0, datasets=["chestx_det"])
+    partition = "chestx_det.train"
+    step = ImagesStep(server, data, partition, "masked")
+
+    first, lines = step.run()
+    table = first.asset_value("images")
+    images, masked = len(table), int(table["mask_path"].notna().sum())
+    assert images == masked == decoded(first) == 40
+    assert on_pngs(lines) == {"GET": masked, "PUT": images + masked}, on_pngs(lines)
+    assert sum(on_pngs(lines).values()) <= REQUESTS_PER_IMAGE * images
+    shards = on_shards(lines)
+    assert shards == {"PUT": shards["PUT"], "GET": shards["PUT"], "DELETE": shards["PUT"]}
+    step_own = len(lines) - sum(on_pngs(lines).values()) - shards.total()
+    assert step_own <= STEP_REQUESTS, Counter(fields[0] for fields in lines)
+
+    again, lines = step.run()
+    assert decoded(again) == 0
+    assert on_pngs(lines) == {"GET": masked, "GET_RANGE": images}, on_pngs(lines)
+    assert len(lines) <= REQUESTS_PER_IMAGE * images, Counter(fields[0] for fields in lines)
+    pd.testing.assert_frame_equal(again.asset_value("images"), table)
+
+    # The same partition on a local root, on the local pool: the same files, the same bytes.
+    monkeypatch.delenv(SCHEDULER_VARIABLE)
+    local = tmp_path / "local"
+    resources = pipeline_resources(data_root=data, output_root=local)
+    assert dg.materialize(step.stages, partition_key=partition, resources=resources).success
+    fs = s3(services)
+    base = f"{BUCKET}/masked"
+    remote = {key[len(base) + 1 :]: fs.cat_file(key) for key in fs.find(base)}
+    expected = output_files(local)  # but the local header record (mtimes and inodes)
+    assert sorted(remote) == sorted(expected)
+    assert any(name.endswith(layout.UNION_MASK_SUFFIX) for name in expected)
+    for name, content in expected.items():
+        if name.endswith(".parquet"):
+            pd.testing.assert_frame_equal(
+                pd.read_parquet(io.BytesIO(remote[name])), pd.read_parquet(io.BytesIO(content))
+            )
+        elif name.endswith(".npy"):
+            np.testing.assert_array_equal(
+                np.load(io.BytesIO(remote[name])), np.load(io.BytesIO(content)), err_msg=name
+            )
+        else:  # PNGs (images, masks, previews) and key files
+            assert remote[name] == content, name

@@ -28,7 +28,9 @@ from ...processing.storage.source_store import is_remote, named_states
 from ...processing.storage.store import (
     OutputPath,
     glob,
+    lists_object_states,
     make_folder,
+    object_states,
     remove,
     remove_orphaned_temporaries,
 )
@@ -95,14 +97,19 @@ def images(
     folder = root / resized_image_folder(context.partition_key)
     packed = root / packed_images(context.partition_key)
     make_folder(folder)
+    # On S3 one listing of the image folder (a request per 1,000 objects) says which output
+    # PNGs are there, with their states: each job then neither reads a PNG that is not there
+    # (a 404 per image and per mask on a first build) nor, on a re-run, a mask that holds
+    # what it would write (ImageJob.listed_states).
+    listed = object_states(folder) if lists_object_states(folder) else None
     # The array a killed build was assembling stays: the build resumes from its rows.
-    remove_orphaned_temporaries(folder)
+    remove_orphaned_temporaries(folder, listed=listed)
     unions = _union_masks(masks, root)
     base = source.image_dir(split)
     errors = raw_index["error"] if "error" in raw_index else pd.Series(pd.NA, index=raw_index.index)
     relatives = raw_index["image_path"].fillna("")
     # On an object store one listing of the image folder replaces a request per image.
-    listed = named_states(base, relatives) if is_remote(base) else {}
+    source_states = named_states(base, relatives) if is_remote(base) else {}
     partition = context.partition_key
     jobs = [
         ImageJob(
@@ -117,7 +124,10 @@ def images(
             row=row,
             source_root=base,
             index_error=None if pd.isna(error) else f"raw_index: {error}",
-            source_state=listed.get(relative),
+            source_state=source_states.get(relative),
+            listed_states=None
+            if listed is None
+            else _listed_states(listed, partition, image_key, image_id in unions),
         )
         for row, (image_id, image_key, relative, error) in enumerate(
             # Lists, not Series: iterating Arrow-backed columns costs a microsecond a value.
@@ -164,6 +174,16 @@ def images(
         },
     )
     yield from check_results(context.selected_asset_check_keys, table, run_settings.strict)
+
+
+def _listed_states(
+    listed: dict[str, str], partition: str, image_key: str, masked: bool
+) -> tuple[str | None, str | None]:
+    """The listed states of an image's PNG and of its mask PNG (None: not listed, or no
+    mask); `listed` is by path relative to the partition's image folder."""
+    start = len(resized_image_folder(partition)) + 1
+    mask = listed.get(resized_union_mask(partition, image_key)[start:]) if masked else None
+    return listed.get(resized_image(partition, image_key)[start:]), mask
 
 
 def _union_masks(masks: pd.DataFrame, root: OutputPath) -> dict[str, OutputPath]:

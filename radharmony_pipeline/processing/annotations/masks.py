@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from pycocotools import mask as coco_mask
 from radharmony_pipeline.processing.annotations.rle_text import validate_rle
 from radharmony_pipeline.processing.imaging.tagged_png import (
     mask_png,
+    tagged_png_bytes,
     write_tagged_png,
 )
 from radharmony_pipeline.processing.storage.store import open_for_reading
@@ -179,18 +181,29 @@ def _mask_pixels(mask: np.ndarray) -> np.ndarray:
     return foreground.view(np.uint8) * np.uint8(MASK_FOREGROUND)
 
 
-def write_mask_png(path: Path, mask: np.ndarray, input_key: str) -> bool:
+def write_mask_png(path: Path, mask: np.ndarray, input_key: str, absent: bool = False) -> bool:
     """Write the mask as a 0/255 grayscale PNG tagged with `input_key`; False if skipped.
 
     A file already tagged with the same key is left untouched (its mtime too), so masks
-    whose inputs did not change are never rewritten.
+    whose inputs did not change are never rewritten. `absent`: the caller knows there is no
+    file yet (write_tagged_png), so none is read to compare keys.
     """
-    return write_tagged_png(path, lambda: _mask_pixels(mask), input_key, encode=mask_png)
+    return write_tagged_png(
+        path, lambda: _mask_pixels(mask), input_key, encode=mask_png, absent=absent
+    )
 
 
-def read_mask_png(path: Path) -> np.ndarray:
-    """A mask PNG written by write_mask_png as a uint8 0/1 array."""
-    with open_for_reading(path) as handle, Image.open(handle, formats=["PNG"]) as image:
+def mask_png_bytes(mask: np.ndarray, input_key: str) -> bytes:
+    """The bytes write_mask_png writes for `mask` and `input_key`."""
+    return tagged_png_bytes(_mask_pixels(mask), input_key, encode=mask_png)
+
+
+def read_mask_png(path: Path, content: bytes | None = None) -> np.ndarray:
+    """A mask PNG written by write_mask_png as a uint8 0/1 array. `content`: the file's
+    bytes when the caller has read them already (for its key too), so it is not read again;
+    `path` then only names it in errors."""
+    opened = open_for_reading(path) if content is None else io.BytesIO(content)
+    with opened as handle, Image.open(handle, formats=["PNG"]) as image:
         if image.mode != "L":
             raise ValueError(f"{path}: a mask PNG is mode L, got {image.mode}")
         pixels = np.asarray(image)

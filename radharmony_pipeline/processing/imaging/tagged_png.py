@@ -55,6 +55,15 @@ def read_png_tags(path: Any) -> dict[str, str]:
     rewritten): every chunk's checksum is checked, the pixels are not decoded."""
     try:
         content = read_bytes(path)
+    except (OSError, ValueError):
+        return {}
+    return png_tags(content)
+
+
+def png_tags(content: bytes) -> dict[str, str]:
+    """The text tags of a PNG's bytes, checked as read_png_tags checks a file's ({} if
+    damaged), for a caller that needs the bytes for more than the tags."""
+    try:
         if png_problem(content) is not None:
             return {}
         with Image.open(io.BytesIO(content), formats=["PNG"]) as image:
@@ -217,11 +226,14 @@ def write_tagged_png(
     input_key: str,
     tags: Mapping[str, str] | None = None,
     encode: Callable[[np.ndarray], bytes] = radiograph_png,
+    absent: bool = False,
 ) -> bool:
     """Write `pixels()` (2-D uint8, encoded by `encode`) with its input key (and other tags)
     atomically; False if the file already carries the same key and was left untouched
-    (mtime included). The pixels are only built when they are written."""
-    if stored_input_key(path) == input_key:
+    (mtime included). The pixels are only built when they are written. `absent`: the caller
+    knows the file is not there (a listing of its folder said so), so it is not read first:
+    on an object store that read is a request, a 404 on every first build."""
+    if not absent and stored_input_key(path) == input_key:
         return False
     publish_tagged_png(path, pixels(), input_key, tags, encode)
     return True
@@ -236,5 +248,14 @@ def publish_tagged_png(
 ) -> None:
     """Write `pixels` (2-D uint8, encoded by `encode`) with its input key (and other tags)
     atomically, whatever the file holds now (for a caller that found it unusable)."""
-    png = with_text_tags(encode(pixels), {INPUT_KEY_TAG: input_key, **(tags or {})})
-    publish_bytes(path, png)
+    publish_bytes(path, tagged_png_bytes(pixels, input_key, tags, encode))
+
+
+def tagged_png_bytes(
+    pixels: np.ndarray,
+    input_key: str,
+    tags: Mapping[str, str] | None = None,
+    encode: Callable[[np.ndarray], bytes] = radiograph_png,
+) -> bytes:
+    """The bytes publish_tagged_png writes for these arguments."""
+    return with_text_tags(encode(pixels), {INPUT_KEY_TAG: input_key, **(tags or {})})

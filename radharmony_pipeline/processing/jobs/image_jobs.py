@@ -26,6 +26,7 @@ from PIL import Image
 
 from radharmony_pipeline.processing.annotations.masks import (
     mask_input_key,
+    mask_png_bytes,
     read_mask_png,
     write_mask_png,
 )
@@ -59,6 +60,7 @@ from radharmony_pipeline.processing.imaging.perceptual_hash import perceptual_ha
 from radharmony_pipeline.processing.imaging.tagged_png import (
     INPUT_KEY_TAG,
     png_problem,
+    png_tags,
     publish_tagged_png,
     read_leading_tags,
     stored_input_key,
@@ -104,6 +106,7 @@ from radharmony_pipeline.processing.storage.store import (
     read_bytes,
     remove,
     remove_orphaned_siblings,
+    single_put_state,
 )
 from radharmony_pipeline.processing.tables.table_schemas import (
     IMAGES,
@@ -156,6 +159,35 @@ def header_values(tags: Mapping[str, str]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class UnionMask:
+    """An image's union mask PNG as read once, for both its input key and its pixels (each
+    read is a request on an object store): its bytes, or why they could not be read."""
+
+    path: Any
+    content: bytes | None
+    error: Exception | None = None
+
+    @classmethod
+    def read(cls, path: Any) -> UnionMask:
+        """The mask at `path`; a missing or unreadable one is kept as its error, which its
+        pixels raise (its key is then none, as stored_input_key gives for it)."""
+        try:
+            return cls(path, read_bytes(path))
+        except (OSError, ValueError) as error:  # ValueError: a NUL byte in the path
+            return cls(path, None, error)
+
+    def key(self) -> str | None:
+        """The input key the mask was written with (None: unreadable, damaged or untagged)."""
+        return None if self.content is None else png_tags(self.content).get(INPUT_KEY_TAG)
+
+    def pixels(self) -> np.ndarray:
+        """The mask as uint8 0/1 (read_mask_png); the read's error if it failed."""
+        if self.content is None:
+            raise cast(Exception, self.error)
+        return read_mask_png(self.path, self.content)
+
+
+@dataclass(frozen=True)
 class ImageJob:
     image_id: str
     source_file: Path
@@ -176,6 +208,10 @@ class ImageJob:
     # The row of the array being assembled that the pixels go to, when it is not `row`: a
     # patch assembles the changed images only, one after the other.
     scratch_row: int | None = None
+    # The states of its image and mask PNGs (None inside: not there) from one listing of the
+    # partition's image folder (store.object_states), taken by the caller on S3, where looking
+    # at each object is a request per image; None: look at the files themselves.
+    listed_states: tuple[str | None, str | None] | None = None
 
     @property
     def array_row(self) -> int:
@@ -189,13 +225,25 @@ class ImageJob:
     def input_key(self) -> str:
         """Source fingerprint (size + mtime, or + ETag on a store), union-mask key and
         parameters."""
-        with self.source() as source:
-            return self.key_for(source.state)
+        return self.key_and_union()[0]
 
-    def key_for(self, state: FileState) -> str:
-        """The input key of outputs made from the source in `state`."""
+    def key_and_union(self) -> tuple[str, UnionMask | None]:
+        """The input key, and the union mask as read for it (None: the image has none)."""
+        with self.source() as source:
+            union = self.union_mask()
+            return self.key_for(source.state, union), union
+
+    def union_mask(self) -> UnionMask | None:
+        """Its union mask, read (None: the image has none)."""
+        return UnionMask.read(self.union_mask_file) if self.union_mask_file else None
+
+    def key_for(self, state: FileState, union: UnionMask | None = None) -> str:
+        """The input key of outputs made from the source in `state`; `union`: its union
+        mask as already read (else it is read here, when the image has one)."""
         size, version = state
-        mask_key = stored_input_key(self.union_mask_file) if self.union_mask_file else ""
+        if union is None:
+            union = self.union_mask()
+        mask_key = union.key() if union is not None else ""
         return mask_input_key(
             IMAGE_CODE_VERSION,
             f"{size}:{version}",
@@ -216,18 +264,24 @@ class ImageJob:
         key = None
         try:
             with self.source() as source:
-                key = self.key_for(source.state)
-                return self._reuse(key) or self._process(key, source)
+                # Read once for its key and, when the image is decoded, its pixels.
+                union = self.union_mask()
+                key = self.key_for(source.state, union)
+                return self._reuse(key) or self._process(key, source, union)
         except (DecodeError, OSError, ValueError) as exc:  # ValueError: a NUL byte in a path
             return self._error_row(str(exc), key), None
 
     def current_row(
-        self, key: str, record: HeaderRecord | None = None
+        self, key: str, record: HeaderRecord | None = None, union: UnionMask | None = None
     ) -> tuple[ImageRow, HeaderRecord | None] | None:
         """The row, and what it took from the outputs' headers, when they carry `key`: from
         `record` while the local files are in the state it recorded (a stat each), else from
         the headers (the first KB of each file read; pixels untouched). None: not current.
-        On object storage nothing is recorded (a stat is a request there as a head is)."""
+        On object storage nothing is recorded (a stat is a request there as a head is); an
+        output that the step's listing did not find is missing without a request, and
+        `union` (the union mask as read for `key`) can spare the mask's (_mask_is_current)."""
+        if self._listed_absent(self.image_relative) or self._listed_absent(self.mask_relative):
+            return None
         try:
             states = self.output_states() if is_local(self.output_root) else None
         except OSError:  # an output is missing: the image is redone
@@ -239,11 +293,13 @@ class ImageJob:
         ):
             return self._row(record.values, key, decoded=False), record
         tags = read_leading_tags(self.output_file(self.image_relative))
-        if tags.get(INPUT_KEY_TAG) != key or not self._mask_is_current(key):
+        if tags.get(INPUT_KEY_TAG) != key:
             return None
         try:
             values = header_values(tags)
         except (KeyError, ValueError):  # a tag missing or unreadable: the image is redone
+            return None
+        if not self._mask_is_current(key, values, union):
             return None
         found = None if states is None else self.header_record(key, states, values)
         return self._row(values, key, decoded=False), found
@@ -255,6 +311,14 @@ class ImageJob:
         if is_local(self.output_root):
             return os.path.join(os.fspath(self.output_root), relative)
         return self.output_root / relative
+
+    def _listed_absent(self, relative: str | None) -> bool:
+        """Whether the step's listing found no output at `relative` (False: present, or
+        no listing was taken)."""
+        if self.listed_states is None or relative is None:
+            return False
+        image_state, mask_state = self.listed_states
+        return (image_state if relative == self.image_relative else mask_state) is None
 
     def output_states(self) -> tuple[str, str | None]:
         """The states of the local image PNG and of its mask PNG (None: it has none)."""
@@ -285,21 +349,60 @@ class ImageJob:
         except (OSError, ValueError):  # the job runs and names the problem
             return None
 
-    def _mask_is_current(self, key: str) -> bool:
-        return self.mask_relative is None or (
-            stored_input_key(self.output_file(self.mask_relative)) == key
-        )
+    def _mask_is_current(
+        self, key: str, values: Mapping[str, Any] | None = None, union: UnionMask | None = None
+    ) -> bool:
+        """Whether its mask PNG carries `key`: read, unless the step's listing settles it
+        (_listed_mask_matches, given the image's header `values` and its `union` mask)."""
+        if self.mask_relative is None:
+            return True
+        if self._listed_absent(self.mask_relative):
+            return False
+        if (
+            values is not None
+            and union is not None
+            and self._listed_mask_matches(key, values, union)
+        ):
+            return True
+        return stored_input_key(self.output_file(self.mask_relative)) == key
 
-    def _process(self, key: str, source: ConfinedSource) -> tuple[ImageRow, np.ndarray]:
-        """Decode the source, resize and write the PNGs; the row and the pixels to pack."""
+    def _listed_mask_matches(self, key: str, values: Mapping[str, Any], union: UnionMask) -> bool:
+        """Whether the listed mask object holds the very bytes this job writes for `key`:
+        the union mask resized through the geometry its image's header gives. Then it
+        carries `key`, and the request that would read it is spared (on a re-run, one of
+        three per masked image). The comparison is with the listing's state, whose ETag is
+        the MD5 of the bytes of an object published by one PUT; where a store's ETags are
+        not (encryption with KMS keys), nothing matches and the mask is read instead."""
+        if self.listed_states is None or self.listed_states[1] is None or union.content is None:
+            return False
+        try:
+            geometry = GEOMETRIES[self.resize](
+                values["orig_height"], values["orig_width"], self.size
+            )
+            expected = mask_png_bytes(resize_mask(union.pixels(), geometry), key)
+        # A union mask Pillow cannot decode (SyntaxError: a broken chunk), or pixels the
+        # geometry does not fit: the mask is read, as it was before the listing.
+        except (OSError, SyntaxError, ValueError):
+            return False
+        return single_put_state(expected) == self.listed_states[1]
+
+    def _process(
+        self, key: str, source: ConfinedSource, union: UnionMask | None = None
+    ) -> tuple[ImageRow, np.ndarray]:
+        """Decode the source, resize and write the PNGs; the row and the pixels to pack.
+        `union`: the union mask as read for the key (else read here)."""
         # Read once, for both decoding and the source hash.
         content = read_source(source)
         decoded = decode_grayscale(source.path, target_size=self.size, content=content)
         geometry = GEOMETRIES[self.resize](decoded.source_height, decoded.source_width, self.size)
         pixels = resize_image(decoded.pixels, geometry)
         if self.mask_relative is not None:
-            mask = resize_mask(read_mask_png(self.union_mask_file), geometry)
-            write_mask_png(self.output_root / self.mask_relative, mask, key)
+            if union is None:
+                union = UnionMask.read(self.union_mask_file)
+            mask = resize_mask(union.pixels(), geometry)
+            # Not looked at first when the listing found none: on a store that is a 404.
+            absent = self._listed_absent(self.mask_relative)
+            write_mask_png(self.output_root / self.mask_relative, mask, key, absent=absent)
         values = {
             "orig_height": int(decoded.source_height),
             "orig_width": int(decoded.source_width),
@@ -317,7 +420,10 @@ class ImageJob:
         return self._row(values, key, decoded=True), pixels
 
     def _reuse(self, key: str) -> tuple[ImageRow, np.ndarray] | None:
-        """The row and pixels from the existing outputs when they carry `key`, else None."""
+        """The row and pixels from the existing outputs when they carry `key`, else None
+        (at once when the step's listing found no image PNG: nothing to read)."""
+        if self._listed_absent(self.image_relative):
+            return None
         try:
             content = read_bytes(self.output_file(self.image_relative))
             if png_problem(content) is not None:  # damaged since it was written
@@ -727,10 +833,13 @@ def key_and_current_row(
     (ImageJob.current_row) when that key is the one recorded for its packed row; None for a
     changed image, whose outputs are not looked at. Top-level (picklable) for workers."""
     job, recorded, record = job_recorded
-    key = _input_key_or_none(job)
-    if key is None or key != recorded:
+    try:
+        key, union = job.key_and_union()
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
+        return None, None
+    if key != recorded:
         return key, None
-    return key, job.current_row(key, record)
+    return key, job.current_row(key, record, union)
 
 
 def _held_rows(
@@ -884,13 +993,6 @@ def _assemble(chunks: Sequence[ImageChunk], scratch: Path) -> None:
                 shard = np.load(handle, allow_pickle=False)
             packed.write(start, shard)
             start += len(shard)
-
-
-def _input_key_or_none(job: ImageJob) -> str | None:
-    try:
-        return job.input_key()
-    except (OSError, ValueError):  # ValueError: a NUL byte in the path
-        return None
 
 
 def _has_size(packed: Any, rows: int, size: int) -> bool:

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
+import hashlib
 import io
 import itertools
 import os
@@ -32,7 +34,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from glob import escape as glob_escape
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeGuard
 
 import numpy as np
 from upath import UPath
@@ -426,6 +428,45 @@ def listing(folder: OutputPath) -> set[str]:
     }
 
 
+def object_states(folder: UPath) -> dict[str, str]:
+    """The state of every object below `folder` on S3 (`<size>:<ETag>`: other bytes published
+    under the key give another), by its path relative to `folder` ('/'-separated): one LIST
+    request per 1,000 keys, each page retried on its own. Empty if there are none.
+
+    Listed page by page here rather than by s3fs's find, which follows an empty listing with
+    a HEAD and another LIST to tell an empty folder from a file: on a first build every
+    partition's folder is empty."""
+    fs = folder.fs
+    bucket, key, _version = fs.split_path(folder.path)
+    prefix = f"{key.rstrip('/')}/" if key else ""
+    states: dict[str, str] = {}
+    page_options: dict[str, str] = {"Bucket": bucket, "Prefix": prefix}
+    while True:
+        page = with_retries(
+            folder,
+            "list the folder",
+            lambda options=dict(page_options): fs.call_s3("list_objects_v2", **options),
+        )
+        for item in page.get("Contents", ()):
+            states[item["Key"][len(prefix) :]] = f"{item['Size']}:{item['ETag']}"
+        if not page.get("IsTruncated"):
+            return states
+        page_options["ContinuationToken"] = page["NextContinuationToken"]
+
+
+def single_put_state(content: bytes) -> str:
+    """The state object_states lists for an object of `content` published by one PUT: on S3
+    its ETag is the MD5 of its bytes (not so for a multipart upload or an object encrypted
+    with a KMS key, whose states then never equal this)."""
+    return f'{len(content)}:"{hashlib.md5(content, usedforsecurity=False).hexdigest()}"'
+
+
+def lists_object_states(folder: Any) -> TypeGuard[UPath]:
+    """Whether object_states can list `folder`: a folder on S3 (other stores' listings do
+    not all carry a digest of each object's bytes)."""
+    return _is_s3(folder)
+
+
 def make_folder(folder: OutputPath) -> None:
     """Create a local folder; object stores have no folders to create."""
     if is_local(folder):
@@ -434,11 +475,26 @@ def make_folder(folder: OutputPath) -> None:
 
 # Clean-up of what killed writers left: here, not in atomic.py, because it lists and deletes
 # through this module, which writes through atomic.py.
-def remove_orphaned_temporaries(folder: Any, pattern: str = "*") -> list[Any]:
+def remove_orphaned_temporaries(
+    folder: Any, pattern: str = "*", listed: Iterable[str] | None = None
+) -> list[Any]:
     """Delete the temporary files under `folder` (a local path or a UPath on object storage,
-    recursively) whose writer is gone."""
+    recursively) whose writer is gone. `listed`: the paths below `folder` (relative to it)
+    from a listing the caller has just taken, searched instead of listing the folder again.
+    On S3 the folder is listed page by page (object_states): a glob there costs a HEAD and
+    several LISTs when the folder is empty."""
     folder = Path(folder) if isinstance(folder, str) else folder
-    return _remove_if_writer_gone(glob(folder, f"**/{TEMP_MARKER}{pattern}"))
+    name_pattern = f"{TEMP_MARKER}{pattern}"
+    if listed is None and not lists_object_states(folder):
+        return _remove_if_writer_gone(glob(folder, f"**/{name_pattern}"))
+    if listed is None:
+        listed = object_states(folder)
+    temporaries = [
+        folder / relative
+        for relative in listed
+        if fnmatch.fnmatchcase(relative.rsplit("/", 1)[-1], name_pattern)
+    ]
+    return _remove_if_writer_gone(temporaries)
 
 
 def remove_orphaned_siblings(path: Any) -> list[Any]:
