@@ -37,6 +37,9 @@ ORDER = (
     "real_reports",
     "exports",
     "cluster",
+    "time_limit",
+    "cluster_requests",
+    "cluster_upload",
     "store_retries",
 )
 
