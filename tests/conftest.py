@@ -164,3 +164,25 @@ def tiny_demo(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Demo
         with dg.DagsterInstance.get() as instance:
             runs = list(instance.get_runs())
     return Demo(base, environment, completed, runs)
+
+
+# The session fixtures that build (a corpus, the demo): a test using one, directly or through
+# another fixture, carries a tier mark (pyproject.toml declares the tiers), or the fast tier
+# would build them.
+BUILDING_FIXTURES = frozenset({"tiny_corpus", "tiny_demo"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tiers = {line.split(":", 1)[0].strip() for line in config.getini("markers")}
+    untiered = [
+        item.nodeid
+        for item in items
+        if BUILDING_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and not any(item.get_closest_marker(tier) for tier in tiers)
+    ]
+    if untiered:
+        raise pytest.UsageError(
+            f"{len(untiered)} test(s) use {' or '.join(sorted(BUILDING_FIXTURES))} without a "
+            f"tier mark, e.g. {untiered[0]}: add `pytestmark = pytest.mark.build` to the "
+            "module, or `@pytest.mark.build` to the test"
+        )
