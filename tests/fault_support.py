@@ -3,6 +3,7 @@ run, prove nothing outside the dataset roots was opened, and load every written 
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from collections.abc import Iterator
@@ -114,6 +115,23 @@ def output_files(root: Path, folder: Path | None = None) -> dict[str, bytes]:
         for path in (folder or root).rglob("*")
         if path.is_file() and not path.name.endswith(layout.PACKED_HEADERS_SUFFIX)
     }
+
+
+def assert_same_outputs(remote: dict[str, bytes], local: dict[str, bytes]) -> None:
+    """The same files (by relative path): tables equal as frames, arrays as arrays, the rest
+    byte for byte."""
+    assert sorted(remote) == sorted(local)
+    for name, data in local.items():
+        if name.endswith(".parquet"):
+            pd.testing.assert_frame_equal(
+                pd.read_parquet(io.BytesIO(remote[name])), pd.read_parquet(io.BytesIO(data))
+            )
+        elif name.endswith(".npy"):
+            np.testing.assert_array_equal(
+                np.load(io.BytesIO(remote[name])), np.load(io.BytesIO(data)), err_msg=name
+            )
+        else:  # PNGs (masks, images, previews) and key files: the very same bytes
+            assert remote[name] == data, name
 
 
 def assert_outputs_load(output: Path) -> None:

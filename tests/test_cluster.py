@@ -9,7 +9,6 @@ Select with `pytest -m cluster`.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -18,7 +17,6 @@ from pathlib import Path
 
 import dagster as dg
 import numpy as np
-import pandas as pd
 import pytest
 from cluster_services import (
     AWS_ENVIRONMENT,
@@ -33,7 +31,7 @@ from cluster_services import (
     start_postgres,
     start_s3_server,
 )
-from fault_support import output_files
+from fault_support import assert_same_outputs, output_files
 
 from radharmony_pipeline.defs.assets.bboxes import bboxes
 from radharmony_pipeline.defs.assets.images import images
@@ -182,21 +180,6 @@ def bucket_files(services: Services, prefix: str) -> dict[str, bytes]:
     fs = s3(services)
     base = f"{BUCKET}/{prefix}"
     return {key[len(base) + 1 :]: fs.cat_file(key) for key in fs.find(base)}
-
-
-def assert_same_outputs(remote: dict[str, bytes], local: dict[str, bytes]) -> None:
-    assert sorted(remote) == sorted(local)
-    for name, data in local.items():
-        if name.endswith(".parquet"):
-            pd.testing.assert_frame_equal(
-                pd.read_parquet(io.BytesIO(remote[name])), pd.read_parquet(io.BytesIO(data))
-            )
-        elif name.endswith(".npy"):
-            np.testing.assert_array_equal(
-                np.load(io.BytesIO(remote[name])), np.load(io.BytesIO(data)), err_msg=name
-            )
-        else:  # PNGs (masks, images, previews) and key files: the very same bytes
-            assert remote[name] == data, name
 
 
 def assert_partition_checks(checks: list[tuple], partitions: list[str]) -> None:

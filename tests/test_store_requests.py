@@ -9,13 +9,11 @@ Select with `pytest -m cluster`.
 
 from __future__ import annotations
 
-import io
 import os
 from collections import Counter
 from pathlib import Path
 
 import dagster as dg
-import numpy as np
 import pandas as pd
 import pytest
 from cluster_services import (
@@ -28,7 +26,7 @@ from cluster_services import (
     start_dask,
     start_s3_server,
 )
-from fault_support import output_files
+from fault_support import assert_same_outputs, output_files
 
 from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.processing.storage import output_layout as layout
@@ -354,16 +352,5 @@ def test_a_masked_partition_costs_at_most_3_requests_per_image_and_equals_a_loca
     base = f"{BUCKET}/masked"
     remote = {key[len(base) + 1 :]: fs.cat_file(key) for key in fs.find(base)}
     expected = output_files(local)  # but the local header record (mtimes and inodes)
-    assert sorted(remote) == sorted(expected)
     assert any(name.endswith(layout.UNION_MASK_SUFFIX) for name in expected)
-    for name, content in expected.items():
-        if name.endswith(".parquet"):
-            pd.testing.assert_frame_equal(
-                pd.read_parquet(io.BytesIO(remote[name])), pd.read_parquet(io.BytesIO(content))
-            )
-        elif name.endswith(".npy"):
-            np.testing.assert_array_equal(
-                np.load(io.BytesIO(remote[name])), np.load(io.BytesIO(content)), err_msg=name
-            )
-        else:  # PNGs (images, masks, previews) and key files
-            assert remote[name] == content, name
+    assert_same_outputs(remote, expected)
