@@ -203,6 +203,12 @@ def cpu_per_image(function: Callable[[object], object], items: Sequence, repeats
     return per_item(function, items, repeats, time.process_time)
 
 
+def ratio(part: float, whole: float) -> float:
+    """part / whole, NaN when whole measured zero: CPU times count in clock ticks (10 ms
+    here), and a smoke run's few images can take less than one."""
+    return part / whole if whole > 0 else math.nan
+
+
 def pool_cpu_seconds() -> float:
     """CPU seconds of this process and of every worker process so far (pool_cpu_times)."""
     return sum(pool_cpu_times())

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import dagster as dg
 from baselines import work_alone
-from common import SIZE, Table, load_line, pool_cpu_times, run_stage
+from common import SIZE, Table, load_line, pool_cpu_times, ratio, run_stage
 from synthetic_inputs import REXGRADIENT_PARTITION, write_rexgradient_partition
 
 from radharmony_pipeline.definitions import build_definitions
@@ -166,27 +166,27 @@ def report(
     ratios, user_ratios, row_ratios = [], [], []
     for repeat, cpu in enumerate(repeat_results, 1):
         alone = cpu["work alone"]
-        ratios.append(sum(cpu["step"]) / sum(alone))
-        user_ratios.append(cpu["step"][0] / alone[0])
-        row_ratios.append(sum(cpu["step"]) / sum(cpu["with rows"]))
+        ratios.append(ratio(sum(cpu["step"]), sum(alone)))
+        user_ratios.append(ratio(cpu["step"][0], alone[0]))
+        row_ratios.append(ratio(sum(cpu["step"]), sum(cpu["with rows"])))
         print(
             f"{name:<18} {images:>6} images, repeat {repeat} | step {describe(cpu['step'])} "
             f"| pool {describe(cpu['pool'])} | work alone {describe(alone)} | with rows "
             f"{describe(cpu['with rows'])} | step/work alone {ratios[-1]:4.2f}x "
             f"({user_ratios[-1]:4.2f}x user; {row_ratios[-1]:4.2f}x with rows) | "
-            f"pool/work alone {sum(cpu['pool']) / sum(alone):4.2f}x"
+            f"pool/work alone {ratio(sum(cpu['pool']), sum(alone)):4.2f}x"
         )
-    ratio = statistics.median(ratios)
+    median = statistics.median(ratios)
     print(
-        f"{name:<18} median step/work alone {ratio:4.2f}x "
-        f"{'PASS' if ratio <= TARGET else 'FAIL'} (≤ {TARGET}x; repeats "
+        f"{name:<18} median step/work alone {median:4.2f}x "
+        f"{'PASS' if median <= TARGET else 'FAIL'} (≤ {TARGET}x; repeats "
         f"{min(ratios):4.2f}-{max(ratios):4.2f}x); user CPU alone "
         f"{statistics.median(user_ratios):4.2f}x; against the work alone with rows "
         f"{statistics.median(row_ratios):4.2f}x"
     )
     return {
         "images": images,
-        "ratio": ratio,
+        "ratio": median,
         "ratios": ratios,
         "user_ratio": statistics.median(user_ratios),
         "with_rows_ratio": statistics.median(row_ratios),
