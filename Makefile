@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 # The demo's instance unless DAGSTER_HOME is set (a run on your downloads has its own).
 DAGSTER_HOME ?= $(CURDIR)/dagster_home
 export DAGSTER_HOME
+# The tests start hundreds of Python processes (`dg launch`, the CLIs, Dagster's run workers,
+# the benchmark smokes), each importing the package: compiled once and kept in __pycache__
+# (git-ignored), it is read instead of compiled each time, even where a shell asks otherwise.
+unexport PYTHONDONTWRITEBYTECODE
 # Where `make ui` listens: loopback unless HOST says otherwise.
 HOST ?= 127.0.0.1
 PORT ?= 3000

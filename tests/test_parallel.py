@@ -14,6 +14,18 @@ from pathlib import Path, PurePosixPath
 
 import psutil
 import pytest
+from pool_work import (
+    DiesOnArrival,
+    ImageBroken,
+    fail_on_seven,
+    path_facts,
+    short_sleep,
+    slow_first,
+    square,
+    stuck_at_150,
+    stuck_on_bytes,
+    tag_with_pid,
+)
 
 from radharmony_pipeline.defs.run_settings import RunSettingsResource
 from radharmony_pipeline.processing.execution import parallel, supervised
@@ -32,67 +44,6 @@ from radharmony_pipeline.processing.execution.supervised import (
     run_supervised,
 )
 from radharmony_pipeline.settings import WORKERS_VARIABLE, worker_count
-
-
-class ImageBroken(ValueError):
-    """A distinct type, so the test sees the original type and not a generic wrapper."""
-
-
-# Worker functions are top level so the process pool can pickle them by name.
-def square(number: int) -> int:
-    return number * number
-
-
-def tag_with_pid(number: int) -> tuple[int, int]:
-    return number, os.getpid()
-
-
-def fail_on_seven(number: int) -> int:
-    if number == 7:
-        raise ImageBroken(f"image {number} is broken")
-    return number
-
-
-def slow_first(number: int) -> tuple[int, int]:
-    if number == 0:
-        time.sleep(1.0)
-    return number, os.getpid()
-
-
-def short_sleep(number: int) -> int:
-    time.sleep(0.001)
-    return number
-
-
-def stuck_at_150(number: int) -> int:
-    if number == 150:
-        time.sleep(3600)
-    return short_sleep(number)
-
-
-def path_facts(item: tuple[Path, PurePosixPath]) -> tuple[type, str, tuple[str, ...], type]:
-    path, pure = item
-    return type(path), str(path), pure.parts, type(pure)
-
-
-def stuck_on_bytes(item: bytes) -> int:
-    if item == b"stuck":
-        time.sleep(3600)
-    return len(item)
-
-
-class DiesOnArrival:
-    """A worker function whose process exits while unpickling it, before any item."""
-
-    def __call__(self, number: int) -> int:
-        return number
-
-    def __getstate__(self) -> dict:
-        return {"dies": True}  # a non-empty state, so unpickling calls __setstate__
-
-    def __setstate__(self, state: dict) -> None:
-        os._exit(3)
-
 
 LIMIT = TimeLimit(1.0, lambda item, reason: f"stopped: {reason}")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from pool_work import sleep_for
 
 import radharmony_pipeline
 from radharmony_pipeline import settings
@@ -132,14 +133,7 @@ def test_the_time_limit_names_where_it_is_set_and_the_generic_pool_names_nothing
     )
     generic = TimeLimit(1.0, lambda item, reason: reason)
     assert generic.exceeded() == "took longer than 1 s; stopped"
-    assert "RADHARMONY" not in map_with_time_limit(_sleep, [5.0], 1, generic)[0]
-
-
-def _sleep(seconds: float) -> float:
-    import time
-
-    time.sleep(seconds)
-    return seconds
+    assert "RADHARMONY" not in map_with_time_limit(sleep_for, [5.0], 1, generic)[0]
 
 
 def test_nothing_below_defs_reads_the_environment() -> None:

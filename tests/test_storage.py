@@ -264,7 +264,7 @@ def test_a_table_read_back_in_other_chunks_is_written_as_the_same_bytes(tmp_path
 
     # A declared table of several data pages (1 MB each) and writer batches (1,024 rows).
     row = raw_index_frame().drop(columns=["boxes", "follow_up"]).iloc[:1]
-    frame = pd.concat([row] * 30000, ignore_index=True)
+    frame = pd.concat([row] * 12000, ignore_index=True)  # image_path: 2.4 MB, 12 batches
     frame = frame.assign(
         image_id=[f"chestx_det/{i}" for i in range(len(frame))],
         image_path=[f"{i:0200d}.png" for i in range(len(frame))],
