@@ -101,6 +101,8 @@ class Services:
     pg_command: list = field(default_factory=list)
     pg_options: dict = field(default_factory=dict)
     s3_endpoint: str = ""
+    s3_server: subprocess.Popen | None = None
+    s3_command: list = field(default_factory=list)
     scheduler: str = ""
 
     def environment(self) -> dict[str, str]:
@@ -255,11 +257,34 @@ def start_s3_server(
     command = s3_server_command(
         directory, port, (BUCKET,), logs / "s3-requests.log" if request_log else None
     )
-    environment = {**os.environ, **AWS_ENVIRONMENT}
-    server = services.start(command, logs / "s3-server.log", env=environment)
+    services.s3_command = command
+    services.s3_server = services.start(
+        command, logs / "s3-server.log", env={**os.environ, **AWS_ENVIRONMENT}
+    )
     services.s3_endpoint = f"http://127.0.0.1:{port}"
-    wait_until(lambda: port_open(port), "s3_server.js", server)
-    return server
+    wait_until(lambda: port_open(port), "s3_server.js", services.s3_server)
+    return services.s3_server
+
+
+def restart_s3_server(services: Services, logs: Path, down_seconds: float) -> None:
+    """Kill the disk-backed server (-9: requests in flight are cut, an upload half received),
+    keep it down for `down_seconds`, and start it again on the same port and folder."""
+    server = services.s3_server
+    server.kill()
+    server.wait(timeout=30)
+    time.sleep(down_seconds)
+    services.s3_server = services.start(
+        services.s3_command, logs / "s3-server-restarted.log", env={**os.environ, **AWS_ENVIRONMENT}
+    )
+    port = int(services.s3_endpoint.rsplit(":", 1)[1])
+    wait_until(lambda: port_open(port), "s3_server.js", services.s3_server)
+
+
+def bucket_files(services: Services, prefix: str) -> dict[str, bytes]:
+    """Every object under `prefix` of the test bucket, by its key relative to the prefix."""
+    fs = s3(services)
+    base = f"{BUCKET}/{prefix}"
+    return {key[len(base) + 1 :]: fs.cat_file(key) for key in fs.find(base)}
 
 
 def s3_requests(services: Services) -> dict:

@@ -24,9 +24,9 @@ from cluster_services import (
     BUCKET,
     S3_TESTS,
     Services,
+    bucket_files,
     create_database,
     pg_connect,
-    s3,
     start_dask,
     start_postgres,
     start_s3_server,
@@ -174,12 +174,6 @@ def materialize_locally(data: Path, output: Path, partitions: list[str], manifes
             resources=resources,
         )
         assert result.success
-
-
-def bucket_files(services: Services, prefix: str) -> dict[str, bytes]:
-    fs = s3(services)
-    base = f"{BUCKET}/{prefix}"
-    return {key[len(base) + 1 :]: fs.cat_file(key) for key in fs.find(base)}
 
 
 def assert_partition_checks(checks: list[tuple], partitions: list[str]) -> None:

@@ -1,7 +1,8 @@
 """The services failing under a run: a Dask worker killed while it holds chunks, the Dask
-scheduler killed, and the PostgreSQL server of the Dagster instance restarted mid-run. Each
-ends in outputs equal to a fault-free run's (after a re-run where the fault stops the step),
-no visible temporaries, and a clear message on the failing path, within a bounded time.
+scheduler killed, the PostgreSQL server of the Dagster instance restarted mid-run, and the
+disk-backed S3 server of the output root killed and restarted mid-run. Each ends in outputs
+equal to a fault-free run's (after a re-run where the fault stops the step), no visible
+temporaries, and a clear message on the failing path, within a bounded time.
 
 Select with `pytest -m cluster`.
 """
@@ -21,7 +22,19 @@ import numpy as np
 import pandas as pd
 import psutil
 import pytest
-from cluster_services import Services, pg_connect, restart_postgres, start_dask, start_postgres
+from cluster_services import (
+    AWS_ENVIRONMENT,
+    BUCKET,
+    Services,
+    pg_connect,
+    restart_postgres,
+    restart_s3_server,
+    s3,
+    s3_requests,
+    start_dask,
+    start_postgres,
+    start_s3_server,
+)
 from deadline import within
 from fault_support import build as build_stages
 from PIL import Image
@@ -384,3 +397,67 @@ def test_a_postgres_restart_during_a_run_leaves_the_instance_consistent(
     assert slot_holders(postgres) == []
     assert temporaries(output) == []
     assert_same_stage_outputs(stage_outputs(output), stage_outputs(reference))
+
+
+# --- the output root's S3 server killed and restarted during a run -------------------------
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.usefixtures("fresh_s3_clients")
+def test_an_s3_server_restarted_during_a_run_is_retried_and_nothing_half_written_shows(
+    tiny_root, tmp_path
+):
+    """The run's `images` step is writing PNGs to the bucket when the server is killed (an
+    upload in flight is cut) and comes back 2 s later on the same port and disk: the requests
+    that failed are retried, the run succeeds, and the bucket holds exactly a local run's
+    files, none of them half written and no temporary key."""
+    reference = tmp_path / "reference"
+    assert build_stages(tiny_root, reference, PARTITION).success
+    services = Services()
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(SLOW)
+    home = tmp_path / "home"
+    home.mkdir()
+    log = tmp_path / "run.log"
+    try:
+        start_s3_server(services, tmp_path)
+        environment = {
+            **os.environ,
+            **AWS_ENVIRONMENT,
+            "AWS_ENDPOINT_URL": services.s3_endpoint,
+            "RADHARMONY_DASK_SCHEDULER": "",
+            "DAGSTER_HOME": str(home),
+            "RADHARMONY_DATA_ROOT": str(tiny_root),
+            "RADHARMONY_OUTPUT_ROOT": f"s3://{BUCKET}/restarted",
+            "RADHARMONY_WORKERS": "1",
+            "PYTHONPATH": os.pathsep.join([str(slow), str(REPO)]),
+            "SLOW_IMAGES": "1",
+        }
+        images = f"{BUCKET}/restarted/{layout.resized_image_folder(PARTITION)}"
+        with open(log, "wb") as handle:
+            run = subprocess.Popen(
+                materialize_command(), env=environment, stdout=handle, stderr=subprocess.STDOUT
+            )
+        try:
+            deadline = time.monotonic() + 300
+            while not s3(services).find(images):
+                assert run.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "images never started"
+                time.sleep(0.05)
+            assert run.poll() is None, "the run ended before the server was killed"
+            restart_s3_server(services, tmp_path, down_seconds=2.0)
+            run.wait(timeout=300)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+        assert run.returncode == 0, log.read_text()[-4000:]
+        # The restarted server counts from zero: the run went on writing images to it.
+        assert s3_requests(services)["requests"].get("PUT", 0) > 0
+        downloaded = tmp_path / "downloaded"
+        s3(services).get(f"{BUCKET}/restarted/", f"{downloaded}/", recursive=True)
+    finally:
+        services.stop()
+    assert temporaries(downloaded) == []
+    assert_same_stage_outputs(stage_outputs(downloaded), stage_outputs(reference))
