@@ -4,6 +4,7 @@ does, through the CLI on a persistent instance, at N/4, N/2 and N (corpus/ says 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ from common import Table, add_options, drop_page_cache, write_table
 from corpus.browser import ui_pages
 from corpus.generation import TRAIN_SOURCES, write_corpus
 from corpus.report import (
+    cluster_beside_local,
     figures_table,
     kept_sizes,
     log_file,
@@ -47,6 +49,14 @@ from radharmony_pipeline.sources import SOURCE_TYPES
 
 BIN = Path(sys.executable).parent
 CHANGED_SHARE = 0.01
+# The cluster path's figures, instances and buckets: under `--work`/cluster, beside the local
+# ones, its data those of the local path's sizes.
+CLUSTER = "cluster"
+# Each path's instance: SQLite as the demo's, PostgreSQL as docs/cluster.md deploys it.
+INSTANCES = {
+    False: REPO / "dagster_home" / "dagster.yaml",
+    True: REPO / "deploy" / "dagster.postgres.yaml",
+}
 
 
 def partitions() -> list[str]:
@@ -89,21 +99,27 @@ def rehearse(
     workers: int,
     only: tuple[str, ...] = (),
     first_pass: bool = True,
+    cluster: bool = False,
 ) -> None:
     """One size written (once) and every step run on it, from an empty output root and
     instance, the re-runs too at the `largest` size of the run; each step's figures are
     added to its runs in results_file, whose runs of the steps measured again are dropped on
     the `first_pass` of a command. With `only`, just the steps whose names begin with one of
-    them (UI_STEP for the pages, RERUNS for the re-runs); the others keep their runs."""
+    them (UI_STEP for the pages, RERUNS for the re-runs); the others keep their runs. On the
+    `cluster` path, the same data and steps but the disk's floor, the UI and the re-runs,
+    with their figures under `work`/cluster."""
 
     def wanted(name: str) -> bool:
         return not only or name.startswith(only)
 
     size_dir = size_folder(work, fraction)
-    data, output, home = size_dir / "data", size_dir / "output", size_dir / "dagster_home"
-    clear_outputs(size_dir)  # every pass builds from nothing, as a user's first launches do
+    data = size_dir / "data"
+    figures_root = work / CLUSTER if cluster else work
+    runs_dir = size_folder(figures_root, fraction)  # the output root, instance and figures
+    output, home = runs_dir / "output", runs_dir / "dagster_home"
+    clear_outputs(runs_dir)  # every pass builds from nothing, as a user's first launches do
     home.mkdir(parents=True)
-    shutil.copyfile(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
+    shutil.copyfile(INSTANCES[cluster], home / "dagster.yaml")
     counts_file = size_dir / "corpus_counts.json"
     if not counts_file.exists():
         shutil.rmtree(data, ignore_errors=True)  # a corpus cut short is written again
@@ -120,32 +136,38 @@ def rehearse(
         "RADHARMONY_WORKERS": str(workers),
     }
     figures: dict = {"counts": counts, "runs": {}, "search": {}, "ui": {}}
-    if results_file(work, fraction).exists():
-        figures = {"runs": {}, **json.loads(results_file(work, fraction).read_text())}
+    if results_file(figures_root, fraction).exists():
+        figures = {"runs": {}, **json.loads(results_file(figures_root, fraction).read_text())}
         figures["counts"] = counts
     if first_pass:
         figures["runs"] = {name: runs for name, runs in figures["runs"].items() if not wanted(name)}
-    log = log_file(work, fraction)
+    log = log_file(figures_root, fraction)
 
     def keep(step: Step | None = None) -> None:
         """Every figure is kept as soon as it is measured: a run cut short loses none."""
         if step is not None:
             figures["runs"].setdefault(step.name, []).append(asdict(step))
-        results_file(work, fraction).write_text(json.dumps(figures))
+        results_file(figures_root, fraction).write_text(json.dumps(figures))
 
-    for name, command in commands(data):
-        if not wanted(name):
-            continue
-        if os.geteuid() == 0:
-            drop_page_cache()
-        step = run_step(name, command, env, output, log)
-        if Path(command[0]).name == "dg" and step.ok:
-            step.stages = launch_summary(env)["steps"]
-        print(f"  {_row(step)}", flush=True)
-        keep(step)
-        if name == "manifest":
-            figures["search"] = near_duplicate_search(home, step)
+    with on_the_cluster(runs_dir) if cluster else contextlib.nullcontext() as services:
+        if services is not None:
+            env.update(services.environment(home))
+            output = services.objects  # the bytes a step adds to the bucket, on disk
+        for name, command in commands(data):
+            if not wanted(name) or (cluster and name == STAT_FLOOR):
+                continue
+            if os.geteuid() == 0:
+                drop_page_cache()
+            step = run_step(name, command, env, output, log, services)
+            if Path(command[0]).name == "dg" and step.ok:
+                step.stages = launch_summary(env)["steps"]
+            print(f"  {_row(step)}", flush=True)
+            keep(step)
+            if name == "manifest":
+                figures["search"] = near_duplicate_search(home, step)
     print(f"  near_duplicates: {json.dumps(figures['search'])}", flush=True)
+    if cluster:
+        return
     if wanted(UI_STEP):
         figures["ui"] = ui_pages(env, log)
     keep()
@@ -154,9 +176,16 @@ def rehearse(
             keep(step)
 
 
+def on_the_cluster(runs_dir: Path) -> contextlib.AbstractContextManager:
+    """The cluster path's services for a size (imported here: they add tests/ to the path)."""
+    from corpus.cluster import cluster_path
+
+    return cluster_path(runs_dir)
+
+
 def clear_outputs(size_dir: Path) -> None:
     """A size's output root and instance deleted; its data stay."""
-    for folder in ("output", "dagster_home"):
+    for folder in ("output", "dagster_home", "bucket"):
         shutil.rmtree(size_dir / folder, ignore_errors=True)
 
 
@@ -218,7 +247,25 @@ def smoke(args: argparse.Namespace) -> None:
             search = {"images_compared": images, "seconds": images / 500}
             figures = {"counts": {"rexgradient": images}, "runs": runs, "search": search, "ui": {}}
             results_file(work, fraction).write_text(json.dumps(figures))
+            for runs_of_step in runs.values():
+                step = runs_of_step[0]
+                step["wall"] *= 1.2
+                step["requests"] = {"PUT": images, "GET": images // 2, "5xx": 1, "bytes in": 9}
+                step["service_peaks_mb"] = {"dask worker": 700.0, "s3 server": 120.0}
+            (work / CLUSTER).mkdir(exist_ok=True)
+            results_file(work / CLUSTER, fraction).write_text(json.dumps(figures))
         report(args, work)
+        report_cluster(args, work)
+
+
+def report_cluster(args: argparse.Namespace, work: Path) -> None:
+    """The cluster path's figures kept under `work`/cluster, printed, and their table beside
+    the local path's figures of the same sizes written as results."""
+    cluster = kept_sizes(work / CLUSTER)
+    table(*stored_results(cluster))
+    columns, rows, figures = cluster_beside_local(kept_sizes(work), cluster)
+    title = "The corpus on the cluster path beside the local one"
+    write_table(args, Table("corpus_cluster", title, columns, rows, figures, section="--cluster"))
 
 
 def report(args: argparse.Namespace, work: Path) -> None:
@@ -244,6 +291,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep each size's data and outputs")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="on PostgreSQL, the disk-backed S3 server and 2 Dask workers (figures under "
+        f"--work/{CLUSTER}, shown beside the local ones of the same sizes)",
+    )
     parser.add_argument(
         "--report", action="store_true", help="only print the figures kept under --work"
     )
@@ -287,6 +340,7 @@ def main() -> None:
             args.workers,
             tuple(args.step),
             first_pass=index == 0,
+            cluster=args.cluster,
         )
         if not args.keep:
             # A pass's outputs make room for the next size's; the data serve every pass.
@@ -294,7 +348,7 @@ def main() -> None:
             clear_outputs(size_dir)
             if index == args.passes - 1:
                 shutil.rmtree(size_dir, ignore_errors=True)
-    report(args, args.work)
+    (report_cluster if args.cluster else report)(args, args.work)
 
 
 if __name__ == "__main__":

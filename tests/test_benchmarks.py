@@ -21,7 +21,7 @@ SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("bench_*.py"))
 WRITES = {
     "bench_checks.py": {"check_data", "verify"},
     "bench_cluster.py": {"cluster", "time_limit"},
-    "bench_corpus.py": {"corpus"},
+    "bench_corpus.py": {"corpus", "corpus_cluster"},
     "bench_duplicates.py": {"duplicates", "hash_choice", "film_similarity", "parents"},
     "bench_exports.py": {"exports"},
     "bench_images.py": {"images_formats", "images_jpeg"},

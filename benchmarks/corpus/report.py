@@ -43,6 +43,11 @@ def typical(runs: list[Step]) -> Step:
         },
         round(statistics.median(run.disk_reads for run in runs)),
         round(statistics.median(run.pages_reclaimed for run in runs)),
+        runs[0].requests,
+        {
+            role: max(run.service_peaks_mb.get(role, 0.0) for run in runs)
+            for role in runs[0].service_peaks_mb
+        },
     )
 
 
@@ -263,3 +268,64 @@ def project_search(kept: KeptSizes, corpus: int = 1_000_000) -> None:
         exponent = math.log(t1 / t0) / math.log(n1 / n0)
         projected = t1 * (corpus / n1) ** exponent
         print(f"  projected to {corpus:,} images: {projected / 60:.1f} min (t ∝ n^{exponent:.2f})")
+
+
+# The server's request kinds that are not requests (tests/s3_server.js counts them alongside).
+NOT_REQUESTS = ("bytes in", "bytes out", "5xx")
+
+
+def cluster_beside_local(
+    local: KeptSizes, cluster: KeptSizes
+) -> tuple[list[str], list[list[str]], dict]:
+    """Each step run on both paths at a size, one row: the local and cluster wall, their
+    ratio, the cluster's CPU, its S3 requests (per corpus image, the kinds, 5xx answers
+    retried), bytes moved and the largest peak RSS of the step and of each service."""
+    local_runs = dict(stored_results(local)[0])
+    cluster_runs, images = stored_results(cluster)
+    columns = [
+        "step",
+        "size (images)",
+        "local wall",
+        "cluster wall / CPU",
+        "cluster / local",
+        "S3 requests (per image; kinds)",
+        "bytes in / out",
+        "peak RSS: step, workers, S3 server, postgres",
+    ]
+    rows, ratios = [], {}
+    for fraction, runs in cluster_runs:
+        for name, step_runs in runs.items():
+            if name not in local_runs.get(fraction, {}):
+                continue
+            near, far = typical(local_runs[fraction][name]), typical(step_runs)
+            ratio = far.wall / near.wall
+            ratios.setdefault(f"{fraction:g}", {})[name] = round(ratio, 3)
+            requests = {k: v for k, v in far.requests.items() if k not in NOT_REQUESTS}
+            kinds = ", ".join(
+                f"{k} {v:,}" for k, v in sorted(requests.items(), key=lambda i: -i[1])
+            )
+            peaks = far.service_peaks_mb
+            rows.append(
+                [
+                    name,
+                    f"{fraction:g} ({images[fraction]:,})",
+                    f"{near.wall:.1f} s",
+                    f"{far.wall:.1f} s / {far.cpu:.1f} s" + ("" if far.ok else " FAILED"),
+                    f"{ratio:.2f}×",
+                    f"{sum(requests.values()) / images[fraction]:.2f} ({kinds}; 5xx "
+                    f"{far.requests.get('5xx', 0)})",
+                    f"{far.requests.get('bytes in', 0) / 1e9:.2f} / "
+                    f"{far.requests.get('bytes out', 0) / 1e9:.2f} GB",
+                    " / ".join(
+                        f"{mb / 1024:.2f}"
+                        for mb in (
+                            far.peak_rss_mb,
+                            peaks.get("dask worker", 0.0),
+                            peaks.get("s3 server", 0.0),
+                            peaks.get("postgres", 0.0),
+                        )
+                    )
+                    + " GB",
+                ]
+            )
+    return columns, rows, {"cluster_over_local": ratios}

@@ -9,9 +9,13 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from commands import launch_summary
 from common import REPOSITORY as REPO
+
+if TYPE_CHECKING:
+    from corpus.cluster import ClusterPath
 
 
 @dataclass
@@ -29,11 +33,27 @@ class Step:
     # Pages the kernel reclaimed while the step ran (all processes): what writing more than
     # the free memory holds costs.
     pages_reclaimed: int = 0
+    # On the cluster path: the S3 server's requests by kind (its 5xx answers and bytes in and
+    # out among them) and the peak RSS of each kind of service process while the step ran.
+    requests: dict[str, int] = field(default_factory=dict)
+    service_peaks_mb: dict[str, float] = field(default_factory=dict)
 
 
-def run_step(name: str, command: list[str], env: dict, output: Path, log: Path) -> Step:
+def run_step(
+    name: str,
+    command: list[str],
+    env: dict,
+    output: Path,
+    log: Path,
+    cluster: ClusterPath | None = None,
+) -> Step:
+    """`command` run once under /usr/bin/time and what it cost; on the `cluster` path, with
+    the S3 server's requests and the services' peak RSS while it ran."""
     before = _tree_bytes(output)
     stats = log.with_suffix(".time")
+    if cluster is not None:
+        cluster.reset_peaks()
+        requests = cluster.requests()
     busy, reads, reclaimed = machine_busy_seconds(), disk_reads(output), pages_reclaimed()
     start = time.perf_counter()
     with log.open("ab") as sink:
@@ -49,7 +69,7 @@ def run_step(name: str, command: list[str], env: dict, output: Path, log: Path) 
     wall = time.perf_counter() - start
     cpu = machine_busy_seconds() - busy
     rss_kb = stats.read_text().split()[-1]
-    return Step(
+    step = Step(
         name,
         wall,
         cpu,
@@ -59,6 +79,10 @@ def run_step(name: str, command: list[str], env: dict, output: Path, log: Path) 
         disk_reads=disk_reads(output) - reads,
         pages_reclaimed=pages_reclaimed() - reclaimed,
     )
+    if cluster is not None:
+        step.requests = dict(cluster.requests() - requests)
+        step.service_peaks_mb = cluster.peaks_mb()
+    return step
 
 
 def machine_busy_seconds() -> float:

@@ -1,0 +1,122 @@
+"""The rehearsal on the cluster path (bench_corpus.py --cluster): the instance on PostgreSQL,
+the output root on the disk-backed S3 server, the per-image work on two stock `dask worker`
+processes of one thread each, all started per size and stopped by PID; and what a step cost
+each of them: the server's requests by kind and bytes, every service's peak RSS."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+from common import REPOSITORY
+
+# The services the cluster tests start, started the same way: one definition of each.
+sys.path.insert(0, str(REPOSITORY / "tests"))
+from cluster_services import (
+    BUCKET,
+    Services,
+    s3_requests,
+    start_dask,
+    start_postgres,
+    start_s3_server,
+)
+
+DASK_WORKERS = 2  # one thread each: the two cores the local run's pool uses
+OUTPUT_PREFIX = "corpus"
+# A service process's role, by what its command line runs.
+ROLES = {"postgres": "postgres", "s3_server.js": "s3 server", "scheduler": "dask scheduler"}
+
+
+@dataclass
+class ClusterPath:
+    """The started services of one size, and where its outputs' objects lie on disk."""
+
+    services: Services
+    objects: Path  # the server's folder: `du` of it is the bytes a step added to the bucket
+
+    def environment(self, home: Path) -> dict[str, str]:
+        """What a step's command needs to use the cluster path, its instance at `home`."""
+        return {
+            **self.services.environment(),
+            "DAGSTER_HOME": str(home),
+            "RADHARMONY_OUTPUT_ROOT": f"s3://{BUCKET}/{OUTPUT_PREFIX}",
+        }
+
+    def processes(self) -> dict[str, list[psutil.Process]]:
+        """Every live service process (their children too: a worker's nanny forks the worker,
+        postgres a backend per connection), by role."""
+        found: dict[str, list[psutil.Process]] = {}
+        for started in self.services.processes:
+            if started.poll() is not None:
+                continue
+            parent = psutil.Process(started.pid)
+            for process in (parent, *parent.children(recursive=True)):
+                found.setdefault(role(process), []).append(process)
+        return found
+
+    def reset_peaks(self) -> None:
+        """Each service process's peak RSS (VmHWM) set back to its current RSS (Linux's
+        clear_refs), so the next reading is the step's own peak."""
+        for processes in self.processes().values():
+            for process in processes:
+                with contextlib.suppress(OSError):  # ended since, or not ours to reset
+                    Path(f"/proc/{process.pid}/clear_refs").write_text("5")
+
+    def peaks_mb(self) -> dict[str, float]:
+        """The largest peak RSS (VmHWM) of one process of each role since reset_peaks."""
+        peaks: dict[str, float] = {}
+        for name, processes in self.processes().items():
+            for process in processes:
+                try:
+                    status = Path(f"/proc/{process.pid}/status").read_text()
+                except OSError:
+                    continue
+                for line in status.splitlines():
+                    if line.startswith("VmHWM:"):
+                        peak = int(line.split()[1]) / 1024
+                        peaks[name] = max(peaks.get(name, 0.0), peak)
+        return peaks
+
+    def requests(self) -> Counter:
+        """The server's requests so far by kind (and 5xx answers), its bytes in and out."""
+        stats = s3_requests(self.services)
+        counts = Counter(stats["requests"])
+        counts["5xx"] = stats["status"].get("5xx", 0)
+        counts.update({"bytes in": stats["bytes_in"], "bytes out": stats["bytes_out"]})
+        return counts
+
+
+def role(process: psutil.Process) -> str:
+    try:
+        command = " ".join(process.cmdline())
+    except psutil.Error:
+        return "ended"
+    for marker, name in ROLES.items():
+        if marker in command:
+            return name
+    return "dask worker" if "worker" in command else "other"
+
+
+@contextmanager
+def cluster_path(size_dir: Path) -> Iterator[ClusterPath]:
+    """PostgreSQL, the S3 server (its objects under `size_dir`/bucket, deleted after) and a
+    Dask scheduler with DASK_WORKERS workers, for one size's steps."""
+    logs = size_dir / "service-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    objects = size_dir / "bucket"
+    services = Services()
+    try:
+        start_postgres(services, logs)
+        start_s3_server(services, logs, directory=objects)
+        start_dask(services, logs, workers=DASK_WORKERS)
+        yield ClusterPath(services, objects)
+    finally:
+        services.stop()
+        shutil.rmtree(objects, ignore_errors=True)
