@@ -44,6 +44,14 @@ Section `upload` (cluster/upload.py; table `cluster_upload`): publishing a packe
 
     .venv/bin/python benchmarks/bench_cluster.py --section upload [--upload-mib 1024]
 
+Section `loader` (cluster/loader.py; table `cluster_loader`): training from the bucket:
+ManifestDataset's samples/s with 0, 2 and 4 DataLoader workers over a shuffled pass of
+`--samples` rows of a `--rows`-row train partition, from the local disk and from the same
+files on the S3 server, alternated in each of `--rounds` (2) rounds, and the bytes the server
+sent per sample. Target: the bucket >= half the local disk's rate with 4 workers.
+
+    .venv/bin/python benchmarks/bench_cluster.py --section loader [--rows 20000] [--samples 4000]
+
 A smoke run starts no services: the time limit on one copy of the split in one round and the
 local pool on 4 small JPEGs, neither warmed up (tables `time_limit` and `cluster`), and looks
 for the `dask` CLI the cluster passes start.
@@ -63,8 +71,9 @@ from common import add_options, machine_line, write_table
 
 # Pool workers re-import this script (as __mp_main__) in every pool a section starts, so its
 # top level imports only what parsing needs; each section's module is imported as it runs.
-SECTIONS = ("dask", "time-limit", "requests", "upload")
+SECTIONS = ("dask", "time-limit", "requests", "upload", "loader")
 SMOKE_IMAGES = 4
+SMOKE_ROWS = 256
 
 
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -75,6 +84,8 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--scale", default="small", help="requests: synthetic datasets' scale")
     parser.add_argument("--rounds", type=int, help="passes per configuration (2; time-limit 3)")
     parser.add_argument("--repeats", type=int, default=20, help="time-limit: split copies")
+    parser.add_argument("--rows", type=int, default=20_000, help="loader: packed array's rows")
+    parser.add_argument("--samples", type=int, default=4_000, help="loader: samples per pass")
     parser.add_argument("--keep", type=Path, help="folder of source JPEGs to reuse/extend")
     add_options(parser)
     return parser.parse_args(argv)
@@ -82,8 +93,15 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def smoke(args: argparse.Namespace) -> int:
     """No services, no warm-ups: the time limit's two pools once and the local-pool pass on a
-    few small JPEGs, each writing its table; and the `dask` CLI the cluster passes start."""
+    few small JPEGs, each writing its table; and the `dask` CLI the cluster passes start.
+    With `--section loader`, that section on a few rows, its S3 server started."""
     from cluster.throughput import dask_section, time_limit_section
+
+    if args.section == "loader":
+        from cluster.loader import loader_section
+
+        write_table(args, loader_section(SMOKE_ROWS, SMOKE_ROWS // 2, 1))
+        return 0
 
     write_table(args, time_limit_section(1, 1, warmup=False))
     write_table(args, dask_section(SMOKE_IMAGES, 1, None, smoke=True))
@@ -112,6 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         requests = requests_section(args.scale)
         write_table(args, requests)
         return 1 if requests.figures["over"] else 0
+    elif args.section == "loader":
+        from cluster.loader import loader_section
+
+        write_table(args, loader_section(args.rows, args.samples, args.rounds or 2))
     elif args.section == "upload":
         from cluster.upload import upload_section
 

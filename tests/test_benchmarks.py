@@ -1,7 +1,7 @@
 """Every benchmark still runs: each `benchmarks/bench_*.py --smoke` on tiny input, in a fresh
 process, in a temporary folder (TMPDIR too, so nothing is left elsewhere), writing the results
 files it owns there, each with its table and positive figures; the sections a smoke run leaves
-out because they start Dagster run in the slow tier; and the figures in benchmarks/README.md
+out because they start Dagster or the S3 server run in the slow tier; and the figures in benchmarks/README.md
 are the ones benchmarks/tables.py generates from benchmarks/results/*.json."""
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ WRITES = {
     "bench_store_retries.py": {"store_retries"},
 }
 # The sections a smoke run leaves out: each starts Dagster (its CLI, a `dg launch` or a run in
-# process), several seconds before any work, so the slow tier runs them, tiny, with the file
-# each writes.
-DAGSTER_SECTIONS = [
+# process) or the S3 server, seconds before any work, so the slow tier runs them, tiny, with
+# the file each writes.
+SLOW_SECTIONS = [
     ("bench_checks.py", "--section", "cli", "checks"),
+    ("bench_cluster.py", "--section", "loader", "cluster_loader"),
     ("bench_checks.py", "--section", "index", "index"),
     ("bench_images.py", "--sections", "step", "images_step"),
     ("bench_reruns.py", "--section", "launch", "reruns"),
@@ -122,8 +123,8 @@ def test_benchmark_smoke(script: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("script", "option", "section", "name"), DAGSTER_SECTIONS)
-def test_dagster_section_smoke(
+@pytest.mark.parametrize(("script", "option", "section", "name"), SLOW_SECTIONS)
+def test_slow_section_smoke(
     script: str, option: str, section: str, name: str, tmp_path: Path
 ) -> None:
     results = tmp_path / "results"

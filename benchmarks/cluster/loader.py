@@ -1,0 +1,175 @@
+"""bench_cluster.py's `loader` section: training from the bucket. ManifestDataset's samples
+per second over a shuffled pass, with 0, 2 and 4 DataLoader workers, reading a train
+partition from a local output root and the same files on the disk-backed S3 server, the two
+alternated in each round; and the bytes the server sent against the rows read (a packed-array
+read is one row's range, never the whole array)."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from common import SIZE, Table
+from synthetic_outputs import write_images_partition
+
+from cluster.services import S3_BUCKET, s3_environment, start_s3_server
+
+PARTITION = "rexgradient.train"
+WORKER_COUNTS = (0, 2, 4)
+BATCH = 32
+TARGET = 0.5  # the bucket's samples/s over the local disk's, with 4 workers
+
+
+def write_training_root(root: Path, images: int) -> Path:
+    """A train partition as the stages leave it (packed array, PNGs, union masks for one in
+    ten) and a manifest of its rows, every other column empty; the manifest's path."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from radharmony_pipeline.processing.storage import output_layout as layout
+    from radharmony_pipeline.processing.tables.table_schemas import UNIFIED_MANIFEST
+
+    write_images_partition(root, PARTITION, images, SIZE)
+    rows = pd.read_parquet(layout.table_file(root, "images", PARTITION))
+    dataset, split = PARTITION.split(".")
+    given = {
+        "image_id": rows["image_id"],
+        "dataset": [dataset] * len(rows),
+        "split": [split] * len(rows),
+        "image_path": rows["image_path"],
+        "mask_path": rows["mask_path"],
+        "has_mask": rows["mask_path"].notna(),
+        "tensor_path": [layout.packed_images(PARTITION)] * len(rows),
+        "tensor_index": rows["tensor_index"],
+    }
+    columns = {
+        column.name: pa.array(given[column.name], type=column.type)
+        if column.name in given
+        else pa.nulls(len(rows), column.type)
+        for column in UNIFIED_MANIFEST.columns
+    }
+    manifest = root / layout.MANIFEST
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), manifest)
+    return manifest
+
+
+def upload_what_training_reads(root: Path, manifest: Path, url: str) -> None:
+    """The manifest, the packed array and the union masks (what ManifestDataset reads), under
+    `url`, at their paths relative to the root."""
+    import pandas as pd
+
+    from radharmony_pipeline.processing.storage.store import output_path, publish_file
+
+    table = pd.read_parquet(manifest, columns=["tensor_path", "mask_path"])
+    relative = {manifest.relative_to(root).as_posix(), *table["tensor_path"].dropna()}
+    relative |= set(table["mask_path"].dropna())
+    target = output_path(url)
+    for name in sorted(relative):
+        publish_file(target / name, root / name)
+
+
+def samples_per_second(manifest: str, workers: int, samples: int, seed: int) -> float:
+    """Samples per second of one shuffled pass over `samples` rows in batches of BATCH,
+    timed from the first batch (the workers' start-up is not training throughput)."""
+    import torch
+    from torch.utils.data import DataLoader, SubsetRandomSampler
+
+    from radharmony_pipeline.loader import ManifestDataset
+
+    dataset = ManifestDataset(manifest)
+    rows = np.random.default_rng(seed).permutation(len(dataset))[:samples].tolist()
+    loader = DataLoader(
+        dataset,
+        batch_size=BATCH,
+        sampler=SubsetRandomSampler(rows, generator=torch.Generator().manual_seed(seed)),
+        num_workers=workers,
+        collate_fn=stack_images,
+    )
+    batches = iter(loader)
+    next(batches)
+    start, counted = time.perf_counter(), 0
+    for batch in batches:
+        counted += len(batch)
+    return counted / (time.perf_counter() - start)
+
+
+def stack_images(samples: list[dict]) -> object:
+    """The batch's images stacked (what a training step takes first); the rest dropped."""
+    import torch
+
+    return torch.stack([sample["img"] for sample in samples])
+
+
+def loader_section(images: int, samples: int, rounds: int) -> Table:
+    folder = Path(tempfile.mkdtemp(prefix="bench-loader-"))
+    root = folder / "output"
+    manifest = write_training_root(root, images)
+    (folder / "s3").mkdir()
+    server = start_s3_server(folder / "s3")
+    try:
+        with s3_environment(server):
+            url = f"s3://{S3_BUCKET}/output"
+            upload_what_training_reads(root, manifest, url)
+            places = {"local disk": str(manifest), "bucket": f"{url}/{manifest.relative_to(root)}"}
+            rates: dict[str, dict[int, list[float]]] = {p: {} for p in places}
+            sent: dict[int, float] = {}
+            for repeat in range(rounds):
+                for workers in WORKER_COUNTS:
+                    order = list(places) if repeat % 2 == 0 else list(places)[::-1]
+                    for place in order:
+                        before = server.stats()["bytes_out"]
+                        rate = samples_per_second(places[place], workers, samples, repeat)
+                        rates[place].setdefault(workers, []).append(rate)
+                        if place == "bucket":
+                            sent[workers] = (server.stats()["bytes_out"] - before) / samples
+                        print(
+                            f"round {repeat + 1}, {workers} workers, {place}: {rate:8.0f}/s",
+                            flush=True,
+                        )
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    best = {p: {w: max(r) for w, r in by.items()} for p, by in rates.items()}
+    rows = []
+    for workers in WORKER_COUNTS:
+        local, bucket = best["local disk"][workers], best["bucket"][workers]
+        rows.append(
+            [
+                str(workers),
+                f"{local:,.0f}",
+                f"{bucket:,.0f}",
+                f"{bucket / local:.2f}×",
+                f"{sent[workers] / 1024:.0f} KiB",
+            ]
+        )
+    ratio = best["bucket"][4] / best["local disk"][4]
+    print(f"bucket / local disk with 4 workers: {ratio:.2f}× (target ≥ {TARGET})")
+    return Table(
+        "cluster_loader",
+        "Training from the bucket: ManifestDataset samples/s",
+        ["DataLoader workers", "local disk", "bucket", "bucket / local", "bytes sent per sample"],
+        rows,
+        {
+            "images": images,
+            "samples": samples,
+            "rates": rates,
+            "bytes_sent_per_sample": sent,
+            "ratio_4_workers": ratio,
+            "median_ratio": {
+                w: statistics.median(
+                    b / a for a, b in zip(rates["local disk"][w], rates["bucket"][w], strict=True)
+                )
+                for w in WORKER_COUNTS
+            },
+        },
+        f"Best of {rounds} rounds of {samples:,} shuffled samples in batches of {BATCH}, "
+        f"from a {images:,}-row packed array of {SIZE}² images; target: the bucket ≥ "
+        f"{TARGET}× the local disk with 4 workers.",
+        "--section loader",
+    )
