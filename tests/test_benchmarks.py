@@ -1,8 +1,9 @@
 """Every benchmark still runs: each `benchmarks/bench_*.py --smoke` on tiny input, in a fresh
 process, in a temporary folder (TMPDIR too, so nothing is left elsewhere), writing the results
 files it owns there, each with its table and positive figures; the sections a smoke run leaves
-out because they start Dagster or the S3 server run in the slow tier; and the figures in benchmarks/README.md
-are the ones benchmarks/tables.py generates from benchmarks/results/*.json."""
+out because they start Dagster or the S3 server run in the slow tier; and the figures in
+benchmarks/README.md are the ones benchmarks/tables.py generates from benchmarks/results/*.json.
+"""
 
 from __future__ import annotations
 
