@@ -226,8 +226,8 @@ def test_packed_arrays_are_read_row_by_row_with_one_header_read_per_file(dataset
             dataset[position]
     assert sorted(headers) == ["chestx_det.train.npy", "ms_cxr.test.npy"]
     for reader in dataset._packed.values():
-        row_bytes = reader.layout.row_bytes
-        assert reader.reads and set(reader.reads) == {row_bytes}
+        row_bytes = reader.rows.layout.row_bytes
+        assert reader.rows.reads and set(reader.rows.reads) == {row_bytes}
 
 
 def test_class_vector_keeps_unknown_apart_from_negative(dataset):

@@ -361,3 +361,42 @@ def _parse_header(
     except (ValueError, EOFError, OSError) as error:
         raise PackedArrayError(path, f"not a readable .npy header: {error}") from error
     return tuple(int(n) for n in shape), bool(fortran_order), np.dtype(dtype), handle.tell()
+
+
+@dataclass
+class PackedBlockReader:
+    """Single rows of one packed array served from blocks of `block_rows` consecutive rows,
+    each read whole (one request on object storage) and kept, the least recently used
+    dropped beyond `cached_blocks`: training that visits a block's rows close together (see
+    loader.BlockShuffleSampler) pays one request per block instead of one per row."""
+
+    rows: PackedRowReader
+    block_rows: int
+    cached_blocks: int
+    _blocks: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.block_rows < 1 or self.cached_blocks < 1:
+            raise ValueError(
+                f"blocks of at least 1 row, at least 1 kept: got {self.block_rows} rows, "
+                f"{self.cached_blocks} kept"
+            )
+
+    def row(self, index: int) -> np.ndarray:
+        """Row `index` (a view into its cached block)."""
+        block = index // self.block_rows
+        rows = self._blocks.pop(block, None)  # re-inserted last: the most recently used
+        if rows is None:
+            start = block * self.block_rows
+            stop = min(start + self.block_rows, self.rows.layout.rows)
+            if not start <= index < stop:
+                raise IndexError(f"{self.rows.layout.path}: row {index} outside its {stop} rows")
+            rows = self.rows.read(start, stop)
+            while len(self._blocks) >= self.cached_blocks:
+                del self._blocks[next(iter(self._blocks))]
+        self._blocks[block] = rows
+        return rows[index - block * self.block_rows]
+
+    def close(self) -> None:
+        self._blocks.clear()
+        self.rows.close()
