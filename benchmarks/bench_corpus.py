@@ -164,7 +164,7 @@ def rehearse(
             print(f"  {_row(step)}", flush=True)
             keep(step)
             if name == "manifest":
-                figures["search"] = near_duplicate_search(home, step)
+                figures["search"] = near_duplicate_search(env, step)
     print(f"  near_duplicates: {json.dumps(figures['search'])}", flush=True)
     if cluster:
         return
@@ -211,14 +211,15 @@ def rerun_train(data: Path, output: Path, env: dict, size_dir: Path, log: Path) 
     shutil.rmtree(resumed, ignore_errors=True)
 
 
-def near_duplicate_search(home: Path, manifest: Step) -> dict:
+def near_duplicate_search(env: dict[str, str], manifest: Step) -> dict:
     """The near_duplicates stage of the `manifest` run just measured: its seconds and the
     search's figures from its latest materialization's metadata."""
     import dagster as dg
 
-    # The instance's dagster.yaml places its storage by the variable, as the steps saw it.
+    # The instance's dagster.yaml finds its storage by the variables, as the steps saw them.
+    instance_variables = {k: v for k, v in env.items() if k.startswith("DAGSTER_")}
     with (
-        mock.patch.dict(os.environ, {"DAGSTER_HOME": str(home)}),
+        mock.patch.dict(os.environ, instance_variables),
         dg.DagsterInstance.get() as instance,
     ):
         event = instance.get_latest_materialization_event(dg.AssetKey("near_duplicates"))

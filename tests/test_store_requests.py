@@ -29,6 +29,7 @@ from cluster_services import (
 )
 from fault_support import assert_same_outputs, output_files
 
+from radharmony_pipeline.defs.previews import SAMPLES
 from radharmony_pipeline.defs.resources import pipeline_resources
 from radharmony_pipeline.processing.storage import output_layout as layout
 from radharmony_pipeline.processing.storage import store
@@ -49,6 +50,7 @@ from radharmony_pipeline.processing.storage.store import (
 )
 from radharmony_pipeline.settings import SCHEDULER_VARIABLE
 from radharmony_pipeline.synthetic import generate_datasets
+from radharmony_pipeline.vocabulary import UNION_CLASS
 
 pytestmark = S3_TESTS
 
@@ -230,26 +232,28 @@ def dask_on_the_bucket(server, tmp_path_factory: pytest.TempPathFactory):
         dask.stop()
 
 
-class ImagesStep:
-    """A partition's stages on the bucket, its upstream ones built first: run the `images`
-    step alone and see the server's log lines of its requests."""
+class StageStep:
+    """A partition's stages on the bucket, those before `stage` built first: run the step
+    of `stage` alone and see the server's log lines of its requests."""
 
-    def __init__(self, server, data: Path, partition: str, prefix: str) -> None:
+    ORDER = ("raw_index", "labels", "masks", "images")
+
+    def __init__(self, server, data: Path, partition: str, prefix: str, stage: str) -> None:
         from radharmony_pipeline.defs.assets.images import images
         from radharmony_pipeline.defs.assets.index_and_labels import raw_index_and_labels
         from radharmony_pipeline.defs.assets.masks import masks
 
         self.services, self.request_log = server
-        self.partition = partition
+        self.partition, self.stage = partition, stage
         self.resources = pipeline_resources(data_root=data, output_root=f"s3://{BUCKET}/{prefix}")
         self.stages = [raw_index_and_labels, masks, images]
-        upstream = [dg.AssetKey(name) for name in ("raw_index", "labels", "masks")]
+        upstream = [dg.AssetKey(name) for name in self.ORDER[: self.ORDER.index(stage)]]
         assert dg.materialize(
             self.stages, partition_key=partition, resources=self.resources, selection=upstream
         ).success
 
     def run(self) -> tuple[dg.ExecuteInProcessResult, list[list[str]]]:
-        """The `images` step alone, and the server's log lines of its requests (each: kind,
+        """The stage's step alone, and the server's log lines of its requests (each: kind,
         status, bytes in, bytes out, path)."""
         s3_requests(self.services)  # answered once every earlier request's line is logged
         offset = self.request_log.stat().st_size
@@ -257,7 +261,7 @@ class ImagesStep:
             self.stages,
             partition_key=self.partition,
             resources=self.resources,
-            selection=[dg.AssetKey("images")],
+            selection=[dg.AssetKey(self.stage)],
         )
         assert result.success
         s3_requests(self.services)
@@ -292,7 +296,7 @@ def test_the_images_step_on_the_cluster_path_costs_at_most_3_requests_per_image(
     services, _log = server
     data = tmp_path / "data"
     generate_datasets(data, scale="small", seed=0, datasets=["rexgradient"])
-    step = ImagesStep(server, data, "rexgradient.train", "steps")
+    step = StageStep(server, data, "rexgradient.train", "steps", "images")
 
     first, lines = step.run()
     assert decoded(first) == 50
@@ -325,7 +329,7 @@ def test_a_masked_partition_costs_at_most_3_requests_per_image_and_equals_a_loca
     data = tmp_path / "data"
     generate_datasets(data, scale="small", seed=0, datasets=["chestx_det"])
     partition = "chestx_det.train"
-    step = ImagesStep(server, data, partition, "masked")
+    step = StageStep(server, data, partition, "masked", "images")
 
     first, lines = step.run()
     table = first.asset_value("images")
@@ -353,3 +357,38 @@ def test_a_masked_partition_costs_at_most_3_requests_per_image_and_equals_a_loca
     expected = output_files(local)  # but the local header record (mtimes and inodes)
     assert any(name.endswith(layout.UNION_MASK_SUFFIX) for name in expected)
     assert_same_outputs(remote, expected)
+
+
+@pytest.mark.timeout(600)
+def test_the_masks_step_reads_no_mask_on_a_first_build_and_one_header_each_on_a_rerun(
+    server, dask_on_the_bucket, tmp_path: Path
+):
+    """ChestX-Det train at the small scale: a first build of `masks` PUTs each mask PNG
+    (per class and the union) without reading it first (the step's listing says it is not
+    there); run again unchanged (on a fresh instance: no table to re-use), it reads each
+    mask's key once and writes none. Beside those, each reads the masks of the SAMPLES
+    images its contact sheet draws."""
+    data = tmp_path / "data"
+    generate_datasets(data, scale="small", seed=0, datasets=["chestx_det"])
+    step = StageStep(server, data, "chestx_det.train", "masks", "masks")
+
+    first, lines = step.run()
+    table = first.asset_value("masks").dropna(subset=["mask_path"])
+    folder = f"/{layout.mask_folder(step.partition)}/"
+    on_masks = Counter(fields[0] for fields in lines if folder in fields[4] and ".png" in fields[4])
+    # Each mask PUT once, unread; the only reads are the class masks of the SAMPLES images
+    # the contact sheet draws, whatever the partition's size.
+    classes_per_image = table[table["mask_class"] != UNION_CLASS].groupby("image_id").size()
+    assert on_masks["PUT"] == len(table) > 40
+    assert on_masks["GET"] <= SAMPLES * classes_per_image.max(), on_masks
+    assert set(on_masks) <= {"PUT", "GET"}, on_masks
+    # The step's own (its tables, listings, the sheet) and the Dask chunks' shards' requests
+    # do not grow with the masks.
+    others = len(lines) - on_masks.total() - on_shards(lines).total()
+    assert others <= STEP_REQUESTS, Counter(fields[0] for fields in lines)
+
+    again, lines = step.run()
+    on_masks = Counter(fields[0] for fields in lines if folder in fields[4] and ".png" in fields[4])
+    assert set(on_masks) == {"GET"}
+    assert len(table) <= on_masks["GET"] <= len(table) + SAMPLES * classes_per_image.max()
+    pd.testing.assert_frame_equal(again.asset_value("masks"), first.asset_value("masks"))

@@ -17,8 +17,9 @@ from pathlib import Path
 import psutil
 from common import REPOSITORY
 
-# The services the cluster tests start, started the same way: one definition of each.
-sys.path.insert(0, str(REPOSITORY / "tests"))
+# The services the cluster tests start, started the same way: one definition of each (tests/
+# last on the path: benchmarks/ has modules of the same names).
+sys.path.append(str(REPOSITORY / "tests"))  # after benchmarks/: its commands.py wins
 from cluster_services import (
     BUCKET,
     Services,

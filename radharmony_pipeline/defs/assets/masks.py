@@ -18,7 +18,13 @@ from ...processing.jobs.mask_jobs import (
     run_mask_job,
 )
 from ...processing.storage.output_layout import image_mask_folder, mask_folder, table_file
-from ...processing.storage.store import OutputPath, listing, remove_orphaned_temporaries
+from ...processing.storage.store import (
+    OutputPath,
+    listing,
+    lists_object_states,
+    object_states,
+    remove_orphaned_temporaries,
+)
 from ...processing.tables.table_schemas import MASKS, RAW_INDEX
 from ...sources import DatasetSource, parse_partition_key
 from ...vocabulary import STATUS_OK
@@ -71,7 +77,11 @@ def masks(
     source = datasets.source(dataset)
     root = output_root_in_shards(context, outputs.root(), "masks")
     folder = mask_folder(context.partition_key)
-    remove_orphaned_temporaries(root / folder)
+    # On S3 one listing of the partition's masks (a request per 1,000 objects) serves the
+    # clean-up, the check that a re-used table's masks are there, and each job, which then
+    # reads no mask the listing did not find (MaskTarget.listed).
+    listed = set(object_states(root / folder)) if lists_object_states(root / folder) else None
+    remove_orphaned_temporaries(root / folder, listed=listed)
     # Where the masks go is part of the table (mask_path): another layout, other rows.
     layout = image_mask_folder(context.partition_key, "<image_key>")
     fingerprint = stage_fingerprint(
@@ -89,8 +99,8 @@ def masks(
         OUTPUT,
         fingerprint,
         root,
-        lambda: _mask_table(context, source, split, raw_index, root, run_settings),
-        still_there=lambda table: _every_mask_present(root, folder, table),
+        lambda: _mask_table(context, source, split, raw_index, root, run_settings, listed),
+        still_there=lambda table: _every_mask_present(root, folder, table, listed),
     )
     fail_if_strict(table, run_settings.strict, "masks")
     yield from selected_output(context, "masks", table, metadata)
@@ -105,11 +115,26 @@ def masks(
     )
 
 
-def _every_mask_present(root: OutputPath, folder: str, table: pd.DataFrame) -> bool:
-    """Whether every mask file `table` names exists (one listing of the partition's masks)."""
-    present = {f"{folder}/{relative}" for relative in listing(root / folder)}
+def _every_mask_present(
+    root: OutputPath, folder: str, table: pd.DataFrame, listed: set[str] | None
+) -> bool:
+    """Whether every mask file `table` names exists (one listing of the partition's masks,
+    the step's own when it took one)."""
+    found = listing(root / folder) if listed is None else listed
+    present = {f"{folder}/{relative}" for relative in found}
     named = table["mask_path"].dropna()
     return bool(named.isin(present).all())
+
+
+def _names_by_folder(folder: str, listed: set[str] | None) -> dict[str, set[str]] | None:
+    """The listed files' names by their folder's path relative to the root."""
+    if listed is None:
+        return None
+    by_folder: dict[str, set[str]] = {}
+    for relative in listed:
+        parent, _, name = f"{folder}/{relative}".rpartition("/")
+        by_folder.setdefault(parent, set()).add(name)
+    return by_folder
 
 
 def _mask_table(
@@ -119,19 +144,28 @@ def _mask_table(
     raw_index: pd.DataFrame,
     root: OutputPath,
     run_settings: RunSettingsResource,
+    listed: set[str] | None,
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Every segmented image's masks written (unchanged ones left alone), their table and
-    the stage's metadata (counts and the contact sheet)."""
+    the stage's metadata (counts and the contact sheet). `listed`: the partition's mask
+    files (relative to its folder) when the step listed them."""
     partition = context.partition_key
     folder = mask_folder(partition)
     usable = raw_index["status"] == STATUS_OK
     # Only images the dataset segments get masks (and an `any` row): a lateral view or an
     # image of a dataset without masks is "not annotated", never an all-zero negative.
     segmented = raw_index[(usable & source.localizable_images(raw_index)).to_numpy()]
+    by_image = _names_by_folder(folder, listed)
     jobs = source.mask_jobs(
         split,
         segmented,
-        lambda key: MaskTarget(root, image_mask_folder(partition, key)),
+        lambda key: MaskTarget(
+            root,
+            image_mask_folder(partition, key),
+            None
+            if by_image is None
+            else frozenset(by_image.get(image_mask_folder(partition, key), ())),
+        ),
     )
     progress = ProgressLog(context.log, "images", len(jobs))
     # Bounds every image, on the local pool and on a Dask cluster alike.

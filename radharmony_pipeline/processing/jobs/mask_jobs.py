@@ -51,16 +51,22 @@ MaskRow = row_type(MASKS, "MaskRow", __name__, (WorkingField("written", bool, Fa
 
 @dataclass(frozen=True)
 class MaskTarget:
-    """Where one image's masks go: `<output_root>/<folder>/<class>.png` (folder is relative)."""
+    """Where one image's masks go: `<output_root>/<folder>/<class>.png` (folder is relative).
+    `listed`: the file names a listing of the partition's masks, taken by the caller on an
+    object store, found in `folder`; a mask not among them is written without being read
+    first (on a store, a 404 per mask on a first build). None: look at each file."""
 
     output_root: Path
     folder: str
+    listed: frozenset[str] | None = None
 
     def relative_path(self, mask_class: str) -> str:
         return f"{self.folder}/{mask_class}.png"
 
     def write(self, mask_class: str, mask: np.ndarray, key: str) -> bool:
-        return write_mask_png(self.output_root / self.relative_path(mask_class), mask, key)
+        absent = self.listed is not None and f"{mask_class}.png" not in self.listed
+        path = self.output_root / self.relative_path(mask_class)
+        return write_mask_png(path, mask, key, absent=absent)
 
 
 @dataclass(frozen=True)
