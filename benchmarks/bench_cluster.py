@@ -44,6 +44,13 @@ Section `upload` (cluster/upload.py; table `cluster_upload`): publishing a packe
 
     .venv/bin/python benchmarks/bench_cluster.py --section upload [--upload-mib 1024]
 
+Section `put-floor` (cluster/upload.py; table `cluster_put_floor`): the floor of an image's
+output on the cluster path: `--images` × 25 (3,000) PNG-sized objects published one after
+another by the store (one PUT each) to the same server, beside the same to the local disk;
+per object the wall and the CPU it costs the client and the server.
+
+    .venv/bin/python benchmarks/bench_cluster.py --section put-floor [--images 120]
+
 Section `loader` (cluster/loader.py; table `cluster_loader`): training from the bucket:
 ManifestDataset's samples/s with 0, 2 and 4 DataLoader workers over a shuffled pass of
 `--samples` rows of a `--rows`-row train partition, from the local disk and from the same
@@ -71,7 +78,7 @@ from common import add_options, machine_line, write_table
 
 # Pool workers re-import this script (as __mp_main__) in every pool a section starts, so its
 # top level imports only what parsing needs; each section's module is imported as it runs.
-SECTIONS = ("dask", "time-limit", "requests", "upload", "loader")
+SECTIONS = ("dask", "time-limit", "requests", "upload", "put-floor", "loader")
 SMOKE_IMAGES = 4
 SMOKE_ROWS = 256
 
@@ -94,13 +101,19 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 def smoke(args: argparse.Namespace) -> int:
     """No services, no warm-ups: the time limit's two pools once and the local-pool pass on a
     few small JPEGs, each writing its table; and the `dask` CLI the cluster passes start.
-    With `--section loader`, that section on a few rows, its S3 server started."""
+    With `--section loader` or `put-floor`, that section on a few rows or objects, its S3
+    server started."""
     from cluster.throughput import dask_section, time_limit_section
 
     if args.section == "loader":
         from cluster.loader import loader_section
 
         write_table(args, loader_section(SMOKE_ROWS, SMOKE_ROWS // 2, 1))
+        return 0
+    if args.section == "put-floor":
+        from cluster.upload import put_floor_section
+
+        write_table(args, put_floor_section(SMOKE_ROWS, 1))
         return 0
 
     write_table(args, time_limit_section(1, 1, warmup=False))
@@ -134,6 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cluster.loader import loader_section
 
         write_table(args, loader_section(args.rows, args.samples, args.rounds or 2))
+    elif args.section == "put-floor":
+        from cluster.upload import put_floor_section
+
+        write_table(args, put_floor_section(args.images * 25, args.rounds or 2))
     elif args.section == "upload":
         from cluster.upload import upload_section
 

@@ -52,6 +52,15 @@ CHANGED_SHARE = 0.01
 # The cluster path's figures, instances and buckets: under `--work`/cluster, beside the local
 # ones, its data those of the local path's sizes.
 CLUSTER = "cluster"
+# The steps the cluster table shows (every step's ratio is in its figures): the largest
+# partitions with and without masks, the joins, the largest export and verify.
+CLUSTER_HEADLINES = (
+    "all_stages chestx_det.train",
+    "all_stages rexgradient.train",
+    "manifest",
+    "exports rexgradient.train",
+    "verify",
+)
 # Each path's instance: SQLite as the demo's, PostgreSQL as docs/cluster.md deploys it.
 INSTANCES = {
     False: REPO / "dagster_home" / "dagster.yaml",
@@ -165,6 +174,10 @@ def rehearse(
             keep(step)
             if name == "manifest":
                 figures["search"] = near_duplicate_search(env, step)
+        if services is not None:
+            figures["leftover_temporaries"] = services.leftover_temporaries()
+            print(f"  temporary keys left: {figures['leftover_temporaries']}", flush=True)
+            keep()
     print(f"  near_duplicates: {json.dumps(figures['search'])}", flush=True)
     if cluster:
         return
@@ -264,7 +277,7 @@ def report_cluster(args: argparse.Namespace, work: Path) -> None:
     the local path's figures of the same sizes written as results."""
     cluster = kept_sizes(work / CLUSTER)
     table(*stored_results(cluster))
-    columns, rows, figures = cluster_beside_local(kept_sizes(work), cluster)
+    columns, rows, figures = cluster_beside_local(kept_sizes(work), cluster, CLUSTER_HEADLINES)
     title = "The corpus on the cluster path beside the local one"
     write_table(args, Table("corpus_cluster", title, columns, rows, figures, section="--cluster"))
 

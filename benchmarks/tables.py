@@ -38,8 +38,11 @@ ORDER = (
     "exports",
     "cluster",
     "time_limit",
+    "corpus_cluster",
     "cluster_requests",
+    "cluster_put_floor",
     "cluster_upload",
+    "cluster_loader",
     "store_retries",
 )
 

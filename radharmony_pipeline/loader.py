@@ -47,7 +47,13 @@ keeps the rest as lists:
         ...
 
 (or `batch_size=1`, or `batch_size=None` for unbatched samples). Each worker process opens its
-own memory maps; they are not pickled with the dataset.
+own readers; they are not pickled with the dataset.
+
+From object storage (an `s3://` manifest) each packed row is a range request: a plain shuffle
+pays one per sample. `read_block_rows=64` with `sampler=BlockShuffleSampler(dataset)` reads
+blocks of 64 rows, each serving the samples of its block that a window of 8 blocks draws
+(calling `set_epoch` per epoch), at the price of batches mixed from 8 blocks at a time rather
+than the whole split.
 
 `manifest_records` gives the same rows as MONAI data dicts, and `SeedCompatibleDataset`
 returns the seed library's sample dicts (docs/exports.md).

@@ -37,6 +37,7 @@ WRITES = {
 SLOW_SECTIONS = [
     ("bench_checks.py", "--section", "cli", "checks"),
     ("bench_cluster.py", "--section", "loader", "cluster_loader"),
+    ("bench_cluster.py", "--section", "put-floor", "cluster_put_floor"),
     ("bench_checks.py", "--section", "index", "index"),
     ("bench_images.py", "--sections", "step", "images_step"),
     ("bench_reruns.py", "--section", "launch", "reruns"),

@@ -24,8 +24,9 @@ TARGET = 0.5  # the bucket's samples/s over the local disk's, with 4 workers
 
 
 def write_training_root(root: Path, images: int) -> Path:
-    """A train partition as the stages leave it (packed array, PNGs, union masks for one in
-    ten) and a manifest of its rows, every other column empty; the manifest's path."""
+    """A train partition as the stages leave it (packed array, PNGs) and a manifest of its
+    rows, every other column empty; the manifest's path. No row has a mask, as in ReXGradient
+    train: a masked sample adds a request for its mask PNG."""
     import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -41,8 +42,7 @@ def write_training_root(root: Path, images: int) -> Path:
         "dataset": [dataset] * len(rows),
         "split": [split] * len(rows),
         "image_path": rows["image_path"],
-        "mask_path": rows["mask_path"],
-        "has_mask": rows["mask_path"].notna(),
+        "has_mask": [False] * len(rows),
         "tensor_path": [layout.packed_images(PARTITION)] * len(rows),
         "tensor_index": rows["tensor_index"],
     }
@@ -59,15 +59,14 @@ def write_training_root(root: Path, images: int) -> Path:
 
 
 def upload_what_training_reads(root: Path, manifest: Path, url: str) -> None:
-    """The manifest, the packed array and the union masks (what ManifestDataset reads), under
-    `url`, at their paths relative to the root."""
+    """The manifest and the packed array (what ManifestDataset reads), under `url`, at their
+    paths relative to the root."""
     import pandas as pd
 
     from radharmony_pipeline.processing.storage.store import output_path, publish_file
 
-    table = pd.read_parquet(manifest, columns=["tensor_path", "mask_path"])
+    table = pd.read_parquet(manifest, columns=["tensor_path"])
     relative = {manifest.relative_to(root).as_posix(), *table["tensor_path"].dropna()}
-    relative |= set(table["mask_path"].dropna())
     target = output_path(url)
     for name in sorted(relative):
         publish_file(target / name, root / name)
@@ -180,9 +179,8 @@ def loader_section(images: int, samples: int, rounds: int) -> Table:
             "rates": {" | ".join(map(str, key)): runs for key, runs in rates.items()},
             "bucket_over_local": ratios,
         },
-        f"Best of {rounds} rounds of {samples:,} samples in batches of {BATCH} from a "
-        f"{images:,}-row packed array of {SIZE}² images; block-shuffled: blocks of {BLOCK_ROWS} "
-        f"rows, BlockShuffleSampler's default window. Target: the bucket ≥ {TARGET}× the local "
-        "disk with 4 workers.",
+        f"Best of {rounds} rounds, {samples:,} samples in batches of {BATCH} from a "
+        f"{images:,}-row array of {SIZE}² images; block-shuffled: {BLOCK_ROWS}-row blocks. "
+        f"Target ≥ {TARGET}× with 4 workers.",
         "--section loader",
     )

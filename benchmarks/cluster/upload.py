@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from common import Table
@@ -140,3 +141,70 @@ def upload_section(mib: int) -> Table:
             return upload_table(mib, ways, server_peak)
         finally:
             server.stop()
+
+
+PNG_BYTES = 48_000  # a resized 224² radiograph PNG, about
+
+
+def put_floor_section(objects: int, rounds: int = 2) -> Table:
+    """The floor of the cluster path's cost per image here: `objects` PNG-sized objects
+    published one after another by the store (publish_bytes: one PUT each) to the S3 server
+    on this machine, beside the same files published to the local disk; per object, the
+    wall and the CPU it costs this process and the server. The best of `rounds`."""
+    import psutil
+
+    from radharmony_pipeline.processing.storage.store import output_path, publish_bytes
+
+    body = os.urandom(PNG_BYTES)
+    best: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench_cluster_put_floor_") as scratch_name:
+        scratch = Path(scratch_name)
+        server = start_s3_server(scratch)
+        try:
+            with s3_environment(server):
+                roots = {
+                    "local disk": output_path(str(scratch / "local")),
+                    "S3 server": output_path(f"s3://{S3_BUCKET}/floor"),
+                }
+                served = psutil.Process(server.process.pid)
+                for repeat in range(rounds):
+                    for where, root in roots.items():
+                        server_cpu = sum(served.cpu_times()[:2])
+                        cpu, start = time.process_time(), time.perf_counter()
+                        for number in range(objects):
+                            publish_bytes(root / f"{repeat}/{number:06d}.png", body)
+                        figures = {
+                            "wall_ms": (time.perf_counter() - start) * 1e3 / objects,
+                            "client_cpu_ms": (time.process_time() - cpu) * 1e3 / objects,
+                            "server_cpu_ms": (sum(served.cpu_times()[:2]) - server_cpu)
+                            * 1e3
+                            / objects,
+                        }
+                        print(f"round {repeat + 1}, {where}: {figures}", flush=True)
+                        if where not in best or figures["wall_ms"] < best[where]["wall_ms"]:
+                            best[where] = figures
+        finally:
+            server.stop()
+    rows = [
+        [
+            where,
+            f"{1e3 / f['wall_ms']:,.0f}",
+            f"{f['wall_ms']:.2f} ms",
+            f"{f['client_cpu_ms']:.2f} ms",
+            f"{f['server_cpu_ms']:.2f} ms",
+        ]
+        for where, f in best.items()
+    ]
+    note = (
+        f"{objects:,} objects of {PNG_BYTES:,} bytes (a resized PNG), one after another by "
+        f"store.publish_bytes, best of {rounds} rounds; client and server share 2 cores."
+    )
+    return Table(
+        "cluster_put_floor",
+        "The floor of an image's output on the S3 server: one PUT",
+        ["where", "objects/s", "wall per object", "client CPU", "server CPU"],
+        rows,
+        {"objects": objects, "bytes": PNG_BYTES, "best": best},
+        note,
+        "--section put-floor",
+    )

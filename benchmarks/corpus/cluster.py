@@ -23,6 +23,7 @@ sys.path.append(str(REPOSITORY / "tests"))  # after benchmarks/: its commands.py
 from cluster_services import (
     BUCKET,
     Services,
+    s3,
     s3_requests,
     start_dask,
     start_postgres,
@@ -31,8 +32,13 @@ from cluster_services import (
 
 DASK_WORKERS = 2  # one thread each: the two cores the local run's pool uses
 OUTPUT_PREFIX = "corpus"
-# A service process's role, by what its command line runs.
-ROLES = {"postgres": "postgres", "s3_server.js": "s3 server", "scheduler": "dask scheduler"}
+# A started service's role, by what its command line runs.
+ROLES = {
+    "postgres": "postgres",
+    "s3_server.js": "s3 server",
+    "dask scheduler": "dask scheduler",
+    "dask worker": "dask worker",
+}
 
 
 @dataclass
@@ -51,15 +57,15 @@ class ClusterPath:
         }
 
     def processes(self) -> dict[str, list[psutil.Process]]:
-        """Every live service process (their children too: a worker's nanny forks the worker,
-        postgres a backend per connection), by role."""
+        """Every live service process by the role of the process started (its children in
+        the same role: a worker's nanny starts the worker and it its pool, postgres a backend
+        per connection)."""
         found: dict[str, list[psutil.Process]] = {}
         for started in self.services.processes:
             if started.poll() is not None:
                 continue
             parent = psutil.Process(started.pid)
-            for process in (parent, *parent.children(recursive=True)):
-                found.setdefault(role(process), []).append(process)
+            found.setdefault(role(parent), []).extend([parent, *parent.children(recursive=True)])
         return found
 
     def reset_peaks(self) -> None:
@@ -85,6 +91,13 @@ class ClusterPath:
                         peaks[name] = max(peaks.get(name, 0.0), peak)
         return peaks
 
+    def leftover_temporaries(self) -> list[str]:
+        """The keys under the output prefix that a writer left under a temporary name."""
+        from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
+
+        fs = s3(self.services)
+        return [key for key in fs.find(f"{BUCKET}/{OUTPUT_PREFIX}") if TEMP_MARKER in key]
+
     def requests(self) -> Counter:
         """The server's requests so far by kind (and 5xx answers), its bytes in and out."""
         stats = s3_requests(self.services)
@@ -102,7 +115,7 @@ def role(process: psutil.Process) -> str:
     for marker, name in ROLES.items():
         if marker in command:
             return name
-    return "dask worker" if "worker" in command else "other"
+    return "other"
 
 
 @contextmanager

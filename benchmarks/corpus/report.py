@@ -275,22 +275,23 @@ NOT_REQUESTS = ("bytes in", "bytes out", "5xx")
 
 
 def cluster_beside_local(
-    local: KeptSizes, cluster: KeptSizes
+    local: KeptSizes, cluster: KeptSizes, shown: tuple[str, ...]
 ) -> tuple[list[str], list[list[str]], dict]:
-    """Each step run on both paths at a size, one row: the local and cluster wall, their
-    ratio, the cluster's CPU, its S3 requests (per corpus image, the kinds, 5xx answers
-    retried), bytes moved and the largest peak RSS of the step and of each service."""
+    """Each step run on both paths at a size whose name begins with one of `shown`, one row:
+    the local and cluster wall, their ratio, the cluster's CPU, its S3 requests per corpus
+    image (the two most made) and the largest peak RSS of the step and the services; every
+    step's ratio in the figures (each run's requests by kind, bytes and peaks are in the
+    kept figures)."""
     local_runs = dict(stored_results(local)[0])
     cluster_runs, images = stored_results(cluster)
     columns = [
         "step",
-        "size (images)",
+        "images",
         "local wall",
         "cluster wall / CPU",
         "cluster / local",
-        "S3 requests (per image; kinds)",
-        "bytes in / out",
-        "peak RSS: step, workers, S3 server, postgres",
+        "S3 requests per corpus image (the two most)",
+        "largest peak RSS",
     ]
     rows, ratios = [], {}
     for fraction, runs in cluster_runs:
@@ -300,32 +301,23 @@ def cluster_beside_local(
             near, far = typical(local_runs[fraction][name]), typical(step_runs)
             ratio = far.wall / near.wall
             ratios.setdefault(f"{fraction:g}", {})[name] = round(ratio, 3)
+            if not name.startswith(shown):
+                continue
             requests = {k: v for k, v in far.requests.items() if k not in NOT_REQUESTS}
-            kinds = ", ".join(
-                f"{k} {v:,}" for k, v in sorted(requests.items(), key=lambda i: -i[1])
-            )
-            peaks = far.service_peaks_mb
+            most = sorted(requests.items(), key=lambda item: -item[1])[:2]
+            peaks = {"step": far.peak_rss_mb, **far.service_peaks_mb}
+            largest = max(peaks, key=lambda role: peaks[role])
             rows.append(
                 [
                     name,
-                    f"{fraction:g} ({images[fraction]:,})",
+                    f"{images[fraction]:,}",
                     f"{near.wall:.1f} s",
                     f"{far.wall:.1f} s / {far.cpu:.1f} s" + ("" if far.ok else " FAILED"),
                     f"{ratio:.2f}×",
-                    f"{sum(requests.values()) / images[fraction]:.2f} ({kinds}; 5xx "
-                    f"{far.requests.get('5xx', 0)})",
-                    f"{far.requests.get('bytes in', 0) / 1e9:.2f} / "
-                    f"{far.requests.get('bytes out', 0) / 1e9:.2f} GB",
-                    " / ".join(
-                        f"{mb / 1024:.2f}"
-                        for mb in (
-                            far.peak_rss_mb,
-                            peaks.get("dask worker", 0.0),
-                            peaks.get("s3 server", 0.0),
-                            peaks.get("postgres", 0.0),
-                        )
-                    )
-                    + " GB",
+                    f"{sum(requests.values()) / images[fraction]:.2f} ("
+                    + ", ".join(f"{k} {v:,}" for k, v in most)
+                    + ")",
+                    f"{peaks[largest] / 1024:.2f} GB ({largest})",
                 ]
             )
     return columns, rows, {"cluster_over_local": ratios}

@@ -156,17 +156,13 @@ def _mask_table(
     # image of a dataset without masks is "not annotated", never an all-zero negative.
     segmented = raw_index[(usable & source.localizable_images(raw_index)).to_numpy()]
     by_image = _names_by_folder(folder, listed)
-    jobs = source.mask_jobs(
-        split,
-        segmented,
-        lambda key: MaskTarget(
-            root,
-            image_mask_folder(partition, key),
-            None
-            if by_image is None
-            else frozenset(by_image.get(image_mask_folder(partition, key), ())),
-        ),
-    )
+
+    def target(key: str) -> MaskTarget:
+        image_folder = image_mask_folder(partition, key)
+        names = None if by_image is None else frozenset(by_image.get(image_folder, ()))
+        return MaskTarget(root, image_folder, names)
+
+    jobs = source.mask_jobs(split, segmented, target)
     progress = ProgressLog(context.log, "images", len(jobs))
     # Bounds every image, on the local pool and on a Dask cluster alike.
     rows = map_per_image_with_time_limit(
