@@ -166,7 +166,7 @@ def put_floor_section(objects: int, rounds: int = 2) -> Table:
                     "local disk": output_path(str(scratch / "local")),
                     "S3 server": output_path(f"s3://{S3_BUCKET}/floor"),
                 }
-                served = psutil.Process(server.process.pid)
+                served = psutil.Process(server.pid)
                 for repeat in range(rounds):
                     for where, root in roots.items():
                         server_cpu = sum(served.cpu_times()[:2])
