@@ -50,10 +50,16 @@ keeps the rest as lists:
 own readers; they are not pickled with the dataset.
 
 From object storage (an `s3://` manifest) each packed row is a range request: a plain shuffle
-pays one per sample. `read_block_rows=64` with `sampler=BlockShuffleSampler(dataset)` reads
-blocks of 64 rows, each serving the samples of its block that a window of 8 blocks draws
-(calling `set_epoch` per epoch), at the price of batches mixed from 8 blocks at a time rather
-than the whole split.
+pays one per sample. `read_block_rows=64` with a BlockShuffleSampler reads blocks of 64 rows,
+each serving the samples of its block that a window of 8 blocks draws (calling `set_epoch`
+per epoch), at the price of batches mixed from 8 blocks at a time rather than the whole
+split. Give the sampler the loader's batch size and workers, so that each block goes to one
+worker:
+
+    dataset = ManifestDataset("s3://bucket/output/tables/unified_manifest.parquet",
+                              splits="train", read_block_rows=64)
+    sampler = BlockShuffleSampler(dataset, batch_size=32, num_workers=4)
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler, num_workers=4, collate_fn=collate)
 
 `manifest_records` gives the same rows as MONAI data dicts, and `SeedCompatibleDataset`
 returns the seed library's sample dicts (docs/exports.md).
@@ -285,19 +291,35 @@ class ManifestDataset(_DatasetBase):
 class BlockShuffleSampler:
     """A ManifestDataset's samples in an order that reads well from object storage: its
     packed arrays' blocks of `dataset.read_block_rows` rows in random order, `window_blocks`
-    blocks at a time, the samples of each window in random order. Every block is then read
-    once per window (per DataLoader worker) for all its samples, where a plain shuffle reads
-    each sample alone; a batch mixes the samples of `window_blocks` blocks, not of the whole
-    split. Samples with no packed row (read from their PNGs) form blocks of neighbouring
-    positions. For DataLoader(sampler=...); `set_epoch(n)` before each epoch gives each epoch
-    its own order, reproducible from `seed`."""
+    blocks at a time, the samples of each window in random order, so that a block is read
+    once for all its samples where a plain shuffle reads each sample alone. A batch mixes the
+    samples of `window_blocks` blocks, not of the whole split. Samples with no packed row
+    (read from their PNGs) form blocks of neighbouring positions.
+
+    With DataLoader workers, give the loader's `batch_size` and `num_workers` here too: the
+    DataLoader hands batch k to worker k mod `num_workers`, each worker keeps its own blocks,
+    so the order deals every block to one worker and makes each batch of that worker's
+    blocks (otherwise each worker would read every block of a window). For
+    DataLoader(sampler=...); `set_epoch(n)` before each epoch gives each epoch its own order,
+    reproducible from `seed`."""
 
     def __init__(
-        self, dataset: ManifestDataset, window_blocks: int = WINDOW_BLOCKS, seed: int = 0
+        self,
+        dataset: ManifestDataset,
+        window_blocks: int = WINDOW_BLOCKS,
+        seed: int = 0,
+        batch_size: int = 1,
+        num_workers: int = 0,
     ) -> None:
-        if window_blocks < 1:
-            raise ValueError(f"window_blocks must be at least 1, got {window_blocks}")
+        for name, value, least in (
+            ("window_blocks", window_blocks, 1),
+            ("batch_size", batch_size, 1),
+            ("num_workers", num_workers, 0),
+        ):
+            if value < least:
+                raise ValueError(f"{name} must be at least {least}, got {value}")
         self.window_blocks, self.seed, self.epoch = window_blocks, seed, 0
+        self.batch_size, self.readers = batch_size, max(1, num_workers)
         self._blocks = _sample_blocks(dataset)
 
     def set_epoch(self, epoch: int) -> None:
@@ -308,10 +330,43 @@ class BlockShuffleSampler:
 
     def __iter__(self) -> Iterator[int]:
         rng = np.random.default_rng((self.seed, self.epoch))
-        order = rng.permutation(len(self._blocks))
-        for first in range(0, len(order), self.window_blocks):
-            chosen = order[first : first + self.window_blocks]
-            yield from rng.permutation(np.concatenate([self._blocks[b] for b in chosen])).tolist()
+        streams = [
+            self._windows(blocks, rng)
+            for blocks in _dealt(rng.permutation(len(self._blocks)), self._blocks, self.readers)
+        ]
+        yield from _batches_in_turn(streams, self.batch_size).tolist()
+
+    def _windows(self, blocks: list[int], rng: np.random.Generator) -> np.ndarray:
+        """The samples of `blocks`, window by window, each window's in random order."""
+        windows = [
+            rng.permutation(
+                np.concatenate(
+                    [self._blocks[b] for b in blocks[first : first + self.window_blocks]]
+                )
+            )
+            for first in range(0, len(blocks), self.window_blocks)
+        ]
+        return np.concatenate(windows) if windows else np.zeros(0, dtype=np.int64)
+
+
+def _dealt(order: np.ndarray, blocks: list[np.ndarray], readers: int) -> list[list[int]]:
+    """The blocks in `order` dealt to `readers`, each to the one with the fewest samples so
+    far, so that every reader's share is within a block of the others'."""
+    shares: list[list[int]] = [[] for _ in range(readers)]
+    sizes = [0] * readers
+    for block in order.tolist():
+        reader = sizes.index(min(sizes))
+        shares[reader].append(block)
+        sizes[reader] += len(blocks[block])
+    return shares
+
+
+def _batches_in_turn(streams: list[np.ndarray], batch_size: int) -> np.ndarray:
+    """Batches taken from the streams in turn, so that batch k is stream k mod len(streams)'s,
+    as long as every stream has a whole batch left; then the rest of every stream."""
+    whole = min(len(stream) for stream in streams) // batch_size * batch_size
+    turns = np.stack([stream[:whole].reshape(-1, batch_size) for stream in streams], axis=1)
+    return np.concatenate([turns.reshape(-1), *(stream[whole:] for stream in streams)])
 
 
 def _sample_blocks(dataset: ManifestDataset) -> list[np.ndarray]:

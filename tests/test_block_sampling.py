@@ -140,3 +140,49 @@ def test_the_block_reader_keeps_the_most_recently_used_blocks(tmp_path):
     assert len(reader.rows.reads) == 5
     with pytest.raises(IndexError, match="row 20 outside its 20 rows"):
         reader.row(20)
+
+
+def worker_reads(frame: pd.DataFrame, root: Path, order: list[int], workers: int, batch: int):
+    """Reads of the packed array when a DataLoader deals batch k of `order` to worker
+    k mod `workers`, each worker with its own copy of the dataset."""
+    import pickle
+
+    dataset = ManifestDataset(frame, output_root=root, read_block_rows=BLOCK)
+    copies = [pickle.loads(pickle.dumps(dataset)) for _ in range(workers)]
+    for number, first in enumerate(range(0, len(order), batch)):
+        for position in order[first : first + batch]:
+            copies[number % workers][position]
+    return sum(len(reader.rows.reads) for copy in copies for reader in copy._packed.values())
+
+
+@pytest.mark.parametrize("workers, batch", [(2, 4), (4, 3), (3, 8)])
+def test_with_loader_workers_each_block_is_read_by_one_worker(tmp_path, workers, batch):
+    """Every sample once, and each block read by one worker but for the few last batches
+    (after the shortest share ends); ordered without the workers, each worker reads most
+    blocks of a window."""
+    blocks, side = 60, 4
+    root = tmp_path / "output"
+    (root / "tensors").mkdir(parents=True)
+    np.save(root / "tensors" / "train.npy", np.zeros((blocks * BLOCK, side, side), np.uint8))
+    rows = blocks * BLOCK
+    frame = pd.DataFrame({column: [None] * rows for column in loader._SAMPLE_COLUMNS})
+    frame["image_id"] = [f"i{n}" for n in range(rows)]
+    frame["has_mask"], frame["tensor_path"] = False, "tensors/train.npy"
+    frame["tensor_index"] = pd.array(np.random.default_rng(6).permutation(rows), dtype="Int64")
+    dataset = ManifestDataset(frame, output_root=root, read_block_rows=BLOCK)
+
+    dealt = list(BlockShuffleSampler(dataset, seed=1, batch_size=batch, num_workers=workers))
+    assert sorted(dealt) == list(range(rows))
+    assert blocks <= worker_reads(frame, root, dealt, workers, batch) <= blocks + 2 * workers
+
+    mixed = list(BlockShuffleSampler(dataset, seed=1))
+    assert worker_reads(frame, root, mixed, workers, batch) > 1.5 * blocks
+
+
+def test_loader_sizes_below_their_least_are_refused(training_root):
+    frame, root = training_root
+    dataset = ManifestDataset(frame, output_root=root, read_block_rows=BLOCK)
+    with pytest.raises(ValueError, match="batch_size must be at least 1, got 0"):
+        BlockShuffleSampler(dataset, batch_size=0)
+    with pytest.raises(ValueError, match="num_workers must be at least 0, got -1"):
+        BlockShuffleSampler(dataset, num_workers=-1)

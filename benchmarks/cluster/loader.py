@@ -90,7 +90,8 @@ def samples_per_second(manifest: str, order: str, workers: int, samples: int, se
         positions = np.random.default_rng(seed).permutation(len(dataset))
     else:
         dataset = ManifestDataset(manifest, read_block_rows=BLOCK_ROWS)
-        positions = np.fromiter(BlockShuffleSampler(dataset, seed=seed), dtype=np.int64)
+        sampler = BlockShuffleSampler(dataset, seed=seed, batch_size=BATCH, num_workers=workers)
+        positions = np.fromiter(sampler, dtype=np.int64)
     loader = DataLoader(
         dataset,
         batch_size=BATCH,
