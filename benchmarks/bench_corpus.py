@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -82,6 +83,8 @@ UI_STEP = "UI"
 
 
 RERUNS = "re-run train"
+# What `--step` names the cluster path's build of train that loses a Dask worker halfway by.
+WORKER_LOSS = "worker lost"
 # The step the results table shows when `--step` names none (every step is in its figures).
 HEADLINE = "all_stages rexgradient.train"
 
@@ -174,6 +177,12 @@ def rehearse(
             keep(step)
             if name == "manifest":
                 figures["search"] = near_duplicate_search(env, step)
+        if services is not None and fraction == largest and wanted(WORKER_LOSS):
+            steps, figures["worker_loss"] = worker_loss(
+                data, env, home, services, log, output_of(work, fraction)
+            )
+            for step in steps:
+                keep(step)
         if services is not None:
             figures["leftover_temporaries"] = services.leftover_temporaries()
             print(f"  temporary keys left: {figures['leftover_temporaries']}", flush=True)
@@ -222,6 +231,63 @@ def rerun_train(data: Path, output: Path, env: dict, size_dir: Path, log: Path) 
     resume = run_step(f"{RERUNS}, resumed after kill -9", command, resumed_env, resumed, log)
     yield counted(resume, resumed_env)
     shutil.rmtree(resumed, ignore_errors=True)
+
+
+def worker_loss(
+    data: Path, env: dict[str, str], home: Path, services, log: Path, local_output: Path
+) -> tuple[list[Step], dict]:
+    """ReXGradient train built from nothing on the cluster path (a prefix of its own) with
+    one of the two Dask workers lost for good once half its PNGs are written, as issue 60
+    item 4 asks; launched again if that build fails. Its steps, and what it left: the PNGs,
+    and whether its packed array and images table equal the local path's."""
+    from corpus.cluster import WORKER_LOSS_PREFIX
+
+    images = len((data / TRAIN_SOURCES).read_text().splitlines())
+    env = {**env, **services.environment(home, WORKER_LOSS_PREFIX)}
+    command = launch_command("all_stages", LAUNCHED_PARTITION)
+    name = f"{WORKER_LOSS}, all_stages {LAUNCHED_PARTITION}"
+    with services.worker_lost_after(images // 2) as loss:
+        steps = [counted(run_step(name, command, env, services.objects, log, services), env)]
+    summary = {"images": images, **loss, "first_launch_ok": steps[0].ok}
+    if not steps[0].ok:
+        name = f"{WORKER_LOSS}, launched again"
+        steps.append(counted(run_step(name, command, env, services.objects, log, services), env))
+    folder = layout.resized_image_folder(LAUNCHED_PARTITION)
+    summary["objects_in_images_folder"] = services.object_count(WORKER_LOSS_PREFIX, folder)
+    array = layout.packed_images(LAUNCHED_PARTITION)
+    table = layout.table_path("images", LAUNCHED_PARTITION)
+    if (local_output / array).exists():
+        with (
+            open(local_output / array, "rb") as local,
+            services.open_object(WORKER_LOSS_PREFIX, array) as remote,
+        ):
+            summary["same_packed_array"] = digest(local) == digest(remote)
+        with services.open_object(WORKER_LOSS_PREFIX, table) as remote:
+            summary["same_images_table"] = same_rows(local_output / table, remote)
+    print(f"  {WORKER_LOSS}: {json.dumps(summary)}", flush=True)
+    return steps, summary
+
+
+def digest(handle) -> str:
+    """SHA-256 of what `handle` reads, 8 MiB at a time."""
+    hashed = hashlib.sha256()
+    while chunk := handle.read(8 << 20):
+        hashed.update(chunk)
+    return hashed.hexdigest()
+
+
+def same_rows(local: Path, remote) -> bool:
+    """Whether two Parquet tables hold the same rows, in any order."""
+    import pandas as pd
+
+    tables = [pd.read_parquet(source) for source in (local, remote)]
+    ordered = [t.sort_values("image_id", ignore_index=True) for t in tables]
+    return ordered[0].equals(ordered[1])
+
+
+def output_of(work: Path, fraction: float) -> Path:
+    """The local path's output root of a size (kept with --keep)."""
+    return size_folder(work, fraction) / "output"
 
 
 def near_duplicate_search(env: dict[str, str], manifest: Step) -> dict:
@@ -278,6 +344,11 @@ def report_cluster(args: argparse.Namespace, work: Path) -> None:
     cluster = kept_sizes(work / CLUSTER)
     table(*stored_results(cluster))
     columns, rows, figures = cluster_beside_local(kept_sizes(work), cluster, CLUSTER_HEADLINES)
+    figures["worker_loss"] = {
+        f"{fraction:g}": kept["worker_loss"] for fraction, kept in cluster if "worker_loss" in kept
+    }
+    for fraction, summary in figures["worker_loss"].items():
+        print(f"size {fraction}, {WORKER_LOSS}: {json.dumps(summary)}")
     title = "The corpus on the cluster path beside the local one"
     write_table(args, Table("corpus_cluster", title, columns, rows, figures, section="--cluster"))
 

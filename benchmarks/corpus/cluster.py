@@ -1,13 +1,16 @@
 """The rehearsal on the cluster path (bench_corpus.py --cluster): the instance on PostgreSQL,
 the output root on the disk-backed S3 server, the per-image work on two stock `dask worker`
 processes of one thread each, all started per size and stopped by PID; and what a step cost
-each of them: the server's requests by kind and bytes, every service's peak RSS."""
+each of them: the server's requests by kind and bytes, every service's peak RSS; and a Dask
+worker lost for good halfway through a build (issue 60's fault at size)."""
 
 from __future__ import annotations
 
 import contextlib
 import shutil
 import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +35,8 @@ from cluster_services import (
 
 DASK_WORKERS = 2  # one thread each: the two cores the local run's pool uses
 OUTPUT_PREFIX = "corpus"
+# The build that loses a worker writes here, beside the measured steps' outputs.
+WORKER_LOSS_PREFIX = "worker-loss"
 # A started service's role, by what its command line runs.
 ROLES = {
     "postgres": "postgres",
@@ -48,12 +53,13 @@ class ClusterPath:
     services: Services
     objects: Path  # the server's folder: `du` of it is the bytes a step added to the bucket
 
-    def environment(self, home: Path) -> dict[str, str]:
-        """What a step's command needs to use the cluster path, its instance at `home`."""
+    def environment(self, home: Path, prefix: str = OUTPUT_PREFIX) -> dict[str, str]:
+        """What a step's command needs to use the cluster path, its instance at `home`, its
+        outputs under `prefix` of the bucket."""
         return {
             **self.services.environment(),
             "DAGSTER_HOME": str(home),
-            "RADHARMONY_OUTPUT_ROOT": f"s3://{BUCKET}/{OUTPUT_PREFIX}",
+            "RADHARMONY_OUTPUT_ROOT": f"s3://{BUCKET}/{prefix}",
         }
 
     def processes(self) -> dict[str, list[psutil.Process]]:
@@ -92,11 +98,44 @@ class ClusterPath:
         return peaks
 
     def leftover_temporaries(self) -> list[str]:
-        """The keys under the output prefix that a writer left under a temporary name."""
+        """The keys of the bucket that a writer left under a temporary name."""
         from radharmony_pipeline.processing.storage.atomic import TEMP_MARKER
 
-        fs = s3(self.services)
-        return [key for key in fs.find(f"{BUCKET}/{OUTPUT_PREFIX}") if TEMP_MARKER in key]
+        return [key for key in s3(self.services).find(BUCKET) if TEMP_MARKER in key]
+
+    @contextmanager
+    def worker_lost_after(self, puts: int) -> Iterator[dict]:
+        """While the block runs, once the server has taken `puts` more PUTs: one Dask worker
+        lost for good, as a machine is, its nanny killed first (SIGKILL) so that nothing
+        starts it again, then the worker. The dict yielded gets `lost_after_s`, the seconds
+        until the loss, unless the block ended first."""
+        ended, loss = threading.Event(), {}
+
+        def watch() -> None:
+            start, first = time.perf_counter(), self.requests()["PUT"]
+            while not ended.wait(0.5):
+                if self.requests()["PUT"] - first >= puts:
+                    (worker,) = self.processes()["dask worker"][:1]
+                    for process in [worker, *worker.children(recursive=True)]:
+                        with contextlib.suppress(psutil.Error):
+                            process.kill()
+                    loss["lost_after_s"] = time.perf_counter() - start
+                    return
+
+        watcher = threading.Thread(target=watch, name="worker-loss", daemon=True)
+        watcher.start()
+        try:
+            yield loss
+        finally:
+            ended.set()
+            watcher.join()
+
+    def open_object(self, prefix: str, name: str):
+        """The object `name` under `prefix` of the bucket, open for reading."""
+        return s3(self.services).open(f"{BUCKET}/{prefix}/{name}")
+
+    def object_count(self, prefix: str, folder: str) -> int:
+        return len(s3(self.services).find(f"{BUCKET}/{prefix}/{folder}"))
 
     def requests(self) -> Counter:
         """The server's requests so far by kind (and 5xx answers), its bytes in and out."""
