@@ -252,6 +252,7 @@ def worker_loss(
     if not steps[0].ok:
         name = f"{WORKER_LOSS}, launched again"
         steps.append(counted(run_step(name, command, env, services.objects, log, services), env))
+        summary["next_launch_ok"] = steps[-1].ok
     folder = layout.resized_image_folder(LAUNCHED_PARTITION)
     summary["objects_in_images_folder"] = services.object_count(WORKER_LOSS_PREFIX, folder)
     array = layout.packed_images(LAUNCHED_PARTITION)
@@ -333,6 +334,12 @@ def smoke(args: argparse.Namespace) -> None:
                 step["requests"] = {"PUT": images, "GET": images // 2, "5xx": 1, "bytes in": 9}
                 step["service_peaks_mb"] = {"dask worker": 700.0, "s3 server": 120.0}
             (work / CLUSTER).mkdir(exist_ok=True)
+            figures["worker_loss"] = {
+                "images": images,
+                "lost_after_s": 3.0,
+                "first_launch_ok": True,
+                "objects_in_images_folder": images,
+            }
             results_file(work / CLUSTER, fraction).write_text(json.dumps(figures))
         report(args, work)
         report_cluster(args, work)
@@ -347,10 +354,33 @@ def report_cluster(args: argparse.Namespace, work: Path) -> None:
     figures["worker_loss"] = {
         f"{fraction:g}": kept["worker_loss"] for fraction, kept in cluster if "worker_loss" in kept
     }
-    for fraction, summary in figures["worker_loss"].items():
-        print(f"size {fraction}, {WORKER_LOSS}: {json.dumps(summary)}")
+    notes = [
+        worker_loss_note(fraction, summary) for fraction, summary in figures["worker_loss"].items()
+    ]
     title = "The corpus on the cluster path beside the local one"
-    write_table(args, Table("corpus_cluster", title, columns, rows, figures, section="--cluster"))
+    note = " ".join(notes)
+    write_table(args, Table("corpus_cluster", title, columns, rows, figures, note, "--cluster"))
+
+
+def worker_loss_note(fraction: str, loss: dict) -> str:
+    """One sentence on the build that lost a worker at a size (worker_loss's summary)."""
+    lost = (
+        f"killed for good after {loss['lost_after_s']:.0f} s"
+        if "lost_after_s" in loss
+        else "not killed (the step ended first)"
+    )
+    outcome = (
+        "succeeded"
+        if loss["first_launch_ok"]
+        else f"failed, the next launch {'succeeded' if loss['next_launch_ok'] else 'failed too'}"
+    )
+    same = {True: "equal", False: "NOT equal", None: "not compared"}
+    array, rows = (same[loss.get(f"same_{what}")] for what in ("packed_array", "images_table"))
+    return (
+        f"Worker lost at size {fraction} ({loss['images']:,} train images): one of the two Dask "
+        f"workers {lost}; the step {outcome}; packed array {array} and images table {rows} to "
+        f"the local path's; {loss['objects_in_images_folder']:,} objects in its images folder."
+    )
 
 
 def report(args: argparse.Namespace, work: Path) -> None:
