@@ -30,6 +30,7 @@ from corpus.browser import ui_pages
 from corpus.generation import TRAIN_SOURCES, write_corpus
 from corpus.report import (
     cluster_beside_local,
+    cluster_totals,
     figures_table,
     kept_sizes,
     log_file,
@@ -54,9 +55,8 @@ CHANGED_SHARE = 0.01
 # ones, its data those of the local path's sizes.
 CLUSTER = "cluster"
 # The steps the cluster table shows (every step's ratio is in its figures): the largest
-# partitions with and without masks, the joins, the largest export and verify.
+# partition, the joins, its export and verify.
 CLUSTER_HEADLINES = (
-    "all_stages chestx_det.train",
     "all_stages rexgradient.train",
     "manifest",
     "exports rexgradient.train",
@@ -354,9 +354,8 @@ def report_cluster(args: argparse.Namespace, work: Path) -> None:
     figures["worker_loss"] = {
         f"{fraction:g}": kept["worker_loss"] for fraction, kept in cluster if "worker_loss" in kept
     }
-    notes = [
-        worker_loss_note(fraction, summary) for fraction, summary in figures["worker_loss"].items()
-    ]
+    notes = [cluster_totals(kept_sizes(work), cluster)]
+    notes += [worker_loss_note(size, loss) for size, loss in figures["worker_loss"].items()]
     title = "The corpus on the cluster path beside the local one"
     note = " ".join(notes)
     write_table(args, Table("corpus_cluster", title, columns, rows, figures, note, "--cluster"))
@@ -364,22 +363,16 @@ def report_cluster(args: argparse.Namespace, work: Path) -> None:
 
 def worker_loss_note(fraction: str, loss: dict) -> str:
     """One sentence on the build that lost a worker at a size (worker_loss's summary)."""
-    lost = (
-        f"killed for good after {loss['lost_after_s']:.0f} s"
-        if "lost_after_s" in loss
-        else "not killed (the step ended first)"
-    )
-    outcome = (
-        "succeeded"
-        if loss["first_launch_ok"]
-        else f"failed, the next launch {'succeeded' if loss['next_launch_ok'] else 'failed too'}"
-    )
+    lost = f"killed {loss['lost_after_s']:.0f} s" if "lost_after_s" in loss else "not killed"
+    outcome = "the step succeeded"
+    if not loss["first_launch_ok"]:
+        again = "succeeded" if loss["next_launch_ok"] else "failed"
+        outcome = f"the step failed, its next launch {again}"
     same = {True: "equal", False: "NOT equal", None: "not compared"}
     array, rows = (same[loss.get(f"same_{what}")] for what in ("packed_array", "images_table"))
     return (
-        f"Worker lost at size {fraction} ({loss['images']:,} train images): one of the two Dask "
-        f"workers {lost}; the step {outcome}; packed array {array} and images table {rows} to "
-        f"the local path's; {loss['objects_in_images_folder']:,} objects in its images folder."
+        f"Size {fraction}, one of 2 Dask workers {lost} into train's build ({loss['images']:,} "
+        f"images): {outcome}; array {array}, images table {rows} to the local run's."
     )
 
 

@@ -277,11 +277,11 @@ NOT_REQUESTS = ("bytes in", "bytes out", "5xx")
 def cluster_beside_local(
     local: KeptSizes, cluster: KeptSizes, shown: tuple[str, ...]
 ) -> tuple[list[str], list[list[str]], dict]:
-    """Each step run on both paths at a size whose name begins with one of `shown`, one row:
-    the local and cluster wall, their ratio, the cluster's CPU, its S3 requests per corpus
-    image (the two most made) and the largest peak RSS of the step and the services; every
-    step's ratio in the figures (each run's requests by kind, bytes and peaks are in the
-    kept figures)."""
+    """Each step run on both paths at the largest size whose name begins with one of `shown`,
+    one row: the local and cluster wall, their ratio at each size (smallest first), the
+    cluster's CPU, its S3 requests per corpus image (the two most) and the largest peak RSS
+    of the step and the services; every step's ratio at every size in the figures (each
+    run's requests by kind, bytes and peaks are in the kept figures)."""
     local_runs = dict(stored_results(local)[0])
     cluster_runs, images = stored_results(cluster)
     columns = [
@@ -289,35 +289,69 @@ def cluster_beside_local(
         "images",
         "local wall",
         "cluster wall / CPU",
-        "cluster / local",
+        "cluster / local, each size",
         "S3 requests per corpus image (the two most)",
         "largest peak RSS",
     ]
-    rows, ratios = [], {}
+    ratios: dict[str, dict[str, float]] = {}
+    largest: dict[str, tuple[float, Step, Step]] = {}
     for fraction, runs in cluster_runs:
         for name, step_runs in runs.items():
             if name not in local_runs.get(fraction, {}):
                 continue
             near, far = typical(local_runs[fraction][name]), typical(step_runs)
-            ratio = far.wall / near.wall
-            ratios.setdefault(f"{fraction:g}", {})[name] = round(ratio, 3)
-            if not name.startswith(shown):
-                continue
-            requests = {k: v for k, v in far.requests.items() if k not in NOT_REQUESTS}
-            most = sorted(requests.items(), key=lambda item: -item[1])[:2]
-            peaks = {"step": far.peak_rss_mb, **far.service_peaks_mb}
-            largest = max(peaks, key=lambda role: peaks[role])
-            rows.append(
-                [
-                    name,
-                    f"{images[fraction]:,}",
-                    f"{near.wall:.1f} s",
-                    f"{far.wall:.1f} s / {far.cpu:.1f} s" + ("" if far.ok else " FAILED"),
-                    f"{ratio:.2f}×",
-                    f"{sum(requests.values()) / images[fraction]:.2f} ("
-                    + ", ".join(f"{k} {v:,}" for k, v in most)
-                    + ")",
-                    f"{peaks[largest] / 1024:.2f} GB ({largest})",
-                ]
-            )
+            ratios.setdefault(f"{fraction:g}", {})[name] = round(far.wall / near.wall, 3)
+            largest[name] = (fraction, near, far)  # sizes come smallest first
+    rows = []
+    for name, (fraction, near, far) in largest.items():
+        if not name.startswith(shown):
+            continue
+        requests = {k: v for k, v in far.requests.items() if k not in NOT_REQUESTS}
+        most = sorted(requests.items(), key=lambda item: -item[1])[:2]
+        peaks = {"step": far.peak_rss_mb, **far.service_peaks_mb}
+        heaviest = max(peaks, key=lambda role: peaks[role])
+        each_size = [by_step[name] for by_step in ratios.values() if name in by_step]
+        rows.append(
+            [
+                name,
+                f"{images[fraction]:,}",
+                f"{near.wall:.1f} s",
+                f"{far.wall:.1f} s / {far.cpu:.1f} s" + ("" if far.ok else " FAILED"),
+                " → ".join(f"{ratio:.2f}×" for ratio in each_size),
+                f"{sum(requests.values()) / images[fraction]:.2f} ("
+                + ", ".join(f"{k} {v:,}" for k, v in most)
+                + ")",
+                f"{peaks[heaviest] / 1024:.2f} GB ({heaviest})",
+            ]
+        )
     return columns, rows, {"cluster_over_local": ratios}
+
+
+def cluster_totals(local: KeptSizes, cluster: KeptSizes) -> str:
+    """One sentence on every step run on both paths at the largest size: their walls summed,
+    the 5xx answers, the largest peak RSS of any process, the temporary keys left."""
+    local_runs = dict(stored_results(local)[0])
+    sizes = [
+        (
+            fraction,
+            {
+                name: typical(runs)
+                for name, runs in runs.items()
+                if name in local_runs.get(fraction, {})
+            },
+        )
+        for fraction, runs in stored_results(cluster)[0]
+    ]
+    fraction, steps = [(f, steps) for f, steps in sizes if steps][-1]
+    kept = dict(cluster)[fraction]
+    local_runs = local_runs[fraction]
+    walls = [sum(typical(local_runs[name]).wall for name in steps)]
+    walls.append(sum(step.wall for step in steps.values()))
+    errors = sum(step.requests.get("5xx", 0) for step in steps.values())
+    peaks = [max(step.peak_rss_mb, *step.service_peaks_mb.values()) for step in steps.values()]
+    return (
+        f"Size {fraction:g}, all steps: local {walls[0]:,.0f} s, cluster {walls[1]:,.0f} s "
+        f"({walls[1] / walls[0]:.2f}×); {errors} 5xx answers; every process ≤ "
+        f"{max(peaks) / 1024:.2f} GB; {len(kept.get('leftover_temporaries', []))} temporary "
+        "keys left."
+    )
