@@ -274,6 +274,25 @@ def project_search(kept: KeptSizes, corpus: int = 1_000_000) -> None:
 NOT_REQUESTS = ("bytes in", "bytes out", "5xx")
 
 
+Pairs = dict[str, tuple[Step, Step]]  # step name -> (local run, cluster run), typical runs
+
+
+def steps_on_both_paths(local: KeptSizes, cluster: KeptSizes) -> list[tuple[float, Pairs]]:
+    """Per size (smallest first), each step run on both paths: its local and cluster run."""
+    local_runs = dict(stored_results(local)[0])
+    return [
+        (
+            fraction,
+            {
+                name: (typical(local_runs[fraction][name]), typical(step_runs))
+                for name, step_runs in runs.items()
+                if name in local_runs.get(fraction, {})
+            },
+        )
+        for fraction, runs in stored_results(cluster)[0]
+    ]
+
+
 def cluster_beside_local(
     local: KeptSizes, cluster: KeptSizes, shown: tuple[str, ...]
 ) -> tuple[list[str], list[list[str]], dict]:
@@ -282,8 +301,7 @@ def cluster_beside_local(
     cluster's CPU, its S3 requests per corpus image (the two most) and the largest peak RSS
     of the step and the services; every step's ratio at every size in the figures (each
     run's requests by kind, bytes and peaks are in the kept figures)."""
-    local_runs = dict(stored_results(local)[0])
-    cluster_runs, images = stored_results(cluster)
+    images = stored_results(cluster)[1]
     columns = [
         "step",
         "images",
@@ -295,13 +313,10 @@ def cluster_beside_local(
     ]
     ratios: dict[str, dict[str, float]] = {}
     largest: dict[str, tuple[float, Step, Step]] = {}
-    for fraction, runs in cluster_runs:
-        for name, step_runs in runs.items():
-            if name not in local_runs.get(fraction, {}):
-                continue
-            near, far = typical(local_runs[fraction][name]), typical(step_runs)
+    for fraction, pairs in steps_on_both_paths(local, cluster):
+        for name, (near, far) in pairs.items():
             ratios.setdefault(f"{fraction:g}", {})[name] = round(far.wall / near.wall, 3)
-            largest[name] = (fraction, near, far)  # sizes come smallest first
+            largest[name] = (fraction, near, far)
     rows = []
     for name, (fraction, near, far) in largest.items():
         if not name.startswith(shown):
@@ -328,30 +343,15 @@ def cluster_beside_local(
 
 
 def cluster_totals(local: KeptSizes, cluster: KeptSizes) -> str:
-    """One sentence on every step run on both paths at the largest size: their walls summed,
-    the 5xx answers, the largest peak RSS of any process, the temporary keys left."""
-    local_runs = dict(stored_results(local)[0])
-    sizes = [
-        (
-            fraction,
-            {
-                name: typical(runs)
-                for name, runs in runs.items()
-                if name in local_runs.get(fraction, {})
-            },
-        )
-        for fraction, runs in stored_results(cluster)[0]
-    ]
-    fraction, steps = [(f, steps) for f, steps in sizes if steps][-1]
-    kept = dict(cluster)[fraction]
-    local_runs = local_runs[fraction]
-    walls = [sum(typical(local_runs[name]).wall for name in steps)]
-    walls.append(sum(step.wall for step in steps.values()))
-    errors = sum(step.requests.get("5xx", 0) for step in steps.values())
-    peaks = [max(step.peak_rss_mb, *step.service_peaks_mb.values()) for step in steps.values()]
+    """One sentence on every step run on both paths at the largest such size: their walls
+    summed, the 5xx answers, the largest peak RSS of any process, the temporary keys left."""
+    fraction, pairs = [size for size in steps_on_both_paths(local, cluster) if size[1]][-1]
+    walls = [sum(pair[side].wall for pair in pairs.values()) for side in (0, 1)]
+    errors = sum(far.requests.get("5xx", 0) for _, far in pairs.values())
+    peak = max(max(far.peak_rss_mb, *far.service_peaks_mb.values()) for _, far in pairs.values())
+    left = len(dict(cluster)[fraction].get("leftover_temporaries", []))
     return (
         f"Size {fraction:g}, all steps: local {walls[0]:,.0f} s, cluster {walls[1]:,.0f} s "
         f"({walls[1] / walls[0]:.2f}×); {errors} 5xx answers; every process ≤ "
-        f"{max(peaks) / 1024:.2f} GB; {len(kept.get('leftover_temporaries', []))} temporary "
-        "keys left."
+        f"{peak / 1024:.2f} GB; {left} temporary keys left."
     )
