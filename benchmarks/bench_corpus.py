@@ -364,15 +364,14 @@ def report_cluster(args: argparse.Namespace, work: Path) -> None:
 def worker_loss_note(fraction: str, loss: dict) -> str:
     """One sentence on the build that lost a worker at a size (worker_loss's summary)."""
     lost = f"killed {loss['lost_after_s']:.0f} s" if "lost_after_s" in loss else "not killed"
-    outcome = "the step succeeded"
+    outcome = "succeeded"
     if not loss["first_launch_ok"]:
-        again = "succeeded" if loss["next_launch_ok"] else "failed"
-        outcome = f"the step failed, its next launch {again}"
+        outcome = f"failed, relaunch {'succeeded' if loss['next_launch_ok'] else 'failed'}"
     same = {True: "equal", False: "NOT equal", None: "not compared"}
     array, rows = (same[loss.get(f"same_{what}")] for what in ("packed_array", "images_table"))
     return (
-        f"Size {fraction}, one of 2 Dask workers {lost} into train's build ({loss['images']:,} "
-        f"images): {outcome}; array {array}, images table {rows} to the local run's."
+        f"Size {fraction}: a Dask worker (of 2) {lost} into train's build ({loss['images']:,} "
+        f"images); {outcome}; array {array}, images table {rows} to local."
     )
 
 

@@ -181,7 +181,6 @@ def loader_section(images: int, samples: int, rounds: int) -> Table:
             "bucket_over_local": ratios,
         },
         f"Best of {rounds} rounds, {samples:,} samples in batches of {BATCH} from a "
-        f"{images:,}-row array of {SIZE}² images; block-shuffled: {BLOCK_ROWS}-row blocks. "
-        f"Target ≥ {TARGET}× with 4 workers.",
+        f"{images:,}-row array of {SIZE}² images; block-shuffled: {BLOCK_ROWS}-row blocks.",
         "--section loader",
     )

@@ -299,16 +299,16 @@ def cluster_beside_local(
     """Each step run on both paths at the largest size whose name begins with one of `shown`,
     one row: the local and cluster wall, their ratio at each size (smallest first), the
     cluster's CPU, its S3 requests per corpus image (the two most) and the largest peak RSS
-    of the step and the services; every step's ratio at every size in the figures (each
-    run's requests by kind, bytes and peaks are in the kept figures)."""
+    of the step and the services (cluster_totals names the size and its images); every
+    step's ratio at every size in the figures (each run's requests by kind, bytes and peaks
+    are in the kept figures)."""
     images = stored_results(cluster)[1]
     columns = [
         "step",
-        "images",
         "local wall",
         "cluster wall / CPU",
         "cluster / local, each size",
-        "S3 requests per corpus image (the two most)",
+        "S3 requests per corpus image (top 2)",
         "largest peak RSS",
     ]
     ratios: dict[str, dict[str, float]] = {}
@@ -329,7 +329,6 @@ def cluster_beside_local(
         rows.append(
             [
                 name,
-                f"{images[fraction]:,}",
                 f"{near.wall:.1f} s",
                 f"{far.wall:.1f} s / {far.cpu:.1f} s" + ("" if far.ok else " FAILED"),
                 " → ".join(f"{ratio:.2f}×" for ratio in each_size),
@@ -346,12 +345,13 @@ def cluster_totals(local: KeptSizes, cluster: KeptSizes) -> str:
     """One sentence on every step run on both paths at the largest such size: their walls
     summed, the 5xx answers, the largest peak RSS of any process, the temporary keys left."""
     fraction, pairs = [size for size in steps_on_both_paths(local, cluster) if size[1]][-1]
+    images = stored_results(cluster)[1][fraction]
     walls = [sum(pair[side].wall for pair in pairs.values()) for side in (0, 1)]
     errors = sum(far.requests.get("5xx", 0) for _, far in pairs.values())
     peak = max(max(far.peak_rss_mb, *far.service_peaks_mb.values()) for _, far in pairs.values())
     left = len(dict(cluster)[fraction].get("leftover_temporaries", []))
     return (
-        f"Size {fraction:g}, all steps: local {walls[0]:,.0f} s, cluster {walls[1]:,.0f} s "
-        f"({walls[1] / walls[0]:.2f}×); {errors} 5xx answers; every process ≤ "
-        f"{peak / 1024:.2f} GB; {left} temporary keys left."
+        f"Size {fraction:g} ({images:,} images), all steps: local {walls[0]:,.0f} s, "
+        f"cluster {walls[1]:,.0f} s ({walls[1] / walls[0]:.2f}×); {errors} 5xx; every process "
+        f"≤ {peak / 1024:.2f} GB; {left} temporary keys left."
     )
