@@ -96,11 +96,11 @@ def test_verify_on_the_bucket_finds_what_it_finds_on_disk(built_both_ways):
         for p in local.glob(layout.resized_png_glob(PARTITION))
         if not p.name.endswith(".mask.png")
     )[0]
-    shape = read_layout(local / array)
-    assert shape.rows > 2 * DAMAGED_ROW
-    row_byte = shape.data_offset + DAMAGED_ROW * shape.row_bytes + shape.row_bytes // 2
+    packed = read_layout(local / array)
+    assert packed.rows > 2 * DAMAGED_ROW
+    row_byte = packed.data_offset + DAMAGED_ROW * packed.row_bytes + packed.row_bytes // 2
     # Two rows per read: the array is read in several range requests, not in one.
-    window = 2 * shape.row_bytes
+    window = 2 * packed.row_bytes
     bucket = output_path(url)
     for root, instance in ((local, local_instance), (bucket, bucket_instance)):
         assert verify_outputs(root, [PARTITION], instance, window_bytes=window) == []
