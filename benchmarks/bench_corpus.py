@@ -262,19 +262,12 @@ def worker_loss(
             open(local_output / array, "rb") as local,
             services.open_object(WORKER_LOSS_PREFIX, array) as remote,
         ):
-            summary["same_packed_array"] = digest(local) == digest(remote)
+            hashes = [hashlib.file_digest(handle, "sha256").digest() for handle in (local, remote)]
+            summary["same_packed_array"] = hashes[0] == hashes[1]
         with services.open_object(WORKER_LOSS_PREFIX, table) as remote:
             summary["same_images_table"] = same_rows(local_output / table, remote)
     print(f"  {WORKER_LOSS}: {json.dumps(summary)}", flush=True)
     return steps, summary
-
-
-def digest(handle) -> str:
-    """SHA-256 of what `handle` reads, 8 MiB at a time."""
-    hashed = hashlib.sha256()
-    while chunk := handle.read(8 << 20):
-        hashed.update(chunk)
-    return hashed.hexdigest()
 
 
 def same_rows(local: Path, remote) -> bool:
