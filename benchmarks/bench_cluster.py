@@ -55,9 +55,12 @@ Section `loader` (cluster/loader.py; table `cluster_loader`): training from the 
 ManifestDataset's samples/s with 0, 2 and 4 DataLoader workers over a shuffled pass of
 `--samples` rows of a `--rows`-row train partition, from the local disk and from the same
 files on the S3 server, alternated in each of `--rounds` (2) rounds, and the bytes the server
-sent per sample. Target: the bucket >= half the local disk's rate with 4 workers.
+sent per sample. Target: the bucket >= half the local disk's rate with 4 workers. With
+`--training-root`, the train split of an output root a run left instead (the rehearsal's at
+the real size: bench_corpus.py --keep leaves it under --work/n1/output).
 
     .venv/bin/python benchmarks/bench_cluster.py --section loader [--rows 20000] [--samples 4000]
+    .venv/bin/python benchmarks/bench_cluster.py --section loader --training-root DIR
 
 A smoke run starts no services: the time limit on one copy of the split in one round and the
 local pool on 4 small JPEGs, neither warmed up (tables `time_limit` and `cluster`), and looks
@@ -93,6 +96,12 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=20, help="time-limit: split copies")
     parser.add_argument("--rows", type=int, default=20_000, help="loader: packed array's rows")
     parser.add_argument("--samples", type=int, default=4_000, help="loader: samples per pass")
+    parser.add_argument(
+        "--training-root",
+        type=Path,
+        help="loader: an output root a run left (its manifest's train split), instead of a "
+        "synthetic partition of --rows",
+    )
     parser.add_argument("--keep", type=Path, help="folder of source JPEGs to reuse/extend")
     add_options(parser)
     return parser.parse_args(argv)
@@ -108,7 +117,7 @@ def smoke(args: argparse.Namespace) -> int:
     if args.section == "loader":
         from cluster.loader import loader_section
 
-        write_table(args, loader_section(SMOKE_ROWS, SMOKE_ROWS // 2, 1))
+        write_table(args, loader_section(SMOKE_ROWS, SMOKE_ROWS // 2, 1, args.training_root))
         return 0
     if args.section == "put-floor":
         from cluster.upload import put_floor_section
@@ -146,7 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.section == "loader":
         from cluster.loader import loader_section
 
-        write_table(args, loader_section(args.rows, args.samples, args.rounds or 2))
+        write_table(
+            args,
+            loader_section(args.rows, args.samples, args.rounds or 2, args.training_root),
+        )
     elif args.section == "put-floor":
         from cluster.upload import put_floor_section
 

@@ -306,6 +306,9 @@ def near_duplicate_search(env: dict[str, str], manifest: Step) -> dict:
     return figures
 
 
+SMOKE_EARLIER = (0.25, 1.0)  # the smoke's published sizes: 1 is kept again, 0.25 is not
+
+
 def smoke(args: argparse.Namespace) -> None:
     """No corpus (its small datasets alone are thousands of images): the step commands as
     built for a data root, then the report over two made-up sizes' kept figures."""
@@ -335,23 +338,59 @@ def smoke(args: argparse.Namespace) -> None:
             }
             results_file(work / CLUSTER, fraction).write_text(json.dumps(figures))
         report(args, work)
-        report_cluster(args, work)
+        # A size measured before and no longer kept is shown beside the kept ones; a kept
+        # size's figures replace the published ones.
+        earlier = {
+            "cluster_over_local": {f"{size:g}": {HEADLINE: 1.5} for size in SMOKE_EARLIER},
+            "totals": {f"{size:g}": f"Size {size:g}: published before." for size in SMOKE_EARLIER},
+        }
+        report_cluster(args, work, earlier)
 
 
-def report_cluster(args: argparse.Namespace, work: Path) -> None:
+def report_cluster(args: argparse.Namespace, work: Path, earlier: dict | None = None) -> None:
     """The cluster path's figures kept under `work`/cluster, printed, and their table beside
-    the local path's figures of the same sizes written as results."""
-    cluster = kept_sizes(work / CLUSTER)
+    the local path's figures of the same sizes written as results; with `earlier` (the
+    published table's figures), the sizes it has and `work` no longer keeps shown too."""
+    cluster, local = kept_sizes(work / CLUSTER), kept_sizes(work)
     table(*stored_results(cluster))
-    columns, rows, figures = cluster_beside_local(kept_sizes(work), cluster, CLUSTER_HEADLINES)
-    figures["worker_loss"] = {
-        f"{fraction:g}": kept["worker_loss"] for fraction, kept in cluster if "worker_loss" in kept
+    measured = {f"{fraction:g}" for fraction, _ in cluster}
+    before = {
+        figure: {size: value for size, value in sizes.items() if size not in measured}
+        for figure, sizes in (earlier or {}).items()
     }
-    notes = [cluster_totals(kept_sizes(work), cluster)]
+    columns, rows, figures = cluster_beside_local(
+        local, cluster, CLUSTER_HEADLINES, before.get("cluster_over_local")
+    )
+    largest = f"{max(fraction for fraction, _ in cluster):g}"
+    figures["totals"] = by_size(
+        {**before.get("totals", {}), largest: cluster_totals(local, cluster)}
+    )
+    figures["worker_loss"] = by_size(
+        {
+            **before.get("worker_loss", {}),
+            **{
+                f"{fraction:g}": kept["worker_loss"]
+                for fraction, kept in cluster
+                if "worker_loss" in kept
+            },
+        }
+    )
+    notes = list(figures["totals"].values())
     notes += [worker_loss_note(size, loss) for size, loss in figures["worker_loss"].items()]
     title = "The corpus on the cluster path beside the local one"
     note = " ".join(notes)
     write_table(args, Table("corpus_cluster", title, columns, rows, figures, note, "--cluster"))
+
+
+def by_size(figures: dict[str, object]) -> dict[str, object]:
+    """Figures keyed by size ("0.25"), smallest size first."""
+    return dict(sorted(figures.items(), key=lambda item: float(item[0])))
+
+
+def published_figures(name: str) -> dict:
+    """The figures of the published results file `name` (benchmarks/results/), {} if none."""
+    published = REPO / "benchmarks" / "results" / f"{name}.json"
+    return json.loads(published.read_text())["figures"] if published.exists() else {}
 
 
 def worker_loss_note(fraction: str, loss: dict) -> str:
@@ -448,7 +487,10 @@ def main() -> None:
             clear_outputs(size_dir)
             if index == args.passes - 1:
                 shutil.rmtree(size_dir, ignore_errors=True)
-    (report_cluster if args.cluster else report)(args, args.work)
+    if args.cluster:
+        report_cluster(args, args.work, published_figures("corpus_cluster"))
+    else:
+        report(args, args.work)
 
 
 if __name__ == "__main__":

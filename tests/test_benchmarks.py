@@ -124,6 +124,25 @@ def test_benchmark_smoke(script: str, tmp_path: Path) -> None:
     check_results(results, script, WRITES[script])
 
 
+def test_the_cluster_table_keeps_the_published_sizes_it_does_not_measure_again(
+    tmp_path: Path,
+) -> None:
+    """bench_corpus's smoke measures sizes 0.5 and 1 and hands the report a published table
+    of sizes 0.25 and 1 (ratio 1.5): 0.25's ratio is shown first, 1's is measured anew."""
+    results = tmp_path / "results"
+    arguments = [str(BENCHMARKS / "bench_corpus.py"), "--smoke", "--results", str(results)]
+    succeeded(run_script(arguments, tmp_path), "bench_corpus.py --smoke")
+    written = json.loads((results / "corpus_cluster.json").read_text())
+    ratios = written["figures"]["cluster_over_local"]
+    assert list(ratios) == ["0.25", "0.5", "1"]
+    assert ratios["0.25"] == {"all_stages rexgradient.train": 1.5}
+    assert ratios["1"]["all_stages rexgradient.train"] != 1.5
+    [row] = written["rows"]
+    assert row[written["columns"].index("cluster / local, each size")].startswith("1.50× → ")
+    assert list(written["figures"]["totals"]) == ["0.25", "1"]
+    assert written["note"].startswith("Size 0.25: published before. Size 1 (")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("script", "option", "section", "name"), SLOW_SECTIONS)
 def test_slow_section_smoke(
@@ -134,6 +153,51 @@ def test_slow_section_smoke(
     completed = run_script([*arguments, "--results", str(results)], tmp_path)
     succeeded(completed, f"{script} --smoke {option} {section}")
     check_results(results, script, {name})
+
+
+@pytest.mark.slow
+def test_loader_section_reads_the_train_split_a_run_left(tmp_path: Path) -> None:
+    """--training-root: the train rows of an output root's manifest, not a synthetic array;
+    a validation row beside them is neither uploaded nor counted."""
+    import pandas as pd
+
+    root = tmp_path / "output"
+    manifest = training_root_with_a_validation_row(root, tmp_path)
+    results = tmp_path / "results"
+    arguments = [str(BENCHMARKS / "bench_cluster.py"), "--smoke", "--section", "loader"]
+    arguments += ["--training-root", str(root), "--results", str(results)]
+    completed = run_script(arguments, tmp_path)
+    succeeded(completed, "bench_cluster.py --smoke --section loader --training-root")
+    written = json.loads((results / "cluster_loader.json").read_text())
+    train = (pd.read_parquet(manifest, columns=["split"])["split"] == "train").sum()
+    assert f"the {train:,} rows of a run's train split" in written["note"]
+    assert written["figures"]["images"] == train
+
+
+def training_root_with_a_validation_row(root: Path, scratch: Path) -> Path:
+    """The loader's synthetic train partition under `root`, its manifest's first row moved
+    to the validation split; the manifest's path."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    completed = run_script(
+        [
+            "-c",
+            "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+            "from cluster.loader import write_training_root; "
+            "print(write_training_root(Path(sys.argv[2]), 48))",
+            str(BENCHMARKS),
+            str(root),
+        ],
+        scratch,
+    )
+    succeeded(completed, "write_training_root")
+    manifest = Path(completed.stdout.strip().splitlines()[-1])
+    table = pq.read_table(manifest)
+    splits = ["val", *table["split"].to_pylist()[1:]]
+    column = table.schema.get_field_index("split")
+    pq.write_table(table.set_column(column, "split", pa.array(splits, pa.string())), manifest)
+    return manifest
 
 
 def test_readme_figures_are_generated_from_the_results() -> None:

@@ -1,8 +1,9 @@
 """bench_cluster.py's `loader` section: training from the bucket. ManifestDataset's samples
-per second over a shuffled pass, with 0, 2 and 4 DataLoader workers, reading a train
-partition from a local output root and the same files on the disk-backed S3 server, the two
-alternated in each round; and the bytes the server sent against the rows read (a packed-array
-read is one row's range, never the whole array)."""
+per second over a shuffled pass, with 0, 2 and 4 DataLoader workers, reading the train split
+from a local output root and the same files on the disk-backed S3 server, the two alternated
+in each round; and the bytes the server sent against the rows read (a packed-array read is
+one row's range, never the whole array). The output root is a synthetic train partition, or
+one a run left (a rehearsal's at the real size)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from synthetic_outputs import write_images_partition
 from cluster.services import S3_BUCKET, s3_environment, start_s3_server
 
 PARTITION = "rexgradient.train"
+SPLIT = "train"
 WORKER_COUNTS = (0, 2, 4)
 BATCH = 32
 TARGET = 0.5  # the bucket's samples/s over the local disk's, with 4 workers
@@ -58,18 +60,20 @@ def write_training_root(root: Path, images: int) -> Path:
     return manifest
 
 
-def upload_what_training_reads(root: Path, manifest: Path, url: str) -> None:
-    """The manifest and the packed array (what ManifestDataset reads), under `url`, at their
-    paths relative to the root."""
+def upload_what_training_reads(root: Path, manifest: Path, url: str) -> int:
+    """The manifest and the train split's packed arrays (what ManifestDataset reads), under
+    `url`, at their paths relative to the root; the split's rows."""
     import pandas as pd
 
     from radharmony_pipeline.processing.storage.store import output_path, publish_file
 
-    table = pd.read_parquet(manifest, columns=["tensor_path"])
-    relative = {manifest.relative_to(root).as_posix(), *table["tensor_path"].dropna()}
+    table = pd.read_parquet(manifest, columns=["split", "tensor_path"])
+    train = table[table["split"] == SPLIT]
+    relative = {manifest.relative_to(root).as_posix(), *train["tensor_path"].dropna()}
     target = output_path(url)
     for name in sorted(relative):
         publish_file(target / name, root / name)
+    return len(train)
 
 
 # How a pass orders the samples, and the rows a read of the packed array takes: a plain
@@ -86,10 +90,10 @@ def samples_per_second(manifest: str, order: str, workers: int, samples: int, se
     from radharmony_pipeline.loader import BlockShuffleSampler, ManifestDataset
 
     if order == "shuffled":
-        dataset = ManifestDataset(manifest)
+        dataset = ManifestDataset(manifest, splits=SPLIT)
         positions = np.random.default_rng(seed).permutation(len(dataset))
     else:
-        dataset = ManifestDataset(manifest, read_block_rows=BLOCK_ROWS)
+        dataset = ManifestDataset(manifest, splits=SPLIT, read_block_rows=BLOCK_ROWS)
         sampler = BlockShuffleSampler(dataset, seed=seed, batch_size=BATCH, num_workers=workers)
         positions = np.fromiter(sampler, dtype=np.int64)
     loader = DataLoader(
@@ -135,16 +139,25 @@ def measure(places: dict[str, str], server: object, samples: int, rounds: int) -
     return rates, sent
 
 
-def loader_section(images: int, samples: int, rounds: int) -> Table:
+def loader_section(
+    images: int, samples: int, rounds: int, training_root: Path | None = None
+) -> Table:
+    """The rates of every order and worker count on both places, from `training_root`'s
+    manifest (an output root a run left) or else a synthetic partition of `images` rows."""
+    from radharmony_pipeline.processing.storage import output_layout as layout
+
     folder = Path(tempfile.mkdtemp(prefix="bench-loader-"))
-    root = folder / "output"
-    manifest = write_training_root(root, images)
+    if training_root is None:
+        root = folder / "output"
+        manifest = write_training_root(root, images)
+    else:
+        root, manifest = training_root, training_root / layout.MANIFEST
     (folder / "s3").mkdir()
     server = start_s3_server(folder / "s3")
     try:
         with s3_environment(server):
             url = f"s3://{S3_BUCKET}/output"
-            upload_what_training_reads(root, manifest, url)
+            images = upload_what_training_reads(root, manifest, url)
             places = {"local disk": str(manifest), "bucket": f"{url}/{manifest.relative_to(root)}"}
             rates, sent = measure(places, server, samples, rounds)
     finally:
@@ -180,7 +193,9 @@ def loader_section(images: int, samples: int, rounds: int) -> Table:
             "rates": {" | ".join(map(str, key)): runs for key, runs in rates.items()},
             "bucket_over_local": ratios,
         },
-        f"Best of {rounds} rounds, {samples:,} samples in batches of {BATCH} from a "
-        f"{images:,}-row array of {SIZE}² images; block-shuffled: {BLOCK_ROWS}-row blocks.",
+        f"Best of {rounds} rounds, {samples:,} samples in batches of {BATCH} from the "
+        f"{images:,} rows of "
+        + ("a synthetic train partition" if training_root is None else "a run's train split")
+        + f"; block-shuffled: {BLOCK_ROWS}-row blocks.",
         "--section loader",
     )

@@ -294,14 +294,18 @@ def steps_on_both_paths(local: KeptSizes, cluster: KeptSizes) -> list[tuple[floa
 
 
 def cluster_beside_local(
-    local: KeptSizes, cluster: KeptSizes, shown: tuple[str, ...]
+    local: KeptSizes,
+    cluster: KeptSizes,
+    shown: tuple[str, ...],
+    earlier: dict[str, dict[str, float]] | None = None,
 ) -> tuple[list[str], list[list[str]], dict]:
     """Each step run on both paths at the largest size whose name begins with one of `shown`,
     one row: the local and cluster wall, their ratio at each size (smallest first), the
     cluster's CPU, its S3 requests per corpus image (the two most) and the largest peak RSS
     of the step and the services (cluster_totals names the size and its images); every
     step's ratio at every size in the figures (each run's requests by kind, bytes and peaks
-    are in the kept figures)."""
+    are in the kept figures). `earlier`: the ratios of sizes measured before and no longer
+    kept, by size and step, shown beside the kept ones."""
     images = stored_results(cluster)[1]
     columns = [
         "step",
@@ -317,6 +321,7 @@ def cluster_beside_local(
         for name, (near, far) in pairs.items():
             ratios.setdefault(f"{fraction:g}", {})[name] = round(far.wall / near.wall, 3)
             largest[name] = (fraction, near, far)
+    ratios = dict(sorted({**(earlier or {}), **ratios}.items(), key=lambda item: float(item[0])))
     rows = []
     for name, (fraction, near, far) in largest.items():
         if not name.startswith(shown):
