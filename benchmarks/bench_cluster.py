@@ -56,7 +56,7 @@ ManifestDataset's samples/s with 0, 2 and 4 DataLoader workers over a shuffled p
 `--samples` rows of a `--rows`-row train partition, from the local disk and from the same
 files on the S3 server, alternated in each of `--rounds` (2) rounds, and the bytes the server
 sent per sample. Target: the bucket >= half the local disk's rate with 4 workers. With
-`--training-root`, the train split of an output root a run left instead (the rehearsal's at
+`--training-root`, ReXGradient's train in an output root a run left instead (the rehearsal's at
 the real size: bench_corpus.py --keep leaves it under --work/n1/output).
 
     .venv/bin/python benchmarks/bench_cluster.py --section loader [--rows 20000] [--samples 4000]
@@ -99,8 +99,8 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--training-root",
         type=Path,
-        help="loader: an output root a run left (its manifest's train split), instead of a "
-        "synthetic partition of --rows",
+        help="loader: an output root a run left (its manifest's ReXGradient train rows), "
+        "instead of a synthetic partition of --rows",
     )
     parser.add_argument("--keep", type=Path, help="folder of source JPEGs to reuse/extend")
     add_options(parser)

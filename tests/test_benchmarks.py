@@ -157,8 +157,8 @@ def test_slow_section_smoke(
 
 @pytest.mark.slow
 def test_loader_section_reads_the_train_split_a_run_left(tmp_path: Path) -> None:
-    """--training-root: the train rows of an output root's manifest, not a synthetic array;
-    a validation row beside them is neither uploaded nor counted."""
+    """--training-root: ReXGradient's train rows of an output root's manifest, not a synthetic
+    array; a validation row beside them is neither uploaded nor counted."""
     import pandas as pd
 
     root = tmp_path / "output"
@@ -170,7 +170,7 @@ def test_loader_section_reads_the_train_split_a_run_left(tmp_path: Path) -> None
     succeeded(completed, "bench_cluster.py --smoke --section loader --training-root")
     written = json.loads((results / "cluster_loader.json").read_text())
     train = (pd.read_parquet(manifest, columns=["split"])["split"] == "train").sum()
-    assert f"the {train:,} rows of a run's train split" in written["note"]
+    assert f"the {train:,} rows of a run's rexgradient.train" in written["note"]
     assert written["figures"]["images"] == train
 
 

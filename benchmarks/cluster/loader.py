@@ -1,9 +1,9 @@
 """bench_cluster.py's `loader` section: training from the bucket. ManifestDataset's samples
-per second over a shuffled pass, with 0, 2 and 4 DataLoader workers, reading the train split
-from a local output root and the same files on the disk-backed S3 server, the two alternated
-in each round; and the bytes the server sent against the rows read (a packed-array read is
-one row's range, never the whole array). The output root is a synthetic train partition, or
-one a run left (a rehearsal's at the real size)."""
+per second over a shuffled pass, with 0, 2 and 4 DataLoader workers, reading ReXGradient's
+train partition from a local output root and the same files on the disk-backed S3 server, the
+two alternated in each round; and the bytes the server sent against the rows read (a
+packed-array read is one row's range, never the whole array). The output root is a synthetic
+one, or one a run left (a rehearsal's at the real size)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from synthetic_outputs import write_images_partition
 from cluster.services import S3_BUCKET, s3_environment, start_s3_server
 
 PARTITION = "rexgradient.train"
-SPLIT = "train"
+DATASET, SPLIT = PARTITION.split(".")
 WORKER_COUNTS = (0, 2, 4)
 BATCH = 32
 TARGET = 0.5  # the bucket's samples/s over the local disk's, with 4 workers
@@ -61,14 +61,14 @@ def write_training_root(root: Path, images: int) -> Path:
 
 
 def upload_what_training_reads(root: Path, manifest: Path, url: str) -> int:
-    """The manifest and the train split's packed arrays (what ManifestDataset reads), under
-    `url`, at their paths relative to the root; the split's rows."""
+    """The manifest and PARTITION's packed array (what ManifestDataset reads), under `url`, at
+    their paths relative to the root; the partition's rows."""
     import pandas as pd
 
     from radharmony_pipeline.processing.storage.store import output_path, publish_file
 
-    table = pd.read_parquet(manifest, columns=["split", "tensor_path"])
-    train = table[table["split"] == SPLIT]
+    table = pd.read_parquet(manifest, columns=["dataset", "split", "tensor_path"])
+    train = table[(table["dataset"] == DATASET) & (table["split"] == SPLIT)]
     relative = {manifest.relative_to(root).as_posix(), *train["tensor_path"].dropna()}
     target = output_path(url)
     for name in sorted(relative):
@@ -90,10 +90,12 @@ def samples_per_second(manifest: str, order: str, workers: int, samples: int, se
     from radharmony_pipeline.loader import BlockShuffleSampler, ManifestDataset
 
     if order == "shuffled":
-        dataset = ManifestDataset(manifest, splits=SPLIT)
+        dataset = ManifestDataset(manifest, datasets=DATASET, splits=SPLIT)
         positions = np.random.default_rng(seed).permutation(len(dataset))
     else:
-        dataset = ManifestDataset(manifest, splits=SPLIT, read_block_rows=BLOCK_ROWS)
+        dataset = ManifestDataset(
+            manifest, datasets=DATASET, splits=SPLIT, read_block_rows=BLOCK_ROWS
+        )
         sampler = BlockShuffleSampler(dataset, seed=seed, batch_size=BATCH, num_workers=workers)
         positions = np.fromiter(sampler, dtype=np.int64)
     loader = DataLoader(
@@ -143,7 +145,8 @@ def loader_section(
     images: int, samples: int, rounds: int, training_root: Path | None = None
 ) -> Table:
     """The rates of every order and worker count on both places, from `training_root`'s
-    manifest (an output root a run left) or else a synthetic partition of `images` rows."""
+    manifest (an output root a run left) or else a synthetic partition of `images` rows; its
+    other datasets and splits are not read."""
     from radharmony_pipeline.processing.storage import output_layout as layout
 
     folder = Path(tempfile.mkdtemp(prefix="bench-loader-"))
@@ -195,7 +198,8 @@ def loader_section(
         },
         f"Best of {rounds} rounds, {samples:,} samples in batches of {BATCH} from the "
         f"{images:,} rows of "
-        + ("a synthetic train partition" if training_root is None else "a run's train split")
+        + ("a synthetic " if training_root is None else "a run's ")
+        + PARTITION
         + f"; block-shuffled: {BLOCK_ROWS}-row blocks.",
         "--section loader",
     )
