@@ -68,6 +68,8 @@ returns the seed library's sample dicts (docs/exports.md).
 from __future__ import annotations
 
 import math
+import os
+import pickle
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
@@ -224,12 +226,15 @@ class ManifestDataset(_DatasetBase):
         # Done once for all rows: per-sample pandas conversions would dominate __getitem__.
         self._labels = _class_matrix(self.table, labels, uncertain)
         self._packed: dict[Path, PackedBlockReader | None] = {}
+        self._process = os.getpid()  # the process whose readers and S3 clients these are
 
     def __len__(self) -> int:
         return len(self.table)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         position = _checked_index(index, len(self))
+        if self._process != os.getpid():
+            self._open_in_this_process()
         row = self.table.iloc[position]
         img = _to_unit_range(self._pixels(row))
         sample = {
@@ -252,6 +257,14 @@ class ManifestDataset(_DatasetBase):
         state = self.__dict__.copy()
         state["_packed"] = {}
         return state
+
+    def _open_in_this_process(self) -> None:
+        """Forked from the process that read samples (a DataLoader worker started by fork):
+        its open arrays and the output root's S3 client are that process's, and s3fs refuses
+        a client from another process. Start afresh, as a pickled copy does."""
+        self._packed = {}
+        self.output_root = pickle.loads(pickle.dumps(self.output_root))
+        self._process = os.getpid()
 
     def _pixels(self, row: pd.Series) -> np.ndarray:
         """The resized uint8 S×S image: a packed row if available, else the PNG."""

@@ -252,6 +252,36 @@ def test_the_loader_and_the_duplicate_sheet_retry_transient_store_faults(
     assert faults == {"get_object": 0, "head_object": 0}  # every injected fault was met
 
 
+def test_loader_workers_forked_from_a_process_that_read_samples_read_their_own(
+    bucket, tmp_path, capfd
+):
+    """A sample read from the bucket in the training process (its array open, its S3 client
+    made), then a DataLoader whose workers are forked from it, twice: every worker opens its
+    own array and client (s3fs refuses a client made in another process: "This class is not
+    fork-safe") and the samples are the local ones; nothing is reported on stderr."""
+    import pyarrow.parquet as pq
+    from test_loader import manifest_table, write_images
+    from torch.utils.data import DataLoader
+
+    from radharmony_pipeline import loader
+
+    local = tmp_path / "output"
+    table = manifest_table(write_images(local))
+    layout.tables_folder(local).mkdir(parents=True)
+    pq.write_table(table, local / layout.MANIFEST)
+    bucket.fs.put(f"{local}/", f"{BUCKET}/forked/", recursive=True)
+    bucket.fs.invalidate_cache()
+    remote = loader.ManifestDataset(f"s3://{BUCKET}/forked/{layout.MANIFEST}")
+    expected = [sample["img"] for sample in loader.ManifestDataset(local / layout.MANIFEST)]
+    np.testing.assert_array_equal(remote[0]["img"], expected[0])  # a session in this process
+    for _epoch in range(2):
+        batches = DataLoader(remote, num_workers=2, collate_fn=list, multiprocessing_context="fork")
+        got = [sample["img"] for batch in batches for sample in batch]
+        np.testing.assert_array_equal(np.stack(got), np.stack(expected))
+    written = capfd.readouterr().err
+    assert "Error" not in written, written
+
+
 def test_a_table_read_back_in_other_chunks_is_written_as_the_same_bytes(tmp_path):
     import dagster as dg
     import pandas as pd
