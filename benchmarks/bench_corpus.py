@@ -29,6 +29,7 @@ from common import Table, add_options, drop_page_cache, write_table
 from corpus.browser import ui_pages
 from corpus.generation import TRAIN_SOURCES, write_corpus
 from corpus.report import (
+    by_size,
     cluster_beside_local,
     cluster_totals,
     figures_table,
@@ -380,11 +381,6 @@ def report_cluster(args: argparse.Namespace, work: Path, earlier: dict | None = 
     title = "The corpus on the cluster path beside the local one"
     note = " ".join(notes)
     write_table(args, Table("corpus_cluster", title, columns, rows, figures, note, "--cluster"))
-
-
-def by_size(figures: dict[str, object]) -> dict[str, object]:
-    """Figures keyed by size ("0.25"), smallest size first."""
-    return dict(sorted(figures.items(), key=lambda item: float(item[0])))
 
 
 def published_figures(name: str) -> dict:

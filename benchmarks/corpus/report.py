@@ -9,9 +9,12 @@ import json
 import math
 import statistics
 from pathlib import Path
+from typing import TypeVar
 
 from corpus.browser import _ui_line
 from corpus.sampling import STEP_NAME_WIDTH, Step
+
+T = TypeVar("T")
 
 # A step or stage whose time grows less than this from the smallest size to the largest is
 # fixed-cost: its marginal ratio is this machine's timing noise (±0.6 s a step measured).
@@ -293,6 +296,11 @@ def steps_on_both_paths(local: KeptSizes, cluster: KeptSizes) -> list[tuple[floa
     ]
 
 
+def by_size(figures: dict[str, T]) -> dict[str, T]:
+    """Figures keyed by size ("0.25"), smallest size first."""
+    return dict(sorted(figures.items(), key=lambda item: float(item[0])))
+
+
 def cluster_beside_local(
     local: KeptSizes,
     cluster: KeptSizes,
@@ -321,7 +329,7 @@ def cluster_beside_local(
         for name, (near, far) in pairs.items():
             ratios.setdefault(f"{fraction:g}", {})[name] = round(far.wall / near.wall, 3)
             largest[name] = (fraction, near, far)
-    ratios = dict(sorted({**(earlier or {}), **ratios}.items(), key=lambda item: float(item[0])))
+    ratios = by_size({**(earlier or {}), **ratios})
     rows = []
     for name, (fraction, near, far) in largest.items():
         if not name.startswith(shown):
