@@ -208,23 +208,29 @@ def test_an_unchanged_partition_on_s3_is_verified_from_headers(bucket, tmp_path,
     assert again == [replace(row, decoded=False) for row in first]
 
 
+def write_training_output(root):
+    """test_loader's images and their manifest under the output root `root`; `root`."""
+    import pyarrow.parquet as pq
+    from test_loader import manifest_table, write_images
+
+    table = manifest_table(write_images(root))
+    layout.tables_folder(root).mkdir(parents=True)
+    pq.write_table(table, root / layout.MANIFEST)
+    return root
+
+
 def test_the_loader_and_the_duplicate_sheet_retry_transient_store_faults(
     bucket, tmp_path, monkeypatch
 ):
     """ManifestDataset on an s3:// manifest, and the near-duplicate checks' sheet lookup, go
     through the storage layer's retries: the first reads and lookups are cut connections."""
-    import pyarrow.parquet as pq
     import s3fs
-    from test_loader import manifest_table, write_images
 
     from radharmony_pipeline import loader
     from radharmony_pipeline.defs.checks import duplicates
 
     monkeypatch.setattr(loader, "torch", None)
-    local = tmp_path / "output"
-    table = manifest_table(write_images(local))
-    layout.tables_folder(local).mkdir(parents=True)
-    pq.write_table(table, local / layout.MANIFEST)
+    local = write_training_output(tmp_path / "output")
     (local / layout.NEAR_DUPLICATE_SHEET).parent.mkdir(parents=True, exist_ok=True)
     (local / layout.NEAR_DUPLICATE_SHEET).write_bytes(b"sheet")
     bucket.fs.put(f"{local}/", f"{BUCKET}/loader/", recursive=True)
@@ -259,16 +265,11 @@ def test_loader_workers_forked_from_a_process_that_read_samples_read_their_own(
     made), then a DataLoader whose workers are forked from it, twice: every worker opens its
     own array and client (s3fs refuses a client made in another process: "This class is not
     fork-safe") and the samples are the local ones; nothing is reported on stderr."""
-    import pyarrow.parquet as pq
-    from test_loader import manifest_table, write_images
     from torch.utils.data import DataLoader
 
     from radharmony_pipeline import loader
 
-    local = tmp_path / "output"
-    table = manifest_table(write_images(local))
-    layout.tables_folder(local).mkdir(parents=True)
-    pq.write_table(table, local / layout.MANIFEST)
+    local = write_training_output(tmp_path / "output")
     bucket.fs.put(f"{local}/", f"{BUCKET}/forked/", recursive=True)
     bucket.fs.invalidate_cache()
     remote = loader.ManifestDataset(f"s3://{BUCKET}/forked/{layout.MANIFEST}")
