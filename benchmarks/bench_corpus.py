@@ -48,6 +48,7 @@ from corpus.sampling import Step, _row, counted, run_step
 from synthetic_inputs import change_sources
 
 from radharmony_pipeline.processing.storage import output_layout as layout
+from radharmony_pipeline.settings import image_size
 from radharmony_pipeline.sources import SOURCE_TYPES
 
 BIN = Path(sys.executable).parent
@@ -162,6 +163,8 @@ def rehearse(
             figures["runs"].setdefault(step.name, []).append(asdict(step))
         results_file(figures_root, fraction).write_text(json.dumps(figures))
 
+    if cluster:
+        check_room_for_the_bucket(work, fraction, runs_dir)
     with on_the_cluster(runs_dir) if cluster else contextlib.nullcontext() as services:
         if services is not None:
             env.update(services.environment(home))
@@ -197,6 +200,35 @@ def rehearse(
     if fraction == largest and wanted(RERUNS):
         for step in rerun_train(data, output, env, size_dir, log):
             keep(step)
+
+
+def check_room_for_the_bucket(work: Path, fraction: float, runs_dir: Path) -> None:
+    """Stop before a cluster pass that would fill the disk an hour in: the bucket takes what
+    the local pass of the size added, and while ReXGradient train publishes its packed array
+    the disk holds that array once more (the local scratch copy; the server assembles the
+    upload in place of its parts)."""
+    kept = results_file(work, fraction)
+    if not kept.exists():
+        print("  free disk not checked: no local pass of this size is kept", flush=True)
+        return
+    figures = json.loads(kept.read_text())
+    cluster_steps = {name for name, _ in commands(Path())} - {STAT_FLOOR}
+    bucket = sum(
+        max(run["added_bytes"] for run in runs)
+        for name, runs in figures["runs"].items()
+        if name in cluster_steps
+    )
+    array = figures["counts"]["rexgradient"] * image_size(os.environ) ** 2  # all splits: above
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(runs_dir).free
+    if free < bucket + array:
+        sys.exit(
+            f"the cluster pass at {fraction:g} needs about {(bucket + array) / 1e9:.0f} GB free "
+            f"on {runs_dir} (the bucket {bucket / 1e9:.0f} GB as the local pass added, "
+            f"ReXGradient's array {array / 1e9:.0f} GB once more); {free / 1e9:.0f} GB are: "
+            "delete the local pass's output root (its figures are kept) or use a larger disk"
+        )
+    print(f"  free disk {free / 1e9:.0f} GB, about {(bucket + array) / 1e9:.0f} GB needed")
 
 
 def on_the_cluster(runs_dir: Path) -> contextlib.AbstractContextManager:

@@ -143,6 +143,24 @@ def test_the_cluster_table_keeps_the_published_sizes_it_does_not_measure_again(
     assert written["note"].startswith("Size 0.25: published before. Size 1 (")
 
 
+def test_a_cluster_pass_without_room_for_its_bucket_stops_before_it_starts(tmp_path: Path) -> None:
+    """The kept local pass of the size added more than the disk holds: the cluster pass
+    stops at once, saying what it needs, before any service starts or step runs."""
+    work = tmp_path / "work"
+    (work / "n1").mkdir(parents=True)
+    (work / "n1" / "corpus_counts.json").write_text(json.dumps({"rexgradient": 10, "nih": 2}))
+    huge = {"added_bytes": 10**16, "wall": 1.0}
+    local = {"counts": {"rexgradient": 10}, "runs": {"manifest": [huge], "verify": [huge]}}
+    (work / "steps_n1.json").write_text(json.dumps(local))
+    arguments = [str(BENCHMARKS / "bench_corpus.py"), "--work", str(work), "--fractions", "1"]
+    completed = run_script([*arguments, "--cluster"], tmp_path)
+    assert completed.returncode != 0
+    assert "the cluster pass at 1 needs about 20000000 GB free" in completed.stderr
+    assert "the bucket 20000000 GB" in completed.stderr
+    assert not (work / "cluster" / "n1" / "bucket").exists()
+    assert not (work / "cluster" / "steps_n1.json").exists()  # no step ran
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("script", "option", "section", "name"), SLOW_SECTIONS)
 def test_slow_section_smoke(

@@ -109,6 +109,46 @@ def test_multipart_upload_assembles_the_parts(server, tmp_path: Path):
         assert counted["MULTIPART_COMPLETE"] >= 2
 
 
+def test_a_completion_naming_a_part_not_uploaded_changes_nothing(server):
+    """InvalidPart for a part never uploaded or an ETag that is not the part's; the parts stay,
+    and the completion that names them right then assembles the object."""
+    _name, services = server
+    fs = s3(services)
+    key = "multipart/checked.bin"
+    parts = [os.urandom(MULTIPART_CHUNK), os.urandom(1_000)]
+    upload = fs.call_s3("create_multipart_upload", Bucket=BUCKET, Key=key)["UploadId"]
+    etags = [
+        fs.call_s3(
+            "upload_part", Bucket=BUCKET, Key=key, UploadId=upload, PartNumber=number, Body=body
+        )["ETag"]
+        for number, body in enumerate(parts, start=1)
+    ]
+    listed = [{"PartNumber": number, "ETag": etag} for number, etag in enumerate(etags, start=1)]
+    wrong = [
+        [*listed, {"PartNumber": 3, "ETag": etags[1]}],  # never uploaded
+        [listed[0], {"PartNumber": 2, "ETag": etags[0]}],  # another part's ETag
+    ]
+    for named in wrong:
+        with pytest.raises(OSError) as refused:  # s3fs's, the S3 error its cause
+            fs.call_s3(
+                "complete_multipart_upload",
+                Bucket=BUCKET,
+                Key=key,
+                UploadId=upload,
+                MultipartUpload={"Parts": named},
+            )
+        assert refused.value.__cause__.response["Error"]["Code"] == "InvalidPart"
+        assert not fs.exists(f"{BUCKET}/{key}")
+    fs.call_s3(
+        "complete_multipart_upload",
+        Bucket=BUCKET,
+        Key=key,
+        UploadId=upload,
+        MultipartUpload={"Parts": listed},
+    )
+    assert fs.cat_file(f"{BUCKET}/{key}") == b"".join(parts)
+
+
 @pytest.mark.parametrize("existing", [b"OLD" * 10_000, None], ids=["replaced", "new"])
 def test_a_put_cut_halfway_leaves_the_old_object_or_none(server, existing):
     """The connection drops after half of the announced body: the server keeps what the key

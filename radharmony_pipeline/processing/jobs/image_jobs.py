@@ -985,7 +985,9 @@ def _chunks(
 
 
 def _assemble(chunks: Sequence[ImageChunk], scratch: Path) -> None:
-    """Copy the shards into the scratch array, one shard in memory at a time."""
+    """Copy the shards into the scratch array, one shard in memory at a time, each removed
+    once copied: the shards and the scratch array never both hold the whole partition (at the
+    real size each is 12 GB, on one machine's disk beside the bucket)."""
     start = 0
     with PackedRowWriter(scratch) as packed:
         for chunk in chunks:
@@ -993,6 +995,7 @@ def _assemble(chunks: Sequence[ImageChunk], scratch: Path) -> None:
                 shard = np.load(handle, allow_pickle=False)
             packed.write(start, shard)
             start += len(shard)
+            remove(chunk.shard)
 
 
 def _has_size(packed: Any, rows: int, size: int) -> bool:
