@@ -124,28 +124,26 @@ def test_a_completion_naming_a_part_not_uploaded_changes_nothing(server):
         for number, body in enumerate(parts, start=1)
     ]
     listed = [{"PartNumber": number, "ETag": etag} for number, etag in enumerate(etags, start=1)]
+
+    def complete(named: list[dict]) -> None:
+        fs.call_s3(
+            "complete_multipart_upload",
+            Bucket=BUCKET,
+            Key=key,
+            UploadId=upload,
+            MultipartUpload={"Parts": named},
+        )
+
     wrong = [
         [*listed, {"PartNumber": 3, "ETag": etags[1]}],  # never uploaded
         [listed[0], {"PartNumber": 2, "ETag": etags[0]}],  # another part's ETag
     ]
     for named in wrong:
         with pytest.raises(OSError) as refused:  # s3fs's, the S3 error its cause
-            fs.call_s3(
-                "complete_multipart_upload",
-                Bucket=BUCKET,
-                Key=key,
-                UploadId=upload,
-                MultipartUpload={"Parts": named},
-            )
+            complete(named)
         assert refused.value.__cause__.response["Error"]["Code"] == "InvalidPart"
         assert not fs.exists(f"{BUCKET}/{key}")
-    fs.call_s3(
-        "complete_multipart_upload",
-        Bucket=BUCKET,
-        Key=key,
-        UploadId=upload,
-        MultipartUpload={"Parts": listed},
-    )
+    complete(listed)
     assert fs.cat_file(f"{BUCKET}/{key}") == b"".join(parts)
 
 
