@@ -953,13 +953,15 @@ def _run_on_dask(
 
     try:
         results = map_on_dask(process_image_chunk, chunks, cluster.address, 1, chunk_progress)
-        _assemble(chunks, scratch)
+        _assemble(chunks, scratch)  # each shard removed once copied
+    except BaseException:
+        for chunk in chunks:
+            remove(chunk.shard)
+        raise
     finally:
         # A worker may still publish its shard after a failure here (lost scheduler): the
         # next run's clean-up removes it, also when that run is in this process.
         release_temporaries(chunk.shard for chunk in chunks)
-        for chunk in chunks:
-            remove(chunk.shard)
     return [row for rows in results for row in rows]
 
 
