@@ -218,17 +218,19 @@ def check_room_for_the_bucket(work: Path, fraction: float, runs_dir: Path) -> No
         for name, runs in figures["runs"].items()
         if name in cluster_steps
     )
-    array = figures["counts"]["rexgradient"] * image_size(os.environ) ** 2  # all splits: above
+    # Every split's images: a bound on train's array, which is the largest.
+    array = figures["counts"]["rexgradient"] * image_size(os.environ) ** 2
+    needed = bucket + array
     runs_dir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(runs_dir).free
-    if free < bucket + array:
+    if free < needed:
         sys.exit(
-            f"the cluster pass at {fraction:g} needs about {(bucket + array) / 1e9:.0f} GB free "
+            f"the cluster pass at {fraction:g} needs about {needed / 1e9:.0f} GB free "
             f"on {runs_dir} (the bucket {bucket / 1e9:.0f} GB as the local pass added, "
             f"ReXGradient's array {array / 1e9:.0f} GB once more); {free / 1e9:.0f} GB are: "
             "delete the local pass's output root (its figures are kept) or use a larger disk"
         )
-    print(f"  free disk {free / 1e9:.0f} GB, about {(bucket + array) / 1e9:.0f} GB needed")
+    print(f"  free disk {free / 1e9:.0f} GB, about {needed / 1e9:.0f} GB needed", flush=True)
 
 
 def on_the_cluster(runs_dir: Path) -> contextlib.AbstractContextManager:

@@ -74,6 +74,16 @@ function temporaryName(target) {
   return `${target}.${process.pid}-${crypto.randomBytes(8).toString('hex')}.upload`;
 }
 
+// A stream stage that hands each chunk to `see` (a digest, a count) and passes it on unchanged.
+function passingThrough(see) {
+  return new Transform({
+    transform(chunk, _encoding, callback) {
+      see(chunk);
+      callback(null, chunk);
+    },
+  });
+}
+
 // The body streamed into `file`, with its size, MD5 and SHA-256 (hex) and CRC32; the stream's
 // end before the announced length (a cut connection) rejects.
 async function receive(content, file) {
@@ -89,14 +99,11 @@ async function receive(content, file) {
     crc = withCrc ? zlib.crc32(content) : 0;
     size = content.length;
   } else {
-    const measure = new Transform({
-      transform(chunk, _encoding, callback) {
-        md5.update(chunk);
-        sha256.update(chunk);
-        if (withCrc) crc = zlib.crc32(chunk, crc);
-        size += chunk.length;
-        callback(null, chunk);
-      },
+    const measure = passingThrough(chunk => {
+      md5.update(chunk);
+      sha256.update(chunk);
+      if (withCrc) crc = zlib.crc32(chunk, crc);
+      size += chunk.length;
     });
     await pipeline(content, measure, fs.createWriteStream(file));
   }
@@ -212,12 +219,9 @@ FilesystemStore.prototype.putObjectMultipart = async function putObjectMultipart
   let size = 0;
   try {
     for (const file of files) {
-      const measure = new Transform({
-        transform(chunk, _encoding, callback) {
-          md5.update(chunk);
-          size += chunk.length;
-          callback(null, chunk);
-        },
+      const measure = passingThrough(chunk => {
+        md5.update(chunk);
+        size += chunk.length;
       });
       await pipeline(fs.createReadStream(file), measure, fs.createWriteStream(temp, { flags: 'a' }));
       await fs.promises.rm(file);
